@@ -1,0 +1,50 @@
+# flywheel: `make demo` and `make test` do everything on a fresh machine.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# GPU users: make setup TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev,bench
+STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | cksum | cut -d' ' -f1)
+THREADS ?= 2
+
+.PHONY: setup demo test test-all bench clean system-deps
+
+setup: $(STAMP)
+
+# Re-runs only when pyproject.toml or the torch spec changes; otherwise `make setup` is a no-op.
+$(STAMP): pyproject.toml
+	@$(MAKE) --no-print-directory system-deps
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+# Debian packages the project needs (bubblewrap for the sandbox), installed when missing.
+system-deps:
+	@missing=""; for p in bubblewrap; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null; then \
+	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	    echo "installing Debian packages:$$missing"; \
+	    $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "warning: please install$$missing (no apt-get here)"; fi; \
+	fi
+
+demo: setup
+	OMP_NUM_THREADS=$(THREADS) $(PY) -m flywheel.demo
+
+test: setup
+	$(PY) -m pytest -q
+
+test-all: setup
+	$(PY) -m pytest -q -m ''
+
+bench: setup
+	$(PY) bench/generate.py
+	$(PY) bench/sft.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info

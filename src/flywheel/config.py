@@ -1,0 +1,178 @@
+"""Run configs: YAML files validated by pydantic before anything runs.
+
+Every config model forbids unknown keys; the error names the key, where it is and the
+keys that are valid there. Command-line overrides are dotted: `train.lr=1e-4`, values
+parsed as YAML (`resume=true`, `data.train=[a.jsonl,b.jsonl]`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Sequence, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+C = TypeVar("C", bound="Config")
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message says where and why."""
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# ---------------------------------------------------------------- shared pieces
+
+
+class OptimConfig(Config):
+    lr: float = Field(1e-4, gt=0, description="peak learning rate")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor as a fraction of lr")
+    warmup_steps: int = Field(0, ge=0, description="linear warm-up steps from 0 to lr")
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="max global grad norm; null = no clipping")
+
+
+class CheckpointConfig(Config):
+    every: int = Field(0, ge=0, description="save every N optimizer steps; 0 = only at the end")
+    keep: int = Field(2, ge=1, description="how many recent checkpoints to keep")
+
+
+class LogConfig(Config):
+    every: int = Field(1, ge=1, description="log metrics every N steps")
+    tensorboard: bool = Field(False, description="also write TensorBoard event files")
+    progress: bool = Field(True, description="show a rich progress bar")
+
+
+# ---------------------------------------------------------------- SFT
+
+
+class SFTDataConfig(Config):
+    train: list[str] = Field(..., min_length=1, description="JSONL files (chat or prompt/completion)")
+    val: list[str] = Field(default_factory=list, description="validation JSONL files")
+    val_fraction: float = Field(0.0, ge=0, lt=1, description="hold out this share of train when no val files")
+    format: Literal["auto", "chat", "prompt_completion"] = "auto"
+    max_length: int = Field(2048, ge=2, description="max tokens per example")
+    overlong: Literal["truncate", "skip"] = Field("truncate", description="what to do past max_length")
+    on_error: Literal["raise", "skip"] = Field(
+        "raise", description="bad lines: stop with an error, or skip them with a warning each")
+    add_eos: bool = Field(True, description="prompt/completion: end the completion with the eos token")
+
+
+class SFTTrainConfig(Config):
+    steps: int | None = Field(None, ge=1, description="optimizer steps; null = derive from epochs")
+    epochs: float = Field(1.0, gt=0)
+    batch_size: int = Field(32, ge=1, description="examples per optimizer step")
+    micro_batch_size: int = Field(32, ge=1, description="examples per forward/backward")
+    seed: int = 0
+
+
+class EvalConfig(Config):
+    every: int = Field(0, ge=0, description="validate every N steps; 0 = only at the end")
+    max_batches: int | None = Field(None, ge=1, description="cap on validation micro-batches")
+    evaluator: str | None = Field(
+        None, description="'module:function' called as fn(model, tokenizer) -> dict of metrics")
+
+
+class SFTConfig(Config):
+    model: str = Field(..., description="local Hugging Face model folder")
+    output_dir: str = Field("runs/sft", description="checkpoints, final model and metrics")
+    data: SFTDataConfig
+    train: SFTTrainConfig = SFTTrainConfig()
+    optim: OptimConfig = OptimConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+    resume: bool = Field(False, description="continue from the newest complete checkpoint")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch default")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = "cpu"
+
+
+# ---------------------------------------------------------------- loading
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """["train.lr=1e-4", "resume=true"] -> {"train": {"lr": 1e-4}, "resume": True}."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(f"override {item!r} is not of the form key.sub=value")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: value is not valid YAML: {e}") from None
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with another override of {part!r}")
+        node[parts[-1]] = value
+    return tree
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | Path | None, cls: type[C], overrides: Sequence[str] = ()) -> C:
+    """Read YAML at `path` (or nothing), apply dotted overrides, validate as `cls`."""
+    data: dict[str, Any] = {}
+    where = "command line"
+    if path is not None:
+        path = Path(path)
+        where = str(path)
+        if not path.exists():
+            raise ConfigError(f"config file {where!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{where}:{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{where}: the top level must be a mapping of keys, got {type(loaded).__name__}")
+        data = loaded or {}
+    data = deep_merge(data, parse_overrides(overrides))
+    return validate(data, cls, where)
+
+
+def validate(data: dict, cls: type[C], where: str = "config") -> C:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{where}: invalid {cls.__name__}:\n" + _explain(e, cls)) from None
+
+
+def _explain(error: ValidationError, cls: type[BaseModel]) -> str:
+    lines = []
+    for err in error.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            valid = sorted(_model_at(cls, err["loc"][:-1]).model_fields)
+            lines.append(f"  {loc}: unknown key; valid keys here are: {', '.join(valid)}")
+        else:
+            lines.append(f"  {loc or '(top)'}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _model_at(cls: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel]:
+    """The config model found by walking field names `loc` from `cls` (best effort)."""
+    model = cls
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            break
+    return model

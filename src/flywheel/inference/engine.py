@@ -1,0 +1,252 @@
+"""LocalEngine: batched sampling on torch (CPU or one GPU) with a KV cache.
+
+One `generate` call runs the whole batch to completion:
+  1. identical prompts are merged, the distinct ones left-padded and prefilled once;
+  2. the cache and last logits are repeated for every sample of each prompt (`n` samples,
+     and every request with the same prompt, share one prefill);
+  3. decoding: each step samples one token per live row; rows that hit a stop token, a stop
+     string or their token budget leave the batch (their cache rows are dropped), so
+     finished rows cost nothing more.
+Token ids and logprobs are gathered on the host after the loop. Weights are swapped between
+calls by `update_weights`, guarded by a lock so a call never sees half an update.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Mapping, Sequence
+
+import torch
+
+from flywheel.inference.decoder import LeanDecoder, unsupported_reason
+from flywheel.inference.hf_runner import HFRunner
+from flywheel.inference.sampler import Sample, SamplingParams
+from flywheel.inference.sampling import sample_tokens
+
+
+class LocalEngine:
+    """A `Sampler` over a Hugging Face causal LM held in this process."""
+
+    def __init__(self, model, tokenizer, version: int = 0, lean: bool | None = None,
+                 seed: int | None = None):
+        """model: a loaded HF causal LM (the engine takes it over: it is put in eval mode and
+        its q/k/v and gate/up weights become views of fused tensors). lean: force (True) or
+        forbid (False) the lean forward; None picks it when the architecture allows."""
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.version = version
+        self.device = next(model.parameters()).device
+        reason = unsupported_reason(model)
+        if lean and reason:
+            raise ValueError(f"lean forward unavailable: {reason}")
+        self.runner = LeanDecoder(model) if (lean is not False and reason is None) else HFRunner(model)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed if seed is not None else torch.initial_seed() % (1 << 62))
+        self._lock = threading.Lock()
+        self._params = dict(model.named_parameters(remove_duplicate=False))
+
+    @classmethod
+    def from_path(cls, path: str, dtype: str = "float32", device: str = "cpu", **kw) -> "LocalEngine":
+        from flywheel.models import load
+
+        model, tok = load(path, dtype=dtype, device=device)
+        return cls(model, tok, **kw)
+
+    @property
+    def is_lean(self) -> bool:
+        return isinstance(self.runner, LeanDecoder)
+
+    # ------------------------------------------------------------------ weights
+
+    def update_weights(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy `tensors` (HF parameter names -> tensors) into the model in place; samples
+        generated afterwards carry `version`. Unknown names or wrong shapes are errors and
+        leave the weights untouched."""
+        items = dict(tensors.items())
+        for name, t in items.items():
+            p = self._params.get(name)
+            if p is None:
+                raise KeyError(f"update_weights: unknown parameter {name!r}")
+            if tuple(p.shape) != tuple(t.shape):
+                raise ValueError(f"update_weights: {name!r} has shape {tuple(t.shape)}, "
+                                 f"the model's is {tuple(p.shape)}")
+        with self._lock, torch.no_grad():
+            for name, t in items.items():
+                self._params[name].copy_(t)
+            self.version = int(version)
+
+    def state_names(self) -> list[str]:
+        return list(self._params)
+
+    # ------------------------------------------------------------------ text helpers
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def generate_text(self, prompts: Sequence[str], params: SamplingParams) -> list[list[Sample]]:
+        return self.generate([self.encode(p) for p in prompts], params)
+
+    # ------------------------------------------------------------------ sampling
+
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams]) -> list[list[Sample]]:
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if len(p) + sp.max_tokens > self.max_positions:
+                raise ValueError(f"prompt {i}: {len(p)} tokens + max_tokens {sp.max_tokens} exceeds "
+                                 f"the model's {self.max_positions} positions")
+        if not prompts:
+            return []
+        with self._lock:
+            return self._generate(prompts, params)
+
+    def _generate(self, prompts, params) -> list[list[Sample]]:
+        dev = self.device
+        # ---- distinct prompts, left-padded
+        unique: dict[tuple[int, ...], int] = {}
+        for p in prompts:
+            unique.setdefault(tuple(p), len(unique))
+        uniq = list(unique)
+        lens_U = torch.tensor([len(u) for u in uniq], device=dev)
+        P = int(lens_U.max())
+        pad = 0 if self.tokenizer.pad_token_id is None else self.tokenizer.pad_token_id
+        tokens_U_P = torch.full((len(uniq), P), pad, dtype=torch.long)
+        for i, u in enumerate(uniq):
+            tokens_U_P[i, P - len(u):] = torch.tensor(u)
+        tokens_U_P = tokens_U_P.to(dev)
+        offset_U = P - lens_U
+        positions_U_P = (torch.arange(P, device=dev)[None] - offset_U[:, None]).clamp_min(0)
+        padded = bool((offset_U > 0).any())
+        key_valid_U_P = (positions_U_P > 0) | (torch.arange(P, device=dev)[None] == offset_U[:, None]) \
+            if padded else None
+
+        # ---- one row per sample: (prompt index, sample index)
+        rows = [(i, j) for i, sp in enumerate(params) for j in range(sp.n)]
+        R = len(rows)
+        row_uniq = torch.tensor([unique[tuple(prompts[i])] for i, _ in rows], device=dev)
+        row_params = [params[i] for i, _ in rows]
+        temperature = torch.tensor([sp.temperature for sp in row_params], device=dev, dtype=torch.float32)
+        top_k = torch.tensor([sp.top_k for sp in row_params], device=dev)
+        top_p = torch.tensor([sp.top_p for sp in row_params], device=dev, dtype=torch.float32)
+        max_new = torch.tensor([sp.max_tokens for sp in row_params], device=dev)
+        stop_sets = [set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids) for sp in row_params]
+        width = max(1, max(len(s) for s in stop_sets))
+        stop_ids = torch.full((R, width), -1, dtype=torch.long)
+        for r, s in enumerate(stop_sets):
+            stop_ids[r, :len(s)] = torch.tensor(sorted(s), dtype=torch.long)
+        stop_ids = stop_ids.to(dev)
+        processed = [sp.logprobs_mode == "processed" for sp in row_params]
+        any_processed = any(processed)
+        string_rows = {r for r, sp in enumerate(row_params) if sp.stop}
+        T_new = int(max_new.max())
+
+        # ---- prefill the distinct prompts once, then fan out
+        cache = self.runner.new_cache(len(uniq), P + T_new)
+        logits = self.runner.forward(tokens_U_P, positions_U_P, cache, key_valid_U_P, causal=True)
+        logits, cache = logits.index_select(0, row_uniq), cache.select(row_uniq)
+        pos_next = lens_U.index_select(0, row_uniq)  # position of the next token fed in
+        key_valid = key_valid_U_P.index_select(0, row_uniq) if padded else None
+
+        out_tok = torch.zeros(R, T_new, dtype=torch.long, device=dev)
+        out_lp = torch.zeros(R, T_new, dtype=torch.float32, device=dev)
+        n_out = torch.zeros(R, dtype=torch.long)
+        finish: list[tuple[str, int | str | None]] = [("length", None)] * R
+        alive = torch.arange(R, device=dev)  # original row index of each live row
+        gen_text_ids: dict[int, list[int]] = {r: [] for r in string_rows}
+        t = 0
+        while True:
+            tok, lp = sample_tokens(logits, temperature[alive], top_k[alive], top_p[alive],
+                                    self.generator, processed_logprobs=False)
+            if any_processed:
+                _, lp_proc = _processed_logprobs(logits, tok, temperature[alive], top_k[alive], top_p[alive])
+                sel = torch.tensor([processed[r] for r in alive.tolist()], device=dev)
+                lp = torch.where(sel, lp_proc, lp)
+            out_tok[alive, t] = tok
+            out_lp[alive, t] = lp
+            t += 1
+            hit_stop = (tok[:, None] == stop_ids[alive]).any(-1)
+            done = hit_stop | (max_new[alive] <= t)
+            done_list = done.tolist()
+            alive_list = alive.tolist()
+            hit_list = hit_stop.tolist()
+            tok_list = tok.tolist()
+            for b, r in enumerate(alive_list):
+                if hit_list[b]:
+                    finish[r] = ("stop", tok_list[b])
+                elif r in string_rows:
+                    ids = gen_text_ids[r]
+                    ids.append(tok_list[b])
+                    matched = self._stop_string_hit(ids, row_params[r].stop)
+                    if matched is not None:
+                        finish[r], done_list[b] = ("stop", matched), True
+                if done_list[b]:
+                    n_out[r] = t
+            if all(done_list):
+                break
+            if any(done_list):
+                keep = torch.tensor([b for b, d in enumerate(done_list) if not d], device=dev)
+                alive, tok = alive.index_select(0, keep), tok.index_select(0, keep)
+                pos_next = pos_next.index_select(0, keep)
+                cache = cache.select(keep)
+                if key_valid is not None:
+                    key_valid = key_valid.index_select(0, keep)
+            if key_valid is not None:
+                key_valid = torch.cat([key_valid, torch.ones(len(alive), 1, dtype=torch.bool, device=dev)], 1)
+            logits = self.runner.forward(tok[:, None], pos_next[:, None], cache, key_valid, causal=False)
+            pos_next = pos_next + 1
+
+        # ---- gather results on the host
+        out_tok, out_lp = out_tok.cpu(), out_lp.cpu()
+        results: list[list[Sample]] = [[] for _ in prompts]
+        for r, (i, _) in enumerate(rows):
+            n = int(n_out[r])
+            ids = out_tok[r, :n].tolist()
+            reason, stop_reason = finish[r]
+            results[i].append(Sample(
+                token_ids=ids, logprobs=out_lp[r, :n].tolist(), finish_reason=reason,
+                version=self.version, prompt_index=i, stop_reason=stop_reason,
+                text=self._text(ids, row_params[r], stop_reason), prompt_len=len(prompts[i])))
+        return results
+
+    def _stop_string_hit(self, ids: list[int], stops: tuple[str, ...]) -> str | None:
+        # a stop string of c characters spans at most 4c byte-level tokens (UTF-8)
+        window = 4 * max(len(s) for s in stops) + 4
+        text = self.tokenizer.decode(ids[-window:], skip_special_tokens=False)
+        for s in stops:
+            if s in text:
+                return s
+        return None
+
+    def _text(self, ids: list[int], sp: SamplingParams, stop_reason) -> str:
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if isinstance(stop_reason, str):
+            text = text[:text.find(stop_reason)] if stop_reason in text else text
+        return text
+
+
+def _processed_logprobs(logits, tok, temperature, top_k, top_p):
+    from flywheel.inference.sampling import filter_logits
+
+    filtered = filter_logits(logits.float(), temperature, top_k, top_p)
+    base = torch.where((temperature <= 0)[:, None], logits.float(), filtered)
+    return tok, base.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+
+
+def _eos_ids(model, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids

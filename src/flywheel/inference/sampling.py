@@ -1,0 +1,56 @@
+"""Pure sampling math on a batch of logits: temperature, top-k, top-p, logprobs."""
+
+from __future__ import annotations
+
+import torch
+
+
+def filter_logits(logits_B_V: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
+                  top_p_B: torch.Tensor) -> torch.Tensor:
+    """Scaled, filtered logits: logits / temperature, then -inf outside each row's top-k
+    (k=0: off) and outside the smallest set of tokens whose probability reaches top_p.
+    The most likely token always survives. Rows with temperature 0 are scaled by 1."""
+    temp = torch.where(temperature_B > 0, temperature_B, torch.ones_like(temperature_B))
+    scaled = logits_B_V / temp[:, None]
+    use_k = bool((top_k_B > 0).any())
+    use_p = bool((top_p_B < 1).any())
+    if not (use_k or use_p):
+        return scaled
+    sorted_B_V, order_B_V = scaled.sort(dim=-1, descending=True)
+    drop = torch.zeros_like(sorted_B_V, dtype=torch.bool)
+    if use_k:
+        rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
+        drop |= (top_k_B[:, None] > 0) & (rank >= top_k_B[:, None])
+    if use_p:
+        probs = sorted_B_V.masked_fill(drop, float("-inf")).softmax(-1)
+        mass_before = probs.cumsum(-1) - probs  # probability of strictly better tokens
+        drop |= mass_before >= top_p_B[:, None]
+    drop[:, 0] = False
+    sorted_B_V = sorted_B_V.masked_fill(drop, float("-inf"))
+    return torch.empty_like(scaled).scatter_(-1, order_B_V, sorted_B_V)
+
+
+def sample_tokens(logits_B_V: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
+                  top_p_B: torch.Tensor, generator: torch.Generator | None = None,
+                  processed_logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row. Returns (tokens_B, logprobs_B).
+
+    Greedy (argmax of the raw logits) where temperature is 0; elsewhere the Gumbel-max
+    trick on the filtered logits, which draws exactly from their softmax. logprobs are of
+    the raw temperature-1 distribution, or of the filtered one if `processed_logprobs`.
+    """
+    logits_B_V = logits_B_V.float()
+    filtered = filter_logits(logits_B_V, temperature_B, top_k_B, top_p_B)
+    greedy_B = temperature_B <= 0
+    if bool(greedy_B.all()):
+        tokens = logits_B_V.argmax(-1)
+    else:
+        u = torch.empty_like(filtered).exponential_(generator=generator)  # Exp(1)
+        tokens = (filtered - u.log()).argmax(-1)  # -log Exp(1) is Gumbel(0, 1)
+        if bool(greedy_B.any()):
+            tokens = torch.where(greedy_B, logits_B_V.argmax(-1), tokens)
+    base = filtered if processed_logprobs else logits_B_V
+    if processed_logprobs and bool(greedy_B.any()):
+        base = torch.where(greedy_B[:, None], logits_B_V, filtered)
+    logprobs = base.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, logprobs

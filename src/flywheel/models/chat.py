@@ -1,0 +1,165 @@
+"""Token-in-token-out conversation rendering.
+
+A multi-turn rollout must never re-tokenize its history: the ids a policy sampled are the
+ids it is trained on. `Conversation` therefore grows by appending ids:
+
+- non-assistant turns (system, user, tool) are rendered with the tokenizer's own chat
+  template, and only the *new text* the template produces for them is encoded and appended;
+- assistant turns are appended as the exact sampled ids (ending with the end-of-turn token),
+  and marked in `assistant_mask`, the loss mask of SFT and RL.
+
+For a tokenizer whose encoding of the rendered text is canonical (the tiny byte-level
+tokenizer, and any BPE when pieces meet at special tokens) the ids equal
+`encode(render(messages))` of the finished conversation; tests check this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+Message = dict[str, Any]
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot be rendered incrementally for these messages."""
+
+
+class ChatRenderer:
+    """Renders messages through a Hugging Face tokenizer's chat template."""
+
+    def __init__(self, tokenizer):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ChatTemplateError(
+                "the tokenizer has no chat_template; chat-format data needs one "
+                "(use prompt/completion data, or a model folder with a template)"
+            )
+        self.tokenizer = tokenizer
+        self.eos_token: str = tokenizer.eos_token
+
+    def render(self, messages: Sequence[Message], tools: Sequence[dict] | None = None,
+               add_generation_prompt: bool = False) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tools=list(tools) if tools else None, tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
+        """Ids of `messages` followed by the assistant generation prompt."""
+        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+
+    def start(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> "Conversation":
+        conv = Conversation(self, tools=list(tools) if tools else None)
+        conv.append_messages(messages)
+        return conv
+
+    def assistant_text(self, history: Sequence[Message], message: Message,
+                       tools: Sequence[dict] | None) -> tuple[str, str]:
+        """Split the template's rendering of one assistant turn after `history` into
+        (text the model produces, trailing text the template adds after it), e.g.
+        ("42<|im_end|>", "\\n") for ChatML."""
+        before = self.render(history, tools, add_generation_prompt=True)
+        after = self.render([*history, message], tools)
+        if not after.startswith(before):
+            raise ChatTemplateError("the chat template does not render the assistant turn "
+                                    "as a continuation of the generation prompt")
+        turn = after[len(before):]
+        cut = turn.rfind(self.eos_token)
+        if cut < 0:
+            raise ChatTemplateError(f"the rendered assistant turn has no end token {self.eos_token!r}")
+        cut += len(self.eos_token)
+        return turn[:cut], turn[cut:]
+
+
+@dataclass
+class Conversation:
+    """A conversation as token ids. `assistant_mask[i]` is 1 where token i was produced by
+    the assistant and is trained on (content, tool calls and the end-of-turn token)."""
+
+    renderer: ChatRenderer
+    tools: list[dict] | None = None
+    messages: list[Message] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+    assistant_mask: list[int] = field(default_factory=list)
+    _text: str = ""            # what the template rendered for `messages` so far
+    _pending_tail: str = ""    # template text owed after the last assistant turn (e.g. "\n")
+    _open_prompt: bool = False  # the generation prompt is already in `ids`
+
+    def _push(self, ids: list[int], mask_value: int) -> None:
+        self.ids.extend(ids)
+        self.assistant_mask.extend([mask_value] * len(ids))
+
+    def append_messages(self, messages: Sequence[Message]) -> None:
+        """Append messages. A run of consecutive system / user / tool messages is rendered
+        together (templates merge consecutive tool results into one turn); assistant
+        messages given as text are rendered by the template (use `append_sampled` for ids)."""
+        run: list[Message] = []
+        for m in messages:
+            if m.get("role") == "assistant":
+                self._append_run(run)
+                run = []
+                self.append_assistant_message(m)
+            else:
+                run.append(m)
+        self._append_run(run)
+
+    def _append_run(self, run: list[Message]) -> None:
+        if not run:
+            return
+        if self._open_prompt:
+            raise ChatTemplateError("cannot add a non-assistant message after the generation prompt")
+        new_text = self.renderer.render([*self.messages, *run], self.tools)
+        if not new_text.startswith(self._text):
+            raise ChatTemplateError(
+                f"the chat template re-renders earlier turns when {[m.get('role') for m in run]} "
+                "messages are added, so the conversation cannot be built token by token")
+        self._push(self.renderer.encode(self._pending_tail + new_text[len(self._text):]), 0)
+        self._pending_tail = ""
+        self.messages.extend(dict(m) for m in run)
+        self._text = new_text
+
+    def add_generation_prompt(self) -> list[int]:
+        """Append the assistant header (e.g. "<|im_start|>assistant\\n"); returns all ids,
+        which is the prompt to sample the next assistant turn from."""
+        if not self._open_prompt:
+            text = self.renderer.render(self.messages, self.tools, add_generation_prompt=True)
+            if not text.startswith(self._text):
+                raise ChatTemplateError("the generation prompt is not a continuation of the conversation")
+            self._push(self.renderer.encode(self._pending_tail + text[len(self._text):]), 0)
+            self._pending_tail = ""
+            self._text = text
+            self._open_prompt = True
+        return list(self.ids)
+
+    def append_sampled(self, sampled_ids: Sequence[int], message: Message, trained: bool = True) -> None:
+        """Append an assistant turn exactly as sampled (ids should end with the end-of-turn
+        token); `message` is its parsed form (content, tool_calls) for the history."""
+        history = list(self.messages)
+        self.add_generation_prompt()
+        self._push(list(sampled_ids), 1 if trained else 0)
+        _, tail = self.renderer.assistant_text(history, message, self.tools)
+        self._close_assistant(message, tail)
+
+    def append_assistant_message(self, message: Message, trained: bool = True) -> None:
+        """Append an assistant turn given as a message (SFT data): its text comes from the
+        template. `trained=False` (OpenAI `"weight": 0`) keeps it out of the loss."""
+        history = list(self.messages)
+        self.add_generation_prompt()
+        produced, tail = self.renderer.assistant_text(history, message, self.tools)
+        self._push(self.renderer.encode(produced), 1 if trained else 0)
+        self._close_assistant(message, tail)
+
+    def _close_assistant(self, message: Message, tail: str) -> None:
+        self.messages.append(dict(message))
+        self._text = self.renderer.render(self.messages, self.tools)
+        self._pending_tail = tail
+        self._open_prompt = False
+
+    def finish(self) -> None:
+        """Append any text the template owes after the last turn (e.g. ChatML's newline)."""
+        if self._pending_tail:
+            self._push(self.renderer.encode(self._pending_tail), 0)
+            self._pending_tail = ""

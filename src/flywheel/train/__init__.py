@@ -1,0 +1,1 @@
+"""Training: SFT data loading and the training recipes."""
