@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import flywheel.models.loading  # noqa: F401  (offline, quiet transformers settings)
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 PAD, BOS_EOS_DOC, IM_START, IM_END = "<|endoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 N_BYTES = 256
@@ -117,7 +119,8 @@ def build_tiny_model(out: str | Path, spec: TinySpec = TinySpec()) -> Path:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     _template_into_tokenizer_config(out)
-    (out / "flywheel_tiny.json").write_text(json.dumps(spec.__dict__, indent=1) + "\n")
+    info = {**spec.__dict__, "parameters": sum(p.numel() for p in model.parameters())}
+    (out / "flywheel_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
     return out
 
 

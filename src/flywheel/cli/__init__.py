@@ -1,0 +1,1 @@
+"""The `flywheel` command line: one module per sub-command, heavy imports inside commands."""

@@ -1,0 +1,22 @@
+"""Turn the core's input errors into one clear line and exit code 2, not a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import typer
+
+
+@contextlib.contextmanager
+def user_errors():
+    from flywheel.config import ConfigError
+    from flywheel.models import ChatTemplateError, ModelLoadError
+    from flywheel.train.sft_data import DataError
+    from flywheel.train.sft import TrainError
+
+    try:
+        yield
+    except (ConfigError, ModelLoadError, DataError, TrainError, ChatTemplateError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None

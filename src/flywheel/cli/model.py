@@ -1,0 +1,30 @@
+"""`flywheel model ...`: build and inspect models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from flywheel.cli.errors import user_errors
+
+app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
+
+
+@app.command("tiny")
+def tiny(out: Path = typer.Option(..., "--out", help="folder to write the model to"),
+         hidden: int = typer.Option(256, min=8), layers: int = typer.Option(4, min=1),
+         heads: int = typer.Option(4, min=1), kv_heads: int = typer.Option(None, min=1),
+         ffn: int = typer.Option(1024, min=8), max_positions: int = typer.Option(4096, min=16),
+         seed: int = typer.Option(0)) -> None:
+    """Build a random-init Qwen2 model with a byte-level tokenizer and a tool-calling chat template."""
+    with user_errors():
+        from flywheel.models.tiny import TinySpec, build_tiny_model
+
+        spec = TinySpec(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                        max_positions=max_positions, seed=seed)
+        path = build_tiny_model(out, spec)
+        import json
+
+        n = json.loads((path / "flywheel_tiny.json").read_text())["parameters"]
+        typer.echo(f"wrote {path} ({n / 1e6:.2f}M parameters)")

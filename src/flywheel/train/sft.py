@@ -1,0 +1,232 @@
+"""Supervised fine-tuning recipe.
+
+Reads top to bottom: load the model and data -> AdamW with linear warm-up and cosine decay
+-> for each optimizer step, `batch_size` examples in micro-batches of `micro_batch_size`
+(gradient accumulation), loss = mean negative log-likelihood over the *trained* tokens of
+the whole step (assistant turns / completions; see sft_data.py) -> clip -> step.
+
+Departures from a textbook loop, all for continuous post-training:
+- the loss is a token mean over the step, not a mean of micro-batch means, so accumulation
+  gives the same gradient as one big batch;
+- the LM head runs only on positions that predict a trained token (losses.py);
+- checkpoints carry everything needed to continue bit-for-bit: weights, optimizer,
+  scheduler, step, RNG states and the data cursor; `resume=true` continues from the newest
+  complete one, and a killed run resumed follows the uninterrupted loss curve.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import random
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from flywheel.config import SFTConfig
+from flywheel.train.batching import DataOrder, pad_batch
+from flywheel.train.checkpoint import (latest_checkpoint, list_checkpoints, load_state, rng_state,
+                                       save_checkpoint, save_model_folder, set_rng_state)
+from flywheel.train.losses import sft_loss
+from flywheel.train.metrics import MetricsWriter
+from flywheel.train.progress import StepProgress
+from flywheel.train.sft_data import Example, load_sft_examples
+
+Evaluator = Callable[[object, object], dict]
+
+
+class TrainError(RuntimeError):
+    """A training run cannot start or continue; the message says why."""
+
+
+@dataclass
+class SFTResult:
+    output_dir: Path
+    final_model: Path
+    steps: int
+    resumed_from: int | None
+    last: dict = field(default_factory=dict)  # last logged train / eval metrics
+
+
+def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[str], None] = print) -> SFTResult:
+    from flywheel.models import load
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    _seed_everything(cfg.train.seed)
+    out = Path(cfg.output_dir)
+    ckpt = latest_checkpoint(out) if cfg.resume else None
+    if not cfg.resume and list_checkpoints(out):
+        raise TrainError(f"{out} already holds checkpoints of an earlier run; pass resume=true to "
+                         "continue it, or choose another output_dir")
+    if cfg.resume and ckpt is None:
+        log(f"resume=true but {out} has no complete checkpoint: starting from step 0")
+    model, tokenizer = load(ckpt or cfg.model, dtype=cfg.dtype, device=cfg.device)
+    model.train()
+    evaluator = evaluator or _import_evaluator(cfg.eval.evaluator)
+
+    # ---- data
+    examples, report = load_sft_examples(cfg.data.train, tokenizer, cfg.data, log=lambda m: log(f"warning: {m}"))
+    log(f"train data: {report.summary()}")
+    val_examples: list[Example] = []
+    if cfg.data.val:
+        val_examples, val_report = load_sft_examples(cfg.data.val, tokenizer, cfg.data,
+                                                     log=lambda m: log(f"warning: {m}"))
+        log(f"val data: {val_report.summary()}")
+    elif cfg.data.val_fraction > 0:
+        examples, val_examples = _split(examples, cfg.data.val_fraction, cfg.train.seed)
+        log(f"held out {len(val_examples)} of the train examples for validation")
+    if not examples:
+        raise TrainError("no training examples left")
+    tc = cfg.train
+    if tc.batch_size % tc.micro_batch_size:
+        raise TrainError(f"train.batch_size ({tc.batch_size}) must be a multiple of "
+                         f"train.micro_batch_size ({tc.micro_batch_size})")
+    total_steps = tc.steps or max(1, math.ceil(tc.epochs * len(examples) / tc.batch_size))
+
+    # ---- optimizer, schedule, data order
+    optimizer = _adamw(model, cfg)
+    from flywheel.train.schedule import warmup_cosine
+
+    oc = cfg.optim
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: warmup_cosine(s, oc.warmup_steps, total_steps, oc.min_lr_ratio))
+    order = DataOrder(len(examples), tc.seed)
+    step, resumed_from = 0, None
+    if ckpt is not None:
+        state = load_state(ckpt)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        order.load_state_dict(state["data_order"])
+        set_rng_state(state["rng"])
+        step = resumed_from = state["step"]
+        log(f"resumed from {ckpt} (step {step})")
+
+    metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
+    pad_id = tokenizer.pad_token_id
+    last: dict = {}
+
+    def checkpoint() -> None:
+        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                 "data_order": order.state_dict(), "rng": rng_state(), "config": cfg.model_dump()}
+        save_checkpoint(out, step, model, tokenizer, state, keep=cfg.checkpoint.keep)
+
+    def evaluate() -> None:
+        record = {}
+        if val_examples:
+            record["val_loss"] = _val_loss(model, val_examples, tc.micro_batch_size, pad_id, cfg.eval.max_batches)
+        if evaluator is not None:
+            model.eval()
+            record.update({f"eval/{k}": v for k, v in evaluator(model, tokenizer).items()})
+            model.train()
+        if record:
+            metrics.log(step, **record)
+            last.update(record)
+            log(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in record.items()))
+
+    # ---- the loop
+    with StepProgress(total_steps, start=step, enabled=cfg.log.progress) as progress:
+        while step < total_steps:
+            t0 = time.perf_counter()
+            batch = [examples[i] for i in order.take(tc.batch_size)]
+            n_trained = sum(sum(ex.loss_mask[1:]) for ex in batch)  # tokens that get predicted
+            nll_sum, n_tokens = 0.0, 0
+            for i in range(0, len(batch), tc.micro_batch_size):
+                micro = batch[i:i + tc.micro_batch_size]
+                ids, attn, tmask = pad_batch([e.ids for e in micro], [e.loss_mask for e in micro], pad_id)
+                ids, attn, tmask = ids.to(cfg.device), attn.to(cfg.device), tmask.to(cfg.device)
+                loss, m = sft_loss(model, ids, attn, tmask, normalizer=max(1, n_trained))
+                loss.backward()
+                nll_sum += m["nll_sum"]
+                n_tokens += int(attn.sum())
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), oc.grad_clip or float("inf"))
+            finite = bool(torch.isfinite(grad_norm))
+            if finite:
+                optimizer.step()
+            else:
+                warnings.warn(f"step {step + 1}: non-finite gradient norm; update skipped")
+            optimizer.zero_grad(set_to_none=True)
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            step += 1
+            dt = time.perf_counter() - t0
+            loss_value = nll_sum / max(1, n_trained)
+            record = {"loss": loss_value, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": n_tokens / dt,
+                      "trained_tokens": n_trained, "epoch": order.epoch + order.cursor / order.size}
+            if not finite:
+                record["skipped_update"] = 1
+            last.update(record)
+            if step % cfg.log.every == 0 or step == total_steps:
+                metrics.log(step, **record)
+            progress.update(step, loss=loss_value, tokens_per_s=n_tokens / dt)
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < total_steps:
+                evaluate()
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:
+                checkpoint()
+
+    evaluate()
+    checkpoint()
+    final = out / "final"
+    save_model_folder(model, tokenizer, final)
+    metrics.close()
+    log(f"done: {step} steps; model saved to {final}")
+    return SFTResult(output_dir=out, final_model=final, steps=step, resumed_from=resumed_from, last=last)
+
+
+def _adamw(model, cfg: SFTConfig) -> torch.optim.AdamW:
+    """Weight decay on matrices only (not on norms, biases or 1-D parameters)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    oc = cfg.optim
+    return torch.optim.AdamW([{"params": decay, "weight_decay": oc.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=oc.lr, betas=oc.betas, eps=oc.eps)
+
+
+@torch.no_grad()
+def _val_loss(model, examples: list[Example], micro: int, pad_id: int, max_batches: int | None) -> float:
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for bi, i in enumerate(range(0, len(examples), micro)):
+        if max_batches is not None and bi >= max_batches:
+            break
+        chunk = examples[i:i + micro]
+        ids, attn, tmask = pad_batch([e.ids for e in chunk], [e.loss_mask for e in chunk], pad_id)
+        _, m = sft_loss(model, ids.to(device), attn.to(device), tmask.to(device), normalizer=1.0)
+        total += m["nll_sum"]
+        count += m["tokens"]
+    model.train()
+    return total / max(1, count)
+
+
+def _split(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    idx = list(range(len(examples)))
+    random.Random(seed).shuffle(idx)
+    n_val = max(1, int(len(examples) * fraction))
+    val = set(idx[:n_val])
+    return [e for i, e in enumerate(examples) if i not in val], [examples[i] for i in sorted(val)]
+
+
+def _seed_everything(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _import_evaluator(spec: str | None) -> Evaluator | None:
+    if not spec:
+        return None
+    module, sep, name = spec.partition(":")
+    if not sep:
+        raise TrainError(f"eval.evaluator {spec!r} must look like 'package.module:function'")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise TrainError(f"eval.evaluator {spec!r} cannot be imported: {e}") from None
