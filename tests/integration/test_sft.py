@@ -1,0 +1,136 @@
+"""SFT end to end on the tiny model: it learns, accumulates exactly, and resumes after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flywheel.config import SFTConfig, validate
+from flywheel.inference import LocalEngine, SamplingParams
+from flywheel.models import TinySpec, build_tiny_model
+from flywheel.train.checkpoint import list_checkpoints
+from flywheel.train.metrics import read_metrics
+from flywheel.train.sft import TrainError, run_sft
+
+ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(10) for b in range(10)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sft")
+    data = root / "digits.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    model = build_tiny_model(root / "model", TinySpec(hidden=64, layers=2, heads=4, ffn=256, seed=0))
+    return root, model, data
+
+
+def make_cfg(model, data, out, **over):
+    cfg = dict(model=str(model), output_dir=str(out), data={"train": [str(data)]},
+               train={"steps": 150, "batch_size": 32, "micro_batch_size": 32},
+               optim={"lr": 3e-3, "warmup_steps": 10}, log={"progress": False}, threads=1)
+    for k, v in over.items():
+        cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
+    return cfg
+
+
+def accuracy(model_dir) -> float:
+    e = LocalEngine.from_path(str(model_dir))
+    out = e.generate([e.encode(r["prompt"]) for r in ROWS], SamplingParams(temperature=0, max_tokens=4))
+    return sum(o[0].text == r["completion"] for o, r in zip(out, ROWS)) / len(ROWS)
+
+
+def losses(out_dir) -> dict[int, float]:
+    """step -> train loss; a resumed run rewrites steps after its checkpoint (last wins)."""
+    return {r["step"]: r["loss"] for r in read_metrics(Path(out_dir) / "metrics.jsonl") if "loss" in r}
+
+
+def test_sft_learns_single_digit_addition(setup, tmp_path):
+    root, model, data = setup
+    calls = []
+
+    def evaluator(m, tok):
+        calls.append(m.training)
+        return {"calls": len(calls)}
+
+    cfg = validate(make_cfg(model, data, tmp_path / "run", eval={"every": 50}, checkpoint={"every": 50, "keep": 2}),
+                   SFTConfig)
+    result = run_sft(cfg, evaluator=evaluator, log=lambda m: None)
+    curve = losses(result.output_dir)
+    assert sorted(curve) == list(range(1, 151))
+    assert sum(list(curve.values())[-10:]) / 10 < 0.5 * sum(list(curve.values())[:10]) / 10
+    assert accuracy(model) == 0.0
+    assert accuracy(result.final_model) >= 0.9
+    assert calls == [False, False, False]  # steps 50, 100, then the end; model in eval mode
+    assert [p.name for p in list_checkpoints(result.output_dir)] == ["step_00000100", "step_00000150"]
+
+
+def test_gradient_accumulation_gives_the_same_steps(setup, tmp_path):
+    root, model, data = setup
+    runs = []
+    for micro in (16, 4):
+        cfg = validate(make_cfg(model, data, tmp_path / f"m{micro}",
+                                train={"steps": 5, "batch_size": 16, "micro_batch_size": micro}), SFTConfig)
+        runs.append(losses(run_sft(cfg, log=lambda m: None).output_dir))
+    assert runs[0].keys() == runs[1].keys()
+    assert all(abs(runs[0][s] - runs[1][s]) < 1e-5 for s in runs[0])
+
+
+def test_existing_checkpoints_are_not_overwritten(setup, tmp_path):
+    root, model, data = setup
+    cfg = validate(make_cfg(model, data, tmp_path / "run", train={"steps": 2}), SFTConfig)
+    run_sft(cfg, log=lambda m: None)
+    with pytest.raises(TrainError, match="resume=true"):
+        run_sft(cfg, log=lambda m: None)
+    # resuming a finished run changes nothing
+    cfg = validate(make_cfg(model, data, tmp_path / "run", train={"steps": 2}, resume=True), SFTConfig)
+    assert run_sft(cfg, log=lambda m: None).resumed_from == 2
+
+
+def _sft_process(cfg_path: Path, *overrides: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "flywheel.cli.main", "sft", str(cfg_path), *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+
+
+def test_sigkill_and_resume_follows_the_uninterrupted_curve(setup, tmp_path):
+    root, model, data = setup
+    steps = 60
+    base = make_cfg(model, data, tmp_path / "x", train={"steps": steps, "batch_size": 32, "micro_batch_size": 16},
+                    checkpoint={"every": 10, "keep": 3}, optim={"lr": 3e-3, "warmup_steps": 5})
+    # uninterrupted reference
+    ref_cfg = tmp_path / "ref.yaml"
+    ref_cfg.write_text(yaml.safe_dump({**base, "output_dir": str(tmp_path / "ref")}))
+    p = _sft_process(ref_cfg)
+    assert p.wait(timeout=300) == 0, p.stdout.read().decode()
+    reference = losses(tmp_path / "ref")
+    assert sorted(reference) == list(range(1, steps + 1))
+
+    # the same run, killed with SIGKILL as soon as its first checkpoint exists
+    run_dir = tmp_path / "killed"
+    cfg = tmp_path / "killed.yaml"
+    cfg.write_text(yaml.safe_dump({**base, "output_dir": str(run_dir)}))
+    p = _sft_process(cfg)
+    deadline = time.time() + 240
+    while not list_checkpoints(run_dir) and p.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert not (run_dir / "final").exists()
+    killed_at = max(losses(run_dir))
+    assert killed_at < steps
+
+    p = _sft_process(cfg, "resume=true")
+    out = p.stdout.read().decode()
+    assert p.wait(timeout=300) == 0, out
+    assert "resumed from" in out
+    resumed = losses(run_dir)
+    assert sorted(resumed) == list(range(1, steps + 1))
+    worst = max(abs(resumed[s] - reference[s]) for s in reference)
+    assert worst < 1e-5, f"resumed curve departs from the uninterrupted one by {worst}"
