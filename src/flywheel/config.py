@@ -113,7 +113,10 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r} conflicts with another override of {part!r}")
-        node[parts[-1]] = value
+        last = parts[-1]
+        if isinstance(node.get(last), dict) and not isinstance(value, dict):
+            raise ConfigError(f"override {item!r} conflicts with another override of {key}.*")
+        node[last] = deep_merge(node[last], value) if isinstance(node.get(last), dict) else value
     return tree
 
 
@@ -133,12 +136,17 @@ def load_config(path: str | Path | None, cls: type[C], overrides: Sequence[str] 
         where = str(path)
         if not path.exists():
             raise ConfigError(f"config file {where!r} does not exist")
+        if not path.is_file():
+            raise ConfigError(f"config path {where!r} is not a file")
         try:
-            loaded = yaml.safe_load(path.read_text())
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{where}: not UTF-8 text (byte {e.start}: {e.reason})") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
-            line = f" line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"{where}:{line}: invalid YAML: {getattr(e, 'problem', e)}") from None
+            if mark is not None:
+                raise ConfigError(f"{where}: line {mark.line + 1}: invalid YAML: {getattr(e, 'problem', e)}") from None
+            raise ConfigError(f"{where}: invalid YAML: {e}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{where}: the top level must be a mapping of keys, got {type(loaded).__name__}")
         data = loaded or {}

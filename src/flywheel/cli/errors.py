@@ -17,6 +17,6 @@ def user_errors():
 
     try:
         yield
-    except (ConfigError, ModelLoadError, DataError, TrainError, ChatTemplateError, ValueError) as e:
+    except (ConfigError, ModelLoadError, DataError, TrainError, ChatTemplateError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None

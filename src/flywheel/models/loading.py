@@ -15,6 +15,18 @@ class ModelLoadError(ValueError):
     """A model folder is missing, is not a model, or holds an unsupported architecture."""
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def quiet_transformers() -> None:
+    """No per-load progress bars (set again at each use: something may have imported
+    transformers before this module set HF_HUB_DISABLE_PROGRESS_BARS)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def check_model_folder(path: str | Path) -> dict:
     """Return the folder's config.json as a dict, or raise ModelLoadError naming the problem."""
     path = Path(path)
@@ -44,10 +56,25 @@ def check_model_folder(path: str | Path) -> dict:
 
 
 def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
+    """The folder's tokenizer. A folder whose tokenizer_config.json names a generic fast
+    tokenizer gets exactly its tokenizer.json pipeline: transformers 5's AutoTokenizer
+    substitutes Qwen2Tokenizer (with NFC normalisation) for any qwen2 model, which would
+    break the byte-level round trip of flywheel's tiny models."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    path = Path(path)
+    if not any((path / f).exists() for f in TOKENIZER_FILES):
+        raise ModelLoadError(f"{str(path)!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    declared = None
+    if (path / "tokenizer_config.json").exists():
+        try:
+            declared = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
+        except json.JSONDecodeError as e:
+            raise ModelLoadError(f"{path / 'tokenizer_config.json'}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    cls = PreTrainedTokenizerFast if declared in _GENERIC_TOKENIZER_CLASSES and (path / "tokenizer.json").exists() \
+        else AutoTokenizer
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tok = cls.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # transformers raises many types here; name the folder
         raise ModelLoadError(f"{str(path)!r}: cannot load a tokenizer: {e}") from e
     if tok.pad_token_id is None:  # batching needs a pad id; reuse eos as most recipes do
@@ -63,12 +90,11 @@ def load(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     """
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
     check_model_folder(path)
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype, None)
-    if torch_dtype is None:
+    if dtype != "auto" and not (isinstance(torch_dtype, torch.dtype) and torch_dtype.is_floating_point):
         raise ModelLoadError(f"unknown dtype {dtype!r}; use float32, bfloat16, float16 or auto")
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, local_files_only=True)

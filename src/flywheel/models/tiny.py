@@ -8,7 +8,9 @@ tool-call convention (see chat_template.jinja).
 
 Tokenizer: byte-level BPE with no merges, so token id b (0 <= b < 256) is byte b and
 every text has exactly one tokenization (re-encoding decoded text gives the same ids).
-Special tokens follow the 256 byte ids.
+Special tokens follow the 256 byte ids. Load it with `flywheel.models.load_tokenizer`:
+transformers 5's AutoTokenizer swaps in Qwen2Tokenizer for any qwen2 model, which adds NFC
+normalisation (ASCII and NFC text are unaffected, other Unicode may re-encode differently).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import flywheel.models.loading  # noqa: F401  (offline, quiet transformers settings)
+from flywheel.models.loading import quiet_transformers
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 PAD, BOS_EOS_DOC, IM_START, IM_END = "<|endoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -92,6 +94,7 @@ def build_tiny_model(out: str | Path, spec: TinySpec = TinySpec()) -> Path:
     kv_heads = spec.kv_heads or spec.heads
     if spec.heads % kv_heads:
         raise ValueError(f"heads ({spec.heads}) must be divisible by kv_heads ({kv_heads})")
+    quiet_transformers()
     tok = build_tokenizer()
     vocab_size = _round_up(len(tok), 64)  # 259 used ids, padded for matmul-friendly shapes
     config = Qwen2Config(
@@ -132,6 +135,7 @@ def _template_into_tokenizer_config(folder: Path) -> None:
     cfg = json.loads(cfg_path.read_text())
     cfg["chat_template"] = chat_template()
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg["padding_side"] = "left"  # batched generation pads on the left
     cfg_path.write_text(json.dumps(cfg, indent=1, ensure_ascii=False) + "\n")
     (folder / "chat_template.jinja").unlink(missing_ok=True)
 

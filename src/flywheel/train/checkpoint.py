@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from flywheel.models.loading import quiet_transformers
+
 STATE_FILE = "trainer_state.pt"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -41,6 +43,7 @@ def set_rng_state(state: dict) -> None:
 
 def save_model_folder(model, tokenizer, dest: Path) -> None:
     """Write a loadable HF folder to `dest` atomically (temporary name, then rename)."""
+    quiet_transformers()
     dest = Path(dest)
     tmp = dest.parent / f".tmp-{dest.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -56,6 +59,7 @@ def save_checkpoint(root: Path, step: int, model, tokenizer, state: dict, keep: 
     ckpt_root.mkdir(parents=True, exist_ok=True)
     for stale in ckpt_root.glob(".tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
+    quiet_transformers()
     dest = ckpt_root / f"step_{step:08d}"
     tmp = ckpt_root / f".tmp-{dest.name}-{os.getpid()}"
     model.save_pretrained(tmp, safe_serialization=True)

@@ -1,0 +1,193 @@
+"""Config loading: dotted overrides, unknown-key errors that name the valid keys, and every
+shipped config under configs/ validating against the class of the command that runs it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from flywheel.config import (
+    Config,
+    ConfigError,
+    SFTConfig,
+    SFTDataConfig,
+    SFTTrainConfig,
+    load_config,
+    parse_overrides,
+    validate,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The command named on a config's first line -> the config class that command validates.
+# A new command with configs under configs/ must be registered here.
+COMMAND_CONFIGS: dict[str, type[Config]] = {"sft": SFTConfig}
+
+MINIMAL = "model: runs/tiny\ndata:\n  train: [a.jsonl]\n"
+
+
+def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(fn, *args, **kw) -> str:
+    with pytest.raises(ConfigError) as info:
+        fn(*args, **kw)
+    return str(info.value)
+
+
+# ---------------------------------------------------------------- overrides
+
+
+def test_overrides_nest_on_dots_and_parse_values_as_yaml():
+    assert parse_overrides([
+        "train.steps=100", "resume=true", "data.train=[a.jsonl,b.jsonl]",
+        "eval.evaluator=null", "optim.betas=[0.8, 0.95]", "output_dir=", "train.seed=3",
+        "eval.evaluator2=pkg.mod:fn", "device=cuda:0", "note=a=b",
+    ]) == {
+        "train": {"steps": 100, "seed": 3},
+        "resume": True,
+        "data": {"train": ["a.jsonl", "b.jsonl"]},
+        "eval": {"evaluator": None, "evaluator2": "pkg.mod:fn"},
+        "optim": {"betas": [0.8, 0.95]},
+        "output_dir": "",
+        "device": "cuda:0",
+        "note": "a=b",
+    }
+
+
+def test_overrides_deeper_than_two_levels_and_later_wins():
+    assert parse_overrides(["a.b.c=1", "a.b.d=x", "a.b.c=2"]) == {"a": {"b": {"c": 2, "d": "x"}}}
+
+
+@pytest.mark.parametrize("bad", ["resume", "=3", ".lr=1", "train.=1", "train..lr=1", ""])
+def test_override_without_key_sub_value_form_is_rejected(bad):
+    msg = error_of(parse_overrides, ["resume=true", bad])
+    assert msg == f"override {bad!r} is not of the form key.sub=value"
+
+
+def test_override_with_invalid_yaml_value_is_rejected():
+    msg = error_of(parse_overrides, ["data.train=[a.jsonl"])
+    assert msg.startswith("override 'data.train=[a.jsonl': value is not valid YAML")
+
+
+def test_override_below_a_scalar_override_is_a_conflict():
+    msg = error_of(parse_overrides, ["train=3", "train.steps=2"])
+    assert msg == "override 'train.steps=2' conflicts with another override of 'train'"
+
+
+def test_overrides_merge_into_the_file_without_dropping_siblings():
+    cfg = load_config(REPO / "configs" / "sft_arithmetic.yaml", SFTConfig,
+                      ["train.steps=5", "optim.lr=1.0e-4", "resume=true", "data.val=[]"])
+    assert cfg.train.steps == 5
+    assert cfg.train.batch_size == 128  # sibling from the file survives
+    assert cfg.optim.lr == 1e-4 and cfg.optim.warmup_steps == 50
+    assert cfg.resume is True
+    assert cfg.data.val == [] and cfg.data.train == ["runs/data/arithmetic_train.jsonl"]
+
+
+def test_config_from_overrides_alone():
+    cfg = load_config(None, SFTConfig, ["model=m", "data.train=[x.jsonl]", "dtype=bfloat16"])
+    assert (cfg.model, cfg.data.train, cfg.dtype) == ("m", ["x.jsonl"], "bfloat16")
+    assert cfg.train == SFTTrainConfig()  # defaults fill the rest
+
+
+# ---------------------------------------------------------------- validation errors
+
+
+def test_unknown_top_level_key_is_named_with_the_valid_keys(tmp_path):
+    msg = error_of(load_config, write(tmp_path, MINIMAL + "bogus: 1\n"), SFTConfig)
+    valid = ", ".join(sorted(SFTConfig.model_fields))
+    assert f"  bogus: unknown key; valid keys here are: {valid}" in msg.splitlines()
+    assert msg.startswith(f"{tmp_path / 'c.yaml'}: invalid SFTConfig:")
+    for key in ("model", "data", "train", "optim", "output_dir", "resume"):
+        assert key in valid
+
+
+def test_unknown_nested_key_lists_the_keys_of_that_section(tmp_path):
+    msg = error_of(load_config, write(tmp_path, MINIMAL + "train:\n  stepz: 3\n"), SFTConfig)
+    lines = msg.splitlines()
+    assert lines[1] == ("  train.stepz: unknown key; valid keys here are: "
+                        "batch_size, epochs, micro_batch_size, seed, steps")
+    assert len(lines) == 2
+
+
+def test_unknown_nested_key_from_an_override():
+    msg = error_of(load_config, None, SFTConfig, ["model=m", "data.train=[a]", "data.shuffle=true"])
+    valid = ", ".join(sorted(SFTDataConfig.model_fields))
+    assert msg == f"command line: invalid SFTConfig:\n  data.shuffle: unknown key; valid keys here are: {valid}"
+    assert "output_dir" not in msg  # the data section's keys, not the top level's
+
+
+def test_wrong_type_names_the_field_and_the_value(tmp_path):
+    msg = error_of(load_config, write(tmp_path, MINIMAL + "train:\n  steps: many\n"), SFTConfig)
+    (line,) = msg.splitlines()[1:]
+    assert line.startswith("  train.steps: Input should be a valid integer")
+    assert line.endswith("(got 'many')")
+
+
+def test_out_of_bounds_and_bad_choice_name_their_fields():
+    msg = error_of(validate, {"model": "m", "data": {"train": ["a"]}, "optim": {"lr": 0},
+                              "dtype": "float64"}, SFTConfig)
+    lines = msg.splitlines()
+    assert lines[0] == "config: invalid SFTConfig:"
+    assert lines[1].startswith("  optim.lr: Input should be greater than 0") and lines[1].endswith("(got 0)")
+    assert lines[2] == "  dtype: Input should be 'float32' or 'bfloat16' (got 'float64')"
+
+
+def test_missing_required_fields_are_named(tmp_path):
+    msg = error_of(load_config, write(tmp_path, ""), SFTConfig)
+    assert msg.splitlines()[1:] == ["  model: Field required (got {})", "  data: Field required (got {})"]
+
+
+def test_invalid_yaml_names_the_file_and_line(tmp_path):
+    path = write(tmp_path, "model: runs/tiny\nresume: true\n  threads: 2\n")
+    msg = error_of(load_config, path, SFTConfig)
+    assert msg == f"{path}: line 3: invalid YAML: mapping values are not allowed here"
+
+
+def test_unclosed_list_names_the_line_where_yaml_notices(tmp_path):
+    path = write(tmp_path, "model: x\ndata:\n  train: [a.jsonl\nresume: true\n")
+    msg = error_of(load_config, path, SFTConfig)
+    assert msg.startswith(f"{path}: line 4: invalid YAML:")
+
+
+@pytest.mark.parametrize("text, kind", [("- a\n- b\n", "list"), ("just words\n", "str"), ("42\n", "int")])
+def test_top_level_must_be_a_mapping(tmp_path, text, kind):
+    path = write(tmp_path, text)
+    msg = error_of(load_config, path, SFTConfig)
+    assert msg == f"{path}: the top level must be a mapping of keys, got {kind}"
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    assert error_of(load_config, path, SFTConfig) == f"config file {str(path)!r} does not exist"
+
+
+# ---------------------------------------------------------------- shipped configs
+
+
+def _shipped_configs() -> list[Path]:
+    return sorted((REPO / "configs").glob("*.yaml"))
+
+
+def test_there_are_shipped_configs():
+    assert _shipped_configs(), "configs/ holds no *.yaml files"
+
+
+@pytest.mark.parametrize("path", _shipped_configs(), ids=lambda p: p.name)
+def test_every_shipped_config_validates_for_its_command(path):
+    first = path.read_text().splitlines()[0]
+    m = re.match(r"#\s*flywheel\s+(\S+)\s+(\S+)", first)
+    assert m, f"{path.name}: first line must be '# flywheel <command> configs/{path.name} ...', got {first!r}"
+    command, named = m.groups()
+    if command not in COMMAND_CONFIGS:
+        pytest.fail(f"{path.name}: command {command!r} has no config class registered in "
+                    f"COMMAND_CONFIGS of {Path(__file__).name}; add it there")
+    assert named == f"configs/{path.name}", f"{path.name}: first line runs {named!r}, not this file"
+    cfg = load_config(path, COMMAND_CONFIGS[command])
+    assert isinstance(cfg, COMMAND_CONFIGS[command])
