@@ -73,7 +73,11 @@ class KVCache:
 
 
 class LeanDecoder:
-    def __init__(self, model):
+    def __init__(self, model, packed: bool | None = None):
+        """packed: multiply by weights pre-packed in oneDNN's blocked layout (CPU only; None =
+        when available). On 2 cores this makes a projection ~2x faster at batch 64 and ~6x at
+        batch 1 than F.linear, which re-packs the weight on every call. The packed copies are
+        rebuilt by `refresh()` after the weights change."""
         cfg = model.config
         self.model = model
         inner = model.model
@@ -83,29 +87,39 @@ class LeanDecoder:
         self.eps = cfg.rms_norm_eps
         self.embed = inner.embed_tokens.weight
         self.final_norm = inner.norm.weight
-        self.lm_head = model.lm_head.weight
         rot = inner.rotary_emb
         self.inv_freq = rot.inv_freq.float()  # (D/2,)
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
         self._rope_cos = self._rope_sin = None
-        self.layers = []
+        if packed is None:
+            packed = (self.embed.device.type == "cpu" and torch.backends.mkldnn.is_available()
+                      and self.embed.dtype in (torch.float32, torch.bfloat16)
+                      and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+        self.packed = packed
+        self._dense = []  # per layer: the (weight, bias) of each projection, as HF parameters or views
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
-            w_qkv, b_qkv = _fuse([att.q_proj, att.k_proj, att.v_proj])
-            w_gu, b_gu = _fuse([mlp.gate_proj, mlp.up_proj])
             q_norm = getattr(att, "q_norm", None)
             k_norm = getattr(att, "k_norm", None)
-            self.layers.append(dict(
-                ln_in=layer.input_layernorm.weight, w_qkv=w_qkv, b_qkv=b_qkv,
-                w_o=att.o_proj.weight, b_o=att.o_proj.bias,
+            self._dense.append(dict(
+                qkv=_fuse([att.q_proj, att.k_proj, att.v_proj]),
+                o=(att.o_proj.weight, att.o_proj.bias),
+                gate_up=_fuse([mlp.gate_proj, mlp.up_proj]),
+                down=(mlp.down_proj.weight, mlp.down_proj.bias),
+                ln_in=layer.input_layernorm.weight, ln_post=layer.post_attention_layernorm.weight,
                 q_norm=None if q_norm is None else q_norm.weight,
                 k_norm=None if k_norm is None else k_norm.weight,
-                ln_post=layer.post_attention_layernorm.weight, w_gu=w_gu, b_gu=b_gu,
-                w_down=mlp.down_proj.weight, b_down=mlp.down_proj.bias,
-                ffn=mlp.gate_proj.out_features,
-            ))
+                ffn=mlp.gate_proj.out_features))
+        self._lm_head = (model.lm_head.weight, getattr(model.lm_head, "bias", None))
         self.sliding_window = getattr(cfg, "sliding_window", None) if (
             getattr(cfg, "use_sliding_window", True) and cfg.model_type != "qwen3") else None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """(Re)build the projection kernels from the current weights."""
+        lin = _packed_linear if self.packed else _dense_linear
+        self.layers = [{**L, **{k: lin(*L[k]) for k in ("qkv", "o", "gate_up", "down")}} for L in self._dense]
+        self.lm_head = lin(*self._lm_head)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         shape = (batch, self.n_kv, capacity, self.head_dim)
@@ -146,31 +160,27 @@ class LeanDecoder:
             is_causal = False
         else:
             is_causal = causal and S > 1
-        cos, sin = self._rope(positions_B_S)
-        x = F.embedding(tokens_B_S, self.embed)  # (B, S, hidden)
+        cos, sin = self._rope(positions_B_S)  # (B, 1, S, D)
+        x = F.embedding(tokens_B_S.reshape(B * S), self.embed)  # (N, hidden), N = B S
         for li, L in enumerate(self.layers):
-            h = self._rms(x, L["ln_in"])
-            qkv = F.linear(h, L["w_qkv"], L["b_qkv"])  # (B, S, (H + 2 KV) D)
-            q, k, v = qkv.split([H * D, KV * D, KV * D], dim=-1)
-            q = q.view(B, S, H, D)
-            k = k.view(B, S, KV, D)
-            if L["q_norm"] is not None:
-                q, k = self._rms(q, L["q_norm"]), self._rms(k, L["k_norm"])
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.view(B, S, KV, D).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin  # (B, H, S, D)
-            k = k * cos + _rotate_half(k) * sin
-            cache.k[li][:, :, c0:c1] = k
+            qkv = L["qkv"](self._rms(x, L["ln_in"]))  # (N, (H + 2 KV) D)
+            qk = qkv[:, :(H + KV) * D].view(B, S, H + KV, D)
+            if L["q_norm"] is not None:  # Qwen3: RMSNorm per head before RoPE
+                qk = torch.cat([self._rms(qk[:, :, :H], L["q_norm"]), self._rms(qk[:, :, H:], L["k_norm"])], 2)
+            qk = qk.transpose(1, 2)  # (B, H + KV, S, D): RoPE on queries and keys at once
+            qk = qk * cos + _rotate_half(qk) * sin
+            v = qkv[:, (H + KV) * D:].view(B, S, KV, D).transpose(1, 2)  # (B, KV, S, D)
+            cache.k[li][:, :, c0:c1] = qk[:, H:]
             cache.v[li][:, :, c0:c1] = v
             att = F.scaled_dot_product_attention(
-                q, cache.k[li][:, :, :c1], cache.v[li][:, :, :c1], attn_mask=mask,
+                qk[:, :H], cache.k[li][:, :, :c1], cache.v[li][:, :, :c1], attn_mask=mask,
                 is_causal=is_causal, enable_gqa=KV != H)  # (B, H, S, D)
-            x = x + F.linear(att.transpose(1, 2).reshape(B, S, H * D), L["w_o"], L["b_o"])
-            h = self._rms(x, L["ln_post"])
-            gate, up = F.linear(h, L["w_gu"], L["b_gu"]).split(L["ffn"], dim=-1)
-            x = x + F.linear(F.silu(gate) * up, L["w_down"], L["b_down"])
+            x = x + L["o"](att.transpose(1, 2).reshape(B * S, H * D))
+            gate_up = L["gate_up"](self._rms(x, L["ln_post"]))  # (N, 2 F)
+            x = x + L["down"](F.silu(gate_up[:, :L["ffn"]]) * gate_up[:, L["ffn"]:])
         cache.length = c1
-        last = self._rms(x[:, -1], self.final_norm)
-        return F.linear(last, self.lm_head).float()
+        last = self._rms(x.view(B, S, -1)[:, -1], self.final_norm)
+        return self.lm_head(last).float()
 
     def _mask(self, key_valid_B_T, B, S, c0, c1, causal) -> torch.Tensor:
         """Boolean (B, 1, S, T) mask: True = attend. A query always sees its own column, so
@@ -186,6 +196,18 @@ class LeanDecoder:
         if self.sliding_window is not None and c1 > self.sliding_window:
             allowed = allowed & (cols[None, None, :] > rows[None, :, None] - self.sliding_window)
         return allowed[:, None]
+
+
+def _dense_linear(weight: torch.Tensor, bias: torch.Tensor | None):
+    return lambda x: F.linear(x, weight, bias)
+
+
+def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None):
+    """x (N, in) -> (N, out) through oneDNN with the weight reordered into its blocked layout
+    once, here (the kernel torch.compile's CPU backend emits for linear layers)."""
+    w = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+    b = None if bias is None else bias.detach()
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

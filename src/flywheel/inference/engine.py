@@ -75,6 +75,8 @@ class LocalEngine:
         with self._lock, torch.no_grad():
             for name, t in items.items():
                 self._params[name].copy_(t)
+            if hasattr(self.runner, "refresh"):
+                self.runner.refresh()  # packed kernel weights are copies
             self.version = int(version)
 
     def state_names(self) -> list[str]:
