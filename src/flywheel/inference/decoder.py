@@ -56,20 +56,19 @@ def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | 
 
 
 class KVCache:
-    """Per-layer key/value tensors (B, KV_heads, capacity, head_dim); `length` columns used."""
+    """Keys and values of every layer in one tensor (layers, 2, B, KV_heads, capacity, head_dim),
+    so dropping or repeating rows is a single copy; `length` columns are filled."""
 
-    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor]):
-        self.k, self.v, self.length = k, v, 0
+    def __init__(self, kv: torch.Tensor, length: int = 0):
+        self.kv, self.length = kv, length
 
     @property
     def batch(self) -> int:
-        return self.k[0].shape[0]
+        return self.kv.shape[2]
 
     def select(self, rows: torch.Tensor) -> "KVCache":
         """Keep (or repeat) rows, in the order given."""
-        out = KVCache([k.index_select(0, rows) for k in self.k], [v.index_select(0, rows) for v in self.v])
-        out.length = self.length
-        return out
+        return KVCache(self.kv.index_select(2, rows), self.length)
 
 
 class LeanDecoder:
@@ -117,15 +116,13 @@ class LeanDecoder:
 
     def refresh(self) -> None:
         """(Re)build the projection kernels from the current weights."""
-        lin = _packed_linear if self.packed else _dense_linear
-        self.layers = [{**L, **{k: lin(*L[k]) for k in ("qkv", "o", "gate_up", "down")}} for L in self._dense]
-        self.lm_head = lin(*self._lm_head)
+        make = _packed_kernels if self.packed else _dense_kernels
+        self.layers = [{**L, **make(L)} for L in self._dense]
+        self.lm_head = (_packed_linear if self.packed else _dense_linear)(*self._lm_head)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        shape = (batch, self.n_kv, capacity, self.head_dim)
-        dt, dev = self.embed.dtype, self.embed.device
-        return KVCache([torch.empty(shape, dtype=dt, device=dev) for _ in self.layers],
-                       [torch.empty(shape, dtype=dt, device=dev) for _ in self.layers])
+        shape = (len(self.layers), 2, batch, self.n_kv, capacity, self.head_dim)
+        return KVCache(torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device))
 
     def _rope(self, positions_B_S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape (B, 1, S, D), HF's rotate-half layout."""
@@ -144,16 +141,21 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def forward(self, tokens_B_S: torch.Tensor, positions_B_S: torch.Tensor, cache: KVCache,
-                key_valid_B_T: torch.Tensor | None, causal: bool) -> torch.Tensor:
+                key_valid_B_T: torch.Tensor | None, causal: bool,
+                cache_rows: torch.Tensor | None = None) -> torch.Tensor:
         """Run S new tokens per row, writing their keys/values at cache columns
         [cache.length, cache.length + S). Returns the last position's logits (B, V).
 
         key_valid_B_T (T = cache.length + S): False for padding columns; None if none.
         causal: apply a causal mask among the S new tokens (prefill).
+        cache_rows (R,): prefill fan-out into an empty cache of R rows; cache row r gets the
+          keys/values of batch row cache_rows[r] (n samples of a prompt share one prefill).
         """
         B, S = tokens_B_S.shape
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         c0, c1 = cache.length, cache.length + S
+        if cache_rows is not None and c0 != 0:
+            raise ValueError("cache_rows is only for a prefill into an empty cache")
         mask = None
         if key_valid_B_T is not None or (causal and S > 1 and c0 > 0):
             mask = self._mask(key_valid_B_T, B, S, c0, c1, causal)
@@ -163,21 +165,25 @@ class LeanDecoder:
         cos, sin = self._rope(positions_B_S)  # (B, 1, S, D)
         x = F.embedding(tokens_B_S.reshape(B * S), self.embed)  # (N, hidden), N = B S
         for li, L in enumerate(self.layers):
-            qkv = L["qkv"](self._rms(x, L["ln_in"]))  # (N, (H + 2 KV) D)
+            qkv = L["qkv_proj"](self._rms(x, L["ln_in"]))  # (N, (H + 2 KV) D)
             qk = qkv[:, :(H + KV) * D].view(B, S, H + KV, D)
             if L["q_norm"] is not None:  # Qwen3: RMSNorm per head before RoPE
                 qk = torch.cat([self._rms(qk[:, :, :H], L["q_norm"]), self._rms(qk[:, :, H:], L["k_norm"])], 2)
             qk = qk.transpose(1, 2)  # (B, H + KV, S, D): RoPE on queries and keys at once
             qk = qk * cos + _rotate_half(qk) * sin
+            q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + KV) * D:].view(B, S, KV, D).transpose(1, 2)  # (B, KV, S, D)
-            cache.k[li][:, :, c0:c1] = qk[:, H:]
-            cache.v[li][:, :, c0:c1] = v
-            att = F.scaled_dot_product_attention(
-                qk[:, :H], cache.k[li][:, :, :c1], cache.v[li][:, :, :c1], attn_mask=mask,
-                is_causal=is_causal, enable_gqa=KV != H)  # (B, H, S, D)
-            x = x + L["o"](att.transpose(1, 2).reshape(B * S, H * D))
-            gate_up = L["gate_up"](self._rms(x, L["ln_post"]))  # (N, 2 F)
-            x = x + L["down"](F.silu(gate_up[:, :L["ffn"]]) * gate_up[:, L["ffn"]:])
+            if cache_rows is None:
+                cache.kv[li, 0, :, :, c0:c1] = k
+                cache.kv[li, 1, :, :, c0:c1] = v
+                k, v = cache.kv[li, 0, :, :, :c1], cache.kv[li, 1, :, :, :c1]
+            else:  # attend within the prompt, store fanned out
+                cache.kv[li, 0, :, :, :c1] = k.index_select(0, cache_rows)
+                cache.kv[li, 1, :, :, :c1] = v.index_select(0, cache_rows)
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+                                                 enable_gqa=KV != H)  # (B, H, S, D)
+            x = L["o_residual"](att.transpose(1, 2).reshape(B * S, H * D), x)  # x + att W_o^T
+            x = L["down_residual"](L["swiglu"](self._rms(x, L["ln_post"])), x)
         cache.length = c1
         last = self._rms(x.view(B, S, -1)[:, -1], self.final_norm)
         return self.lm_head(last).float()
@@ -202,12 +208,49 @@ def _dense_linear(weight: torch.Tensor, bias: torch.Tensor | None):
     return lambda x: F.linear(x, weight, bias)
 
 
+def _dense_kernels(L: dict) -> dict:
+    """Projection kernels on the HF weights: fused QKV and gate/up matmuls."""
+    ffn = L["ffn"]
+    qkv, o, gate_up, down = (_dense_linear(*L[k]) for k in ("qkv", "o", "gate_up", "down"))
+
+    def swiglu(h):
+        gu = gate_up(h)  # (N, 2 F)
+        return F.silu(gu[:, :ffn]) * gu[:, ffn:]
+
+    return {"qkv_proj": qkv, "o_residual": lambda a, x: x + o(a), "swiglu": swiglu,
+            "down_residual": lambda m, x: x + down(m)}
+
+
 def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None):
     """x (N, in) -> (N, out) through oneDNN with the weight reordered into its blocked layout
     once, here (the kernel torch.compile's CPU backend emits for linear layers)."""
     w = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
     b = None if bias is None else bias.detach()
     return lambda x: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+def _packed_kernels(L: dict) -> dict:
+    """oneDNN kernels with the elementwise work fused into the matmuls: SiLU on the gate
+    projection, the gate multiply into the up projection, residual adds into o and down."""
+    ffn = L["ffn"]
+    pack = torch.ops.mkldnn._reorder_linear_weight
+    linear = torch.ops.mkldnn._linear_pointwise
+    w_gu, b_gu = L["gate_up"]
+    w_gate, w_up = pack(w_gu[:ffn].detach()), pack(w_gu[ffn:].detach())
+    b_gate, b_up = (None, None) if b_gu is None else (b_gu[:ffn].detach(), b_gu[ffn:].detach())
+    w_o, b_o = pack(L["o"][0].detach()), L["o"][1]
+    w_down, b_down = pack(L["down"][0].detach()), L["down"][1]
+    b_o = None if b_o is None else b_o.detach()
+    b_down = None if b_down is None else b_down.detach()
+
+    def swiglu(h):
+        gate = linear(h, w_gate, b_gate, "swish", [], "")  # silu(h W_g^T)
+        return linear.binary(h, gate, w_up, b_up, "mul")  # (h W_u^T) * gate
+
+    return {"qkv_proj": _packed_linear(*L["qkv"]),
+            "o_residual": lambda a, x: linear.binary(a, x, w_o, b_o, "add"),
+            "swiglu": swiglu,
+            "down_residual": lambda m, x: linear.binary(m, x, w_down, b_down, "add")}
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

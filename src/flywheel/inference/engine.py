@@ -14,6 +14,7 @@ calls by `update_weights`, guarded by a lock so a call never sees half an update
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, fields
 from typing import Mapping, Sequence
 
 import torch
@@ -21,7 +22,7 @@ import torch
 from flywheel.inference.decoder import LeanDecoder, unsupported_reason
 from flywheel.inference.hf_runner import HFRunner
 from flywheel.inference.sampler import Sample, SamplingParams
-from flywheel.inference.sampling import sample_tokens
+from flywheel.inference.sampling import filter_logits, sample_tokens
 
 
 class LocalEngine:
@@ -150,72 +151,79 @@ class LocalEngine:
         T_new = int(max_new.max())
 
         # ---- prefill the distinct prompts once, then fan out
-        cache = self.runner.new_cache(len(uniq), P + T_new)
-        logits = self.runner.forward(tokens_U_P, positions_U_P, cache, key_valid_U_P, causal=True)
-        logits, cache = logits.index_select(0, row_uniq), cache.select(row_uniq)
+        cache = self.runner.new_cache(R, P + T_new)
+        logits = self.runner.forward(tokens_U_P, positions_U_P, cache, key_valid_U_P, causal=True,
+                                     cache_rows=row_uniq).index_select(0, row_uniq)
         pos_next = lens_U.index_select(0, row_uniq)  # position of the next token fed in
         key_valid = key_valid_U_P.index_select(0, row_uniq) if padded else None
 
         out_tok = torch.zeros(R, T_new, dtype=torch.long, device=dev)
         out_lp = torch.zeros(R, T_new, dtype=torch.float32, device=dev)
-        n_out = torch.zeros(R, dtype=torch.long)
-        finish: list[tuple[str, int | str | None]] = [("length", None)] * R
-        alive = torch.arange(R, device=dev)  # original row index of each live row
+        n_out = torch.zeros(R, dtype=torch.long, device=dev)  # tokens kept per row
+        hit_token = torch.zeros(R, dtype=torch.bool, device=dev)  # ended by a stop token
+        hit_string: dict[int, str] = {}
+        live = _LiveRows(idx=torch.arange(R, device=dev), temperature=temperature, top_k=top_k, top_p=top_p,
+                         max_new=max_new, stop_ids=stop_ids, pos_next=lens_U.index_select(0, row_uniq),
+                         processed=torch.tensor(processed, device=dev),
+                         key_valid=None if not padded else torch.cat(
+                             [key_valid_U_P.index_select(0, row_uniq),
+                              torch.ones(R, T_new, dtype=torch.bool, device=dev)], 1))
         gen_text_ids: dict[int, list[int]] = {r: [] for r in string_rows}
         t = 0
         while True:
-            tok, lp = sample_tokens(logits, temperature[alive], top_k[alive], top_p[alive],
-                                    self.generator, processed_logprobs=False)
+            tok, lp = sample_tokens(logits, live.temperature, live.top_k, live.top_p, self.generator)
             if any_processed:
-                _, lp_proc = _processed_logprobs(logits, tok, temperature[alive], top_k[alive], top_p[alive])
-                sel = torch.tensor([processed[r] for r in alive.tolist()], device=dev)
-                lp = torch.where(sel, lp_proc, lp)
-            out_tok[alive, t] = tok
-            out_lp[alive, t] = lp
+                lp = torch.where(live.processed, _processed_logprobs(logits, tok, live), lp)
+            out_tok[live.idx, t] = tok
+            out_lp[live.idx, t] = lp
             t += 1
-            hit_stop = (tok[:, None] == stop_ids[alive]).any(-1)
-            done = hit_stop | (max_new[alive] <= t)
-            done_list = done.tolist()
-            alive_list = alive.tolist()
-            hit_list = hit_stop.tolist()
-            tok_list = tok.tolist()
-            for b, r in enumerate(alive_list):
-                if hit_list[b]:
-                    finish[r] = ("stop", tok_list[b])
-                elif r in string_rows:
-                    ids = gen_text_ids[r]
-                    ids.append(tok_list[b])
-                    matched = self._stop_string_hit(ids, row_params[r].stop)
-                    if matched is not None:
-                        finish[r], done_list[b] = ("stop", matched), True
-                if done_list[b]:
-                    n_out[r] = t
-            if all(done_list):
-                break
-            if any(done_list):
-                keep = torch.tensor([b for b, d in enumerate(done_list) if not d], device=dev)
-                alive, tok = alive.index_select(0, keep), tok.index_select(0, keep)
-                pos_next = pos_next.index_select(0, keep)
-                cache = cache.select(keep)
-                if key_valid is not None:
-                    key_valid = key_valid.index_select(0, keep)
-            if key_valid is not None:
-                key_valid = torch.cat([key_valid, torch.ones(len(alive), 1, dtype=torch.bool, device=dev)], 1)
-            logits = self.runner.forward(tok[:, None], pos_next[:, None], cache, key_valid, causal=False)
-            pos_next = pos_next + 1
+            hit = (tok[:, None] == live.stop_ids).any(-1)
+            done = hit | (live.max_new <= t)
+            if string_rows:
+                self._check_stop_strings(live, tok, done, gen_text_ids, string_rows, row_params, hit_string)
+            if bool(done.any()):
+                n_out[live.idx[done]] = t
+                hit_token[live.idx[hit]] = True
+                if bool(done.all()):
+                    break
+                keep = (~done).nonzero().squeeze(1)
+                live, tok, cache = live.select(keep), tok.index_select(0, keep), cache.select(keep)
+            key_valid = None if live.key_valid is None else live.key_valid[:, :P + t]
+            logits = self.runner.forward(tok[:, None], live.pos_next[:, None], cache, key_valid, causal=False)
+            live.pos_next = live.pos_next + 1
 
         # ---- gather results on the host
-        out_tok, out_lp = out_tok.cpu(), out_lp.cpu()
+        lengths = n_out.tolist()
+        ids_per_row = [row[:n] for row, n in zip(out_tok.cpu().tolist(), lengths)]
+        lps_per_row = [row[:n] for row, n in zip(out_lp.cpu().tolist(), lengths)]
+        texts = self.tokenizer.batch_decode(ids_per_row, skip_special_tokens=True)
+        hits = hit_token.tolist()
         results: list[list[Sample]] = [[] for _ in prompts]
         for r, (i, _) in enumerate(rows):
-            n = int(n_out[r])
-            ids = out_tok[r, :n].tolist()
-            reason, stop_reason = finish[r]
-            results[i].append(Sample(
-                token_ids=ids, logprobs=out_lp[r, :n].tolist(), finish_reason=reason,
-                version=self.version, prompt_index=i, stop_reason=stop_reason,
-                text=self._text(ids, row_params[r], stop_reason), prompt_len=len(prompts[i])))
+            ids, text = ids_per_row[r], texts[r]
+            if r in hit_string:
+                reason, stop_reason = "stop", hit_string[r]
+                cut = text.find(stop_reason)
+                text = text[:cut] if cut >= 0 else text
+            elif hits[r]:
+                reason, stop_reason = "stop", ids[-1]
+            else:
+                reason, stop_reason = "length", None
+            results[i].append(Sample(token_ids=ids, logprobs=lps_per_row[r], finish_reason=reason,
+                                     version=self.version, prompt_index=i, stop_reason=stop_reason,
+                                     text=text, prompt_len=len(prompts[i])))
         return results
+
+    def _check_stop_strings(self, live, tok, done, gen_text_ids, string_rows, row_params, hit_string) -> None:
+        """Mark rows whose text now contains one of their stop strings (updates `done`)."""
+        for b, (r, token) in enumerate(zip(live.idx.tolist(), tok.tolist())):
+            if r in string_rows and not bool(done[b]):
+                ids = gen_text_ids[r]
+                ids.append(token)
+                matched = self._stop_string_hit(ids, row_params[r].stop)
+                if matched is not None:
+                    hit_string[r] = matched
+                    done[b] = True
 
     def _stop_string_hit(self, ids: list[int], stops: tuple[str, ...]) -> str | None:
         # a stop string of c characters spans at most 4c byte-level tokens (UTF-8)
@@ -226,19 +234,31 @@ class LocalEngine:
                 return s
         return None
 
-    def _text(self, ids: list[int], sp: SamplingParams, stop_reason) -> str:
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if isinstance(stop_reason, str):
-            text = text[:text.find(stop_reason)] if stop_reason in text else text
-        return text
+
+def _processed_logprobs(logits, tok, live: "_LiveRows") -> torch.Tensor:
+    """log-probability of `tok` under each row's filtered sampling distribution."""
+    filtered = filter_logits(logits.float(), live.temperature, live.top_k, live.top_p)
+    base = torch.where((live.temperature <= 0)[:, None], logits.float(), filtered)
+    return base.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
 
 
-def _processed_logprobs(logits, tok, temperature, top_k, top_p):
-    from flywheel.inference.sampling import filter_logits
+@dataclass
+class _LiveRows:
+    """Per-row state of the rows still generating, aligned with the batch (B,)."""
 
-    filtered = filter_logits(logits.float(), temperature, top_k, top_p)
-    base = torch.where((temperature <= 0)[:, None], logits.float(), filtered)
-    return tok, base.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
+    idx: torch.Tensor  # original row index
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    max_new: torch.Tensor
+    stop_ids: torch.Tensor  # (B, W) stop token ids, -1 padded
+    pos_next: torch.Tensor  # position of the next token fed in
+    processed: torch.Tensor  # logprobs_mode == "processed"
+    key_valid: torch.Tensor | None  # (B, P + T_new) False on left padding; None without padding
+
+    def select(self, keep: torch.Tensor) -> "_LiveRows":
+        return _LiveRows(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).index_select(0, keep)
+                            for f in fields(self)})
 
 
 def _eos_ids(model, tokenizer) -> set[int]:

@@ -32,7 +32,8 @@ class HFRunner:
 
     @torch.inference_mode()
     def forward(self, tokens_B_S: torch.Tensor, positions_B_S: torch.Tensor, cache: HFCache,
-                key_valid_B_T: torch.Tensor | None, causal: bool) -> torch.Tensor:
+                key_valid_B_T: torch.Tensor | None, causal: bool,
+                cache_rows: torch.Tensor | None = None) -> torch.Tensor:
         B, S = tokens_B_S.shape
         if key_valid_B_T is None:
             key_valid_B_T = torch.ones(B, cache.length + S, dtype=torch.bool, device=self.device)
@@ -40,4 +41,6 @@ class HFRunner:
                          attention_mask=key_valid_B_T.long(), use_cache=True,
                          **{self.cache_kwarg: cache.cache}, logits_to_keep=1)
         cache.length += S
+        if cache_rows is not None:
+            cache.select(cache_rows)
         return out.logits[:, -1].float()
