@@ -22,7 +22,7 @@ import torch
 from flywheel.inference.decoder import LeanDecoder, unsupported_reason
 from flywheel.inference.hf_runner import HFRunner
 from flywheel.inference.sampler import Sample, SamplingParams
-from flywheel.inference.sampling import filter_logits, sample_tokens
+from flywheel.inference.sampling import Needs, filter_logits, sample_tokens
 
 
 class LocalEngine:
@@ -149,6 +149,7 @@ class LocalEngine:
         any_processed = any(processed)
         string_rows = {r for r, sp in enumerate(row_params) if sp.stop}
         T_new = int(max_new.max())
+        needs = Needs.of(temperature, top_k, top_p)  # for the whole call: rows only ever leave
 
         # ---- prefill the distinct prompts once, then fan out
         cache = self.runner.new_cache(R, P + T_new)
@@ -171,9 +172,9 @@ class LocalEngine:
         gen_text_ids: dict[int, list[int]] = {r: [] for r in string_rows}
         t = 0
         while True:
-            tok, lp = sample_tokens(logits, live.temperature, live.top_k, live.top_p, self.generator)
+            tok, lp = sample_tokens(logits, live.temperature, live.top_k, live.top_p, self.generator, needs=needs)
             if any_processed:
-                lp = torch.where(live.processed, _processed_logprobs(logits, tok, live), lp)
+                lp = torch.where(live.processed, _processed_logprobs(logits, tok, live, needs), lp)
             out_tok[live.idx, t] = tok
             out_lp[live.idx, t] = lp
             t += 1
@@ -196,7 +197,7 @@ class LocalEngine:
         lengths = n_out.tolist()
         ids_per_row = [row[:n] for row, n in zip(out_tok.cpu().tolist(), lengths)]
         lps_per_row = [row[:n] for row, n in zip(out_lp.cpu().tolist(), lengths)]
-        texts = self.tokenizer.batch_decode(ids_per_row, skip_special_tokens=True)
+        texts = self._decode_batch(ids_per_row)
         hits = hit_token.tolist()
         results: list[list[Sample]] = [[] for _ in prompts]
         for r, (i, _) in enumerate(rows):
@@ -213,6 +214,12 @@ class LocalEngine:
                                      version=self.version, prompt_index=i, stop_reason=stop_reason,
                                      text=text, prompt_len=len(prompts[i])))
         return results
+
+    def _decode_batch(self, ids: list[list[int]]) -> list[str]:
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None and not getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+            return backend.decode_batch(ids, skip_special_tokens=True)  # skips transformers' per-id checks
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
     def _check_stop_strings(self, live, tok, done, gen_text_ids, string_rows, row_params, hit_string) -> None:
         """Mark rows whose text now contains one of their stop strings (updates `done`)."""
@@ -235,9 +242,9 @@ class LocalEngine:
         return None
 
 
-def _processed_logprobs(logits, tok, live: "_LiveRows") -> torch.Tensor:
+def _processed_logprobs(logits, tok, live: "_LiveRows", needs: Needs) -> torch.Tensor:
     """log-probability of `tok` under each row's filtered sampling distribution."""
-    filtered = filter_logits(logits.float(), live.temperature, live.top_k, live.top_p)
+    filtered = filter_logits(logits.float(), live.temperature, live.top_k, live.top_p, needs)
     base = torch.where((live.temperature <= 0)[:, None], logits.float(), filtered)
     return base.log_softmax(-1).gather(-1, tok[:, None]).squeeze(-1)
 

@@ -2,29 +2,47 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
+@dataclass(frozen=True)
+class Needs:
+    """Which steps any row of a batch needs, so the common cases skip the rest."""
+
+    scale: bool = True  # some row has a temperature other than 0 and 1
+    filter: bool = True  # some row uses top-k or top-p
+    greedy: bool = True  # some row is greedy (temperature 0)
+    sample: bool = True  # some row samples
+
+    @staticmethod
+    def of(temperature_B: torch.Tensor, top_k_B: torch.Tensor, top_p_B: torch.Tensor) -> "Needs":
+        greedy = temperature_B <= 0
+        return Needs(scale=bool(((temperature_B != 1) & ~greedy).any()),
+                     filter=bool((top_k_B > 0).any() or (top_p_B < 1).any()),
+                     greedy=bool(greedy.any()), sample=bool((~greedy).any()))
+
+
 def filter_logits(logits_B_V: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
-                  top_p_B: torch.Tensor) -> torch.Tensor:
+                  top_p_B: torch.Tensor, needs: Needs | None = None) -> torch.Tensor:
     """Scaled, filtered logits: logits / temperature, then -inf outside each row's top-k
     (k=0: off) and outside the smallest set of tokens whose probability reaches top_p.
     The most likely token always survives. Rows with temperature 0 are scaled by 1."""
-    temp = torch.where(temperature_B > 0, temperature_B, torch.ones_like(temperature_B))
-    scaled = logits_B_V / temp[:, None]
-    use_k = bool((top_k_B > 0).any())
-    use_p = bool((top_p_B < 1).any())
-    if not (use_k or use_p):
+    needs = needs or Needs.of(temperature_B, top_k_B, top_p_B)
+    scaled = logits_B_V
+    if needs.scale:
+        temp = torch.where(temperature_B > 0, temperature_B, torch.ones_like(temperature_B))
+        scaled = logits_B_V / temp[:, None]
+    if not needs.filter:
         return scaled
     sorted_B_V, order_B_V = scaled.sort(dim=-1, descending=True)
     drop = torch.zeros_like(sorted_B_V, dtype=torch.bool)
-    if use_k:
-        rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
-        drop |= (top_k_B[:, None] > 0) & (rank >= top_k_B[:, None])
-    if use_p:
-        probs = sorted_B_V.masked_fill(drop, float("-inf")).softmax(-1)
-        mass_before = probs.cumsum(-1) - probs  # probability of strictly better tokens
-        drop |= mass_before >= top_p_B[:, None]
+    rank = torch.arange(scaled.shape[-1], device=scaled.device)[None, :]
+    drop |= (top_k_B[:, None] > 0) & (rank >= top_k_B[:, None])
+    probs = sorted_B_V.masked_fill(drop, float("-inf")).softmax(-1)
+    mass_before = probs.cumsum(-1) - probs  # probability of strictly better tokens
+    drop |= mass_before >= top_p_B[:, None]
     drop[:, 0] = False
     sorted_B_V = sorted_B_V.masked_fill(drop, float("-inf"))
     return torch.empty_like(scaled).scatter_(-1, order_B_V, sorted_B_V)
@@ -32,26 +50,31 @@ def filter_logits(logits_B_V: torch.Tensor, temperature_B: torch.Tensor, top_k_B
 
 def sample_tokens(logits_B_V: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
                   top_p_B: torch.Tensor, generator: torch.Generator | None = None,
-                  processed_logprobs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  processed_logprobs: bool = False, needs: Needs | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row. Returns (tokens_B, logprobs_B).
 
     Greedy (argmax of the raw logits) where temperature is 0; elsewhere the Gumbel-max
     trick on the filtered logits, which draws exactly from their softmax. logprobs are of
-    the raw temperature-1 distribution, or of the filtered one if `processed_logprobs`.
+    the raw temperature-1 distribution, or of the filtered one if `processed_logprobs`
+    (greedy rows: the raw one). `needs` (computed when None) lets a caller that knows its
+    batch skip unused steps.
     """
     logits_B_V = logits_B_V.float()
-    filtered = filter_logits(logits_B_V, temperature_B, top_k_B, top_p_B)
+    needs = needs or Needs.of(temperature_B, top_k_B, top_p_B)
     greedy_B = temperature_B <= 0
-    if bool(greedy_B.all()):
+    filtered = filter_logits(logits_B_V, temperature_B, top_k_B, top_p_B, needs) \
+        if (needs.sample or processed_logprobs) else logits_B_V
+    if not needs.sample:
         tokens = logits_B_V.argmax(-1)
     else:
         # Gumbel-max: -log(-log U) is Gumbel(0, 1); torch.rand is ~3x cheaper than exponential_
         gumbel = torch.rand(filtered.shape, generator=generator, device=filtered.device).log_().neg_().log_().neg_()
         tokens = (filtered + gumbel).argmax(-1)
-        if bool(greedy_B.any()):
+        if needs.greedy:
             tokens = torch.where(greedy_B, logits_B_V.argmax(-1), tokens)
-    base = filtered if processed_logprobs else logits_B_V
-    if processed_logprobs and bool(greedy_B.any()):
-        base = torch.where(greedy_B[:, None], logits_B_V, filtered)
+    base = logits_B_V
+    if processed_logprobs:
+        base = torch.where(greedy_B[:, None], logits_B_V, filtered) if needs.greedy else filtered
     logprobs = base.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, logprobs
