@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # GPU users: make setup TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,bench
+EXTRAS ?= dev
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | cksum | cut -d' ' -f1)
 THREADS ?= 2
 
@@ -42,9 +42,11 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q -m ''
 
-bench: setup
-	$(PY) bench/generate.py
-	$(PY) bench/sft.py
+# benchmarks also need the peers (extra `bench`: trl, datasets, accelerate)
+bench:
+	@$(MAKE) --no-print-directory setup EXTRAS=dev,bench
+	OMP_NUM_THREADS=$(THREADS) $(PY) bench/generate.py --threads $(THREADS)
+	OMP_NUM_THREADS=$(THREADS) $(PY) bench/sft.py --threads $(THREADS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info

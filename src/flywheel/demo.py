@@ -54,7 +54,7 @@ def main() -> None:
         model=str(model_dir), output_dir=str(out / "sft"),
         data={"train": [str(train_file)], "format": "prompt_completion"},
         train={"steps": args.steps, "batch_size": 128, "micro_batch_size": 128},
-        optim={"lr": 2e-3, "warmup_steps": 40, "weight_decay": 0.01, "min_lr_ratio": 0.05},
+        optim={"lr": 1e-3, "warmup_steps": 100, "weight_decay": 0.01, "min_lr_ratio": 1.0},
         checkpoint={"every": 100}, threads=args.threads), SFTConfig)
     result = run_sft(cfg, log=console.print)
 

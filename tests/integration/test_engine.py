@@ -186,6 +186,8 @@ def test_bad_weight_updates_are_refused_whole(engine):
 def test_bad_requests_are_clear_errors(engine):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         engine.generate([[1], []], SamplingParams())
+    with pytest.raises(ValueError, match=r"prompt 0 has token id 100000, outside the model's vocabulary \[0, 320\)"):
+        engine.generate([[1, 100000]], SamplingParams())
     with pytest.raises(ValueError, match="2 prompts but 1"):
         engine.generate([[1], [2]], [SamplingParams()])
     with pytest.raises(ValueError, match="positions"):

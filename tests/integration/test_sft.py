@@ -30,8 +30,8 @@ def setup(tmp_path_factory):
     return root, model, data
 
 
-def make_cfg(model, data, out, **over):
-    cfg = dict(model=str(model), output_dir=str(out), data={"train": [str(data)]},
+def make_cfg(model, data_file, out, **over):
+    cfg = dict(model=str(model), output_dir=str(out), data={"train": [str(data_file)]},
                train={"steps": 150, "batch_size": 32, "micro_batch_size": 32},
                optim={"lr": 3e-3, "warmup_steps": 10}, log={"progress": False}, threads=1)
     for k, v in over.items():
@@ -134,3 +134,37 @@ def test_sigkill_and_resume_follows_the_uninterrupted_curve(setup, tmp_path):
     assert sorted(resumed) == list(range(1, steps + 1))
     worst = max(abs(resumed[s] - reference[s]) for s in reference)
     assert worst < 1e-5, f"resumed curve departs from the uninterrupted one by {worst}"
+
+
+def test_tensorboard_without_the_package_warns_and_keeps_jsonl(setup, tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kw):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    root, model, data = setup
+    cfg = validate(make_cfg(model, data, tmp_path / "run", train={"steps": 3}, log={"tensorboard": True}), SFTConfig)
+    with pytest.warns(UserWarning, match="tensorboard is not installed"):
+        result = run_sft(cfg, log=lambda m: None)
+    assert sorted(losses(result.output_dir)) == [1, 2, 3]
+
+
+def test_val_loss_and_bad_settings(setup, tmp_path):
+    root, model, data = setup
+    cfg = validate(make_cfg(model, data, tmp_path / "run", train={"steps": 4},
+                            data={"val_fraction": 0.2}), SFTConfig)
+    logs = []
+    result = run_sft(cfg, log=logs.append)
+    assert "held out 20 of the train examples for validation" in logs
+    assert result.last["val_loss"] > 0
+    bad = validate(make_cfg(model, data, tmp_path / "bad", train={"batch_size": 10, "micro_batch_size": 4}), SFTConfig)
+    with pytest.raises(TrainError, match=r"batch_size \(10\) must be a multiple of train.micro_batch_size \(4\)"):
+        run_sft(bad, log=lambda m: None)
+    bad = validate(make_cfg(model, data, tmp_path / "bad2", eval={"evaluator": "nope"}), SFTConfig)
+    with pytest.raises(TrainError, match="must look like 'package.module:function'"):
+        run_sft(bad, log=lambda m: None)

@@ -43,6 +43,7 @@ class LocalEngine:
         self.runner = LeanDecoder(model) if (lean is not False and reason is None) else HFRunner(model)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        self.vocab_size = model.get_input_embeddings().weight.shape[0]
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else torch.initial_seed() % (1 << 62))
         self._lock = threading.Lock()
@@ -99,9 +100,14 @@ class LocalEngine:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        vocab = self.vocab_size
         for i, (p, sp) in enumerate(zip(prompts, params)):
             if len(p) == 0:
                 raise ValueError(f"prompt {i} is empty")
+            lo, hi = min(p), max(p)
+            if lo < 0 or hi >= vocab:
+                raise ValueError(f"prompt {i} has token id {lo if lo < 0 else hi}, outside the "
+                                 f"model's vocabulary [0, {vocab})")
             if len(p) + sp.max_tokens > self.max_positions:
                 raise ValueError(f"prompt {i}: {len(p)} tokens + max_tokens {sp.max_tokens} exceeds "
                                  f"the model's {self.max_positions} positions")
