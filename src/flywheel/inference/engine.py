@@ -123,38 +123,39 @@ class LocalEngine:
         for p in prompts:
             unique.setdefault(tuple(p), len(unique))
         uniq = list(unique)
-        lens_U = torch.tensor([len(u) for u in uniq], device=dev)
-        P = int(lens_U.max())
+        lens = [len(u) for u in uniq]
+        P = max(lens)
         pad = 0 if self.tokenizer.pad_token_id is None else self.tokenizer.pad_token_id
-        tokens_U_P = torch.full((len(uniq), P), pad, dtype=torch.long)
-        for i, u in enumerate(uniq):
-            tokens_U_P[i, P - len(u):] = torch.tensor(u)
-        tokens_U_P = tokens_U_P.to(dev)
+        tokens_U_P = torch.tensor([[pad] * (P - len(u)) + list(u) for u in uniq], device=dev)
+        lens_U = torch.tensor(lens, device=dev)
         offset_U = P - lens_U
         positions_U_P = (torch.arange(P, device=dev)[None] - offset_U[:, None]).clamp_min(0)
-        padded = bool((offset_U > 0).any())
+        padded = min(lens) < P
         key_valid_U_P = (positions_U_P > 0) | (torch.arange(P, device=dev)[None] == offset_U[:, None]) \
             if padded else None
 
-        # ---- one row per sample: (prompt index, sample index)
+        # ---- one row per sample: (prompt index, sample index); per-row settings built per
+        # distinct SamplingParams object, then repeated
         rows = [(i, j) for i, sp in enumerate(params) for j in range(sp.n)]
         R = len(rows)
         row_uniq = torch.tensor([unique[tuple(prompts[i])] for i, _ in rows], device=dev)
         row_params = [params[i] for i, _ in rows]
-        temperature = torch.tensor([sp.temperature for sp in row_params], device=dev, dtype=torch.float32)
-        top_k = torch.tensor([sp.top_k for sp in row_params], device=dev)
-        top_p = torch.tensor([sp.top_p for sp in row_params], device=dev, dtype=torch.float32)
-        max_new = torch.tensor([sp.max_tokens for sp in row_params], device=dev)
-        stop_sets = [set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids) for sp in row_params]
-        width = max(1, max(len(s) for s in stop_sets))
-        stop_ids = torch.full((R, width), -1, dtype=torch.long)
-        for r, s in enumerate(stop_sets):
-            stop_ids[r, :len(s)] = torch.tensor(sorted(s), dtype=torch.long)
-        stop_ids = stop_ids.to(dev)
+        settings = {}
+        for sp in params:
+            if id(sp) not in settings:
+                stops = sorted(set(sp.stop_token_ids) | (set() if sp.ignore_eos else self.eos_ids))
+                settings[id(sp)] = (sp.temperature, sp.top_p, sp.top_k, sp.max_tokens, stops)
+        per_row = [settings[id(sp)] for sp in row_params]
+        temperature = torch.tensor([x[0] for x in per_row], device=dev, dtype=torch.float32)
+        top_p = torch.tensor([x[1] for x in per_row], device=dev, dtype=torch.float32)
+        top_k = torch.tensor([x[2] for x in per_row], device=dev)
+        max_new = torch.tensor([x[3] for x in per_row], device=dev)
+        width = max(1, max(len(x[4]) for x in settings.values()))
+        stop_ids = torch.tensor([x[4] + [-1] * (width - len(x[4])) for x in per_row], dtype=torch.long, device=dev)
         processed = [sp.logprobs_mode == "processed" for sp in row_params]
         any_processed = any(processed)
         string_rows = {r for r, sp in enumerate(row_params) if sp.stop}
-        T_new = int(max_new.max())
+        T_new = max(x[3] for x in settings.values())
         needs = Needs.of(temperature, top_k, top_p)  # for the whole call: rows only ever leave
 
         # ---- prefill the distinct prompts once, then fan out
@@ -224,7 +225,9 @@ class LocalEngine:
     def _decode_batch(self, ids: list[list[int]]) -> list[str]:
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None and not getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
-            return backend.decode_batch(ids, skip_special_tokens=True)  # skips transformers' per-id checks
+            # row by row in this thread: decode_batch hands rows to a thread pool, which fights
+            # torch's still-spinning OpenMP workers for the cores (2 ms instead of 0.05 ms)
+            return [backend.decode(row, skip_special_tokens=True) for row in ids]
         return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
     def _check_stop_strings(self, live, tok, done, gen_text_ids, string_rows, row_params, hit_string) -> None:
