@@ -2,19 +2,22 @@
 
 Hugging Face's forward is general; on small batches its per-layer Python and mask
 building cost as much as the matmuls. This runner reuses the model's own parameters and
-does only what a pre-norm RoPE decoder needs: fused QKV and gate/up projections, RoPE from
-the model's own `rotary_emb` (so every RoPE variant it was configured with applies), a
-preallocated KV cache, and `scaled_dot_product_attention`.
+does only what a pre-norm RoPE decoder needs: fused QKV and gate/up projections (kernels.py),
+RoPE from the model's own `rotary_emb` (so every RoPE variant it was configured with
+applies), one preallocated KV tensor for all layers, and `scaled_dot_product_attention`.
 
 Fusion without copies: q/k/v (and gate/up) weights are moved into one contiguous tensor
 and the HF parameters become views of it, so memory does not grow and a weight update
-written into the HF parameters is seen here at once. The engine owns its model.
+written into the HF parameters is seen by the dense kernels at once (packed kernels are
+rebuilt by `refresh()`). The engine owns its model.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from flywheel.inference.kernels import dense_kernels, fuse, packed_available, packed_kernels
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 
@@ -35,26 +38,6 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights (and biases) of `linears` along the output dim; make each
-    module's parameter a view of the fused tensor. Returns (weight, bias or None)."""
-    weight = torch.cat([m.weight.detach() for m in linears]).contiguous()
-    has_bias = [m.bias is not None for m in linears]
-    bias = None
-    if any(has_bias):
-        bias = torch.cat([m.bias.detach() if m.bias is not None else
-                          torch.zeros(m.out_features, dtype=weight.dtype, device=weight.device)
-                          for m in linears]).contiguous()
-    start = 0
-    for m in linears:
-        end = start + m.out_features
-        m.weight.data = weight[start:end]
-        if m.bias is not None:
-            m.bias.data = bias[start:end]
-        start = end
-    return weight, bias
-
-
 class KVCache:
     """Keys and values of every layer in one tensor (layers, 2, B, KV_heads, capacity, head_dim),
     so dropping or repeating rows is a single copy; `length` columns are filled."""
@@ -73,71 +56,73 @@ class KVCache:
 
 class LeanDecoder:
     def __init__(self, model, packed: bool | None = None):
-        """packed: multiply by weights pre-packed in oneDNN's blocked layout (CPU only; None =
-        when available). On 2 cores this makes a projection ~2x faster at batch 64 and ~6x at
-        batch 1 than F.linear, which re-packs the weight on every call. The packed copies are
-        rebuilt by `refresh()` after the weights change."""
+        """packed: oneDNN kernels on pre-packed weights (CPU fp32 only; None = when available),
+        see kernels.py. They are copies, rebuilt by `refresh()` after the weights change."""
         cfg = model.config
-        self.model = model
         inner = model.model
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.eps = cfg.rms_norm_eps
         self.embed = inner.embed_tokens.weight
-        self.final_norm = inner.norm.weight
         rot = inner.rotary_emb
         self.inv_freq = rot.inv_freq.float()  # (D/2,)
         self.rope_scale = float(getattr(rot, "attention_scaling", 1.0))
-        self._rope_cos = self._rope_sin = None
-        if packed is None:
-            packed = (self.embed.device.type == "cpu" and torch.backends.mkldnn.is_available()
-                      and self.embed.dtype in (torch.float32, torch.bfloat16)
-                      and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
-        self.packed = packed
-        self._dense = []  # per layer: the (weight, bias) of each projection, as HF parameters or views
+        self._rope_table: torch.Tensor | None = None  # (positions, D/2) angles
+        self.packed = packed_available(self.embed) if packed is None else packed
+        if self.packed and not packed_available(self.embed):
+            raise ValueError("packed kernels need a CPU fp32 model and oneDNN")
+        self._weights = []  # per layer: HF parameters (or views of the fused tensors)
         for layer in inner.layers:
             att, mlp = layer.self_attn, layer.mlp
-            q_norm = getattr(att, "q_norm", None)
-            k_norm = getattr(att, "k_norm", None)
-            self._dense.append(dict(
-                qkv=_fuse([att.q_proj, att.k_proj, att.v_proj]),
-                o=(att.o_proj.weight, att.o_proj.bias),
-                gate_up=_fuse([mlp.gate_proj, mlp.up_proj]),
-                down=(mlp.down_proj.weight, mlp.down_proj.bias),
+            q_norm, k_norm = getattr(att, "q_norm", None), getattr(att, "k_norm", None)
+            self._weights.append(dict(
+                qkv=fuse([att.q_proj, att.k_proj, att.v_proj]), o=(att.o_proj.weight, att.o_proj.bias),
+                gate_up=fuse([mlp.gate_proj, mlp.up_proj]), down=(mlp.down_proj.weight, mlp.down_proj.bias),
                 ln_in=layer.input_layernorm.weight, ln_post=layer.post_attention_layernorm.weight,
-                q_norm=None if q_norm is None else q_norm.weight,
-                k_norm=None if k_norm is None else k_norm.weight,
+                q_norm=None if q_norm is None else q_norm.weight, k_norm=None if k_norm is None else k_norm.weight,
                 ffn=mlp.gate_proj.out_features))
+        self._final_norm = inner.norm.weight
         self._lm_head = (model.lm_head.weight, getattr(model.lm_head, "bias", None))
         self.sliding_window = getattr(cfg, "sliding_window", None) if (
             getattr(cfg, "use_sliding_window", True) and cfg.model_type != "qwen3") else None
         self.refresh()
 
     def refresh(self) -> None:
-        """(Re)build the projection kernels from the current weights."""
-        make = _packed_kernels if self.packed else _dense_kernels
-        self.layers = [{**L, **make(L)} for L in self._dense]
-        self.lm_head = (_packed_linear if self.packed else _dense_linear)(*self._lm_head)
+        """(Re)build the kernels from the current weights."""
+        if self.packed:
+            self.layers, self.top = packed_kernels(self._weights, self._final_norm, self._lm_head, self.eps,
+                                                   self.n_heads, self.n_kv, self.head_dim)
+        else:
+            self.layers, self.top = dense_kernels(self._weights, self._final_norm, self._lm_head, self.eps)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         shape = (len(self.layers), 2, batch, self.n_kv, capacity, self.head_dim)
         return KVCache(torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device))
 
-    def _rope(self, positions_B_S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape (B, 1, S, D), HF's rotate-half layout."""
+    def _angles(self, positions_B_S: torch.Tensor) -> torch.Tensor:
+        """RoPE angles (B, S, D/2) for the positions, from a table grown on demand."""
         need = int(positions_B_S.max()) + 1
-        if self._rope_cos is None or self._rope_cos.shape[0] < need:
-            size = max(need, 256 if self._rope_cos is None else 2 * self._rope_cos.shape[0])
+        if self._rope_table is None or self._rope_table.shape[0] < need:
+            size = max(need, 256 if self._rope_table is None else 2 * self._rope_table.shape[0])
             t = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)
-            freqs = torch.outer(t, self.inv_freq)
-            emb = torch.cat([freqs, freqs], dim=-1)
-            self._rope_cos = (emb.cos() * self.rope_scale).to(self.embed.dtype)
-            self._rope_sin = (emb.sin() * self.rope_scale).to(self.embed.dtype)
-        return self._rope_cos[positions_B_S][:, None], self._rope_sin[positions_B_S][:, None]
+            self._rope_table = torch.outer(t, self.inv_freq)
+        return self._rope_table[positions_B_S]
 
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+    def _rope(self, qk_BS_hD: torch.Tensor, positions_B_S: torch.Tensor, B: int, S: int) -> torch.Tensor:
+        """Rotate queries and keys, (N, heads * D) -> (B, heads, S, D)."""
+        D = self.head_dim
+        heads = qk_BS_hD.shape[-1] // D
+        angles = self._angles(positions_B_S)  # (B, S, D/2)
+        if self.top["interleaved"]:  # pairs adjacent: one complex multiply
+            rot = torch.polar(torch.full_like(angles, self.rope_scale), angles)[:, :, None]  # (B, S, 1, D/2)
+            pairs = torch.view_as_complex(qk_BS_hD.view(B, S, heads, D // 2, 2))
+            return torch.view_as_real(pairs * rot).view(B, S, heads, D).transpose(1, 2)
+        emb = torch.cat([angles, angles], -1)[:, None]  # (B, 1, S, D), HF's rotate-half layout
+        cos, sin = (emb.cos() * self.rope_scale).to(qk_BS_hD.dtype), (emb.sin() * self.rope_scale).to(qk_BS_hD.dtype)
+        qk = qk_BS_hD.view(B, S, heads, D).transpose(1, 2)
+        half = D // 2
+        return qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
 
     @torch.inference_mode()
     def forward(self, tokens_B_S: torch.Tensor, positions_B_S: torch.Tensor, cache: KVCache,
@@ -162,15 +147,15 @@ class LeanDecoder:
             is_causal = False
         else:
             is_causal = causal and S > 1
-        cos, sin = self._rope(positions_B_S)  # (B, 1, S, D)
         x = F.embedding(tokens_B_S.reshape(B * S), self.embed)  # (N, hidden), N = B S
         for li, L in enumerate(self.layers):
-            qkv = L["qkv_proj"](self._rms(x, L["ln_in"]))  # (N, (H + 2 KV) D)
-            qk = qkv[:, :(H + KV) * D].view(B, S, H + KV, D)
+            qkv = L["qkv"](L["norm_attn"](x))  # (N, (H + 2 KV) D)
+            qk = qkv[:, :(H + KV) * D]
             if L["q_norm"] is not None:  # Qwen3: RMSNorm per head before RoPE
-                qk = torch.cat([self._rms(qk[:, :, :H], L["q_norm"]), self._rms(qk[:, :, H:], L["k_norm"])], 2)
-            qk = qk.transpose(1, 2)  # (B, H + KV, S, D): RoPE on queries and keys at once
-            qk = qk * cos + _rotate_half(qk) * sin
+                qk = qk.view(B * S, H + KV, D)
+                qk = torch.cat([F.rms_norm(qk[:, :H], (D,), L["q_norm"], self.eps),
+                                F.rms_norm(qk[:, H:], (D,), L["k_norm"], self.eps)], 1).view(B * S, -1)
+            qk = self._rope(qk, positions_B_S, B, S)  # (B, H + KV, S, D)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + KV) * D:].view(B, S, KV, D).transpose(1, 2)  # (B, KV, S, D)
             if cache_rows is None:
@@ -183,10 +168,10 @@ class LeanDecoder:
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                  enable_gqa=KV != H)  # (B, H, S, D)
             x = L["o_residual"](att.transpose(1, 2).reshape(B * S, H * D), x)  # x + att W_o^T
-            x = L["down_residual"](L["swiglu"](self._rms(x, L["ln_post"])), x)
+            x = L["down_residual"](L["swiglu"](L["norm_mlp"](x)), x)
         cache.length = c1
-        last = self._rms(x.view(B, S, -1)[:, -1], self.final_norm)
-        return self.lm_head(last).float()
+        last = x.view(B, S, -1)[:, -1]
+        return self.top["lm_head"](self.top["norm_final"](last)).float()
 
     def _mask(self, key_valid_B_T, B, S, c0, c1, causal) -> torch.Tensor:
         """Boolean (B, 1, S, T) mask: True = attend. A query always sees its own column, so
@@ -202,57 +187,3 @@ class LeanDecoder:
         if self.sliding_window is not None and c1 > self.sliding_window:
             allowed = allowed & (cols[None, None, :] > rows[None, :, None] - self.sliding_window)
         return allowed[:, None]
-
-
-def _dense_linear(weight: torch.Tensor, bias: torch.Tensor | None):
-    return lambda x: F.linear(x, weight, bias)
-
-
-def _dense_kernels(L: dict) -> dict:
-    """Projection kernels on the HF weights: fused QKV and gate/up matmuls."""
-    ffn = L["ffn"]
-    qkv, o, gate_up, down = (_dense_linear(*L[k]) for k in ("qkv", "o", "gate_up", "down"))
-
-    def swiglu(h):
-        gu = gate_up(h)  # (N, 2 F)
-        return F.silu(gu[:, :ffn]) * gu[:, ffn:]
-
-    return {"qkv_proj": qkv, "o_residual": lambda a, x: x + o(a), "swiglu": swiglu,
-            "down_residual": lambda m, x: x + down(m)}
-
-
-def _packed_linear(weight: torch.Tensor, bias: torch.Tensor | None):
-    """x (N, in) -> (N, out) through oneDNN with the weight reordered into its blocked layout
-    once, here (the kernel torch.compile's CPU backend emits for linear layers)."""
-    w = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
-    b = None if bias is None else bias.detach()
-    return lambda x: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-
-
-def _packed_kernels(L: dict) -> dict:
-    """oneDNN kernels with the elementwise work fused into the matmuls: SiLU on the gate
-    projection, the gate multiply into the up projection, residual adds into o and down."""
-    ffn = L["ffn"]
-    pack = torch.ops.mkldnn._reorder_linear_weight
-    linear = torch.ops.mkldnn._linear_pointwise
-    w_gu, b_gu = L["gate_up"]
-    w_gate, w_up = pack(w_gu[:ffn].detach()), pack(w_gu[ffn:].detach())
-    b_gate, b_up = (None, None) if b_gu is None else (b_gu[:ffn].detach(), b_gu[ffn:].detach())
-    w_o, b_o = pack(L["o"][0].detach()), L["o"][1]
-    w_down, b_down = pack(L["down"][0].detach()), L["down"][1]
-    b_o = None if b_o is None else b_o.detach()
-    b_down = None if b_down is None else b_down.detach()
-
-    def swiglu(h):
-        gate = linear(h, w_gate, b_gate, "swish", [], "")  # silu(h W_g^T)
-        return linear.binary(h, gate, w_up, b_up, "mul")  # (h W_u^T) * gate
-
-    return {"qkv_proj": _packed_linear(*L["qkv"]),
-            "o_residual": lambda a, x: linear.binary(a, x, w_o, b_o, "add"),
-            "swiglu": swiglu,
-            "down_residual": lambda m, x: linear.binary(m, x, w_down, b_down, "add")}
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)

@@ -1,0 +1,144 @@
+"""Per-layer kernels of the lean decoder, in two interchangeable sets.
+
+Each set gives, per layer: `norm_attn`, `qkv`, `o_residual`, `norm_mlp`, `swiglu`,
+`down_residual` (callables on 2-D activations (N, features)), the Qwen3 `q_norm` / `k_norm`
+weights, and, for the model: `norm_final`, `lm_head`, and whether q/k come out with their
+head dimension *interleaved* (RoPE pairs adjacent) or in HF's rotate-half layout.
+
+- dense: `F.linear` on the model's own parameters (any device, any dtype).
+- packed (CPU, fp32): oneDNN matmuls on weights reordered once into its blocked layout
+  (`mkldnn._linear_pointwise`, what torch.compile emits on CPU); `F.linear` re-packs a weight
+  on every call, which at batch 64 costs as much as the multiply. The packed copies also
+  fold work away: RMSNorm weights are multiplied into the following projection, SiLU and the
+  gate multiply and the residual adds run as oneDNN post-ops, and q/k rows are permuted so
+  each RoPE pair is adjacent and RoPE is one complex multiply. Attention scores are
+  unchanged by that permutation because q and k share it; values are not permuted.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) of `linears` along the output dim; make each
+    module's parameter a view of the fused tensor. Returns (weight, bias or None)."""
+    weight = torch.cat([m.weight.detach() for m in linears]).contiguous()
+    bias = None
+    if any(m.bias is not None for m in linears):
+        bias = torch.cat([m.bias.detach() if m.bias is not None else
+                          torch.zeros(m.out_features, dtype=weight.dtype, device=weight.device)
+                          for m in linears]).contiguous()
+    start = 0
+    for m in linears:
+        end = start + m.out_features
+        m.weight.data = weight[start:end]
+        if m.bias is not None:
+            m.bias.data = bias[start:end]
+        start = end
+    return weight, bias
+
+
+def packed_available(weight: torch.Tensor) -> bool:
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32
+            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+# ---------------------------------------------------------------- dense
+
+
+def dense_kernels(layers: list[dict], final_norm: torch.Tensor, lm_head, eps: float) -> tuple[list[dict], dict]:
+    out = []
+    for L in layers:
+        ffn = L["ffn"]
+        w_qkv, b_qkv = L["qkv"]
+        w_gu, b_gu = L["gate_up"]
+        w_o, b_o = L["o"]
+        w_down, b_down = L["down"]
+
+        def swiglu(h, w_gu=w_gu, b_gu=b_gu, ffn=ffn):
+            gu = F.linear(h, w_gu, b_gu)  # (N, 2 F)
+            return F.silu(gu[:, :ffn]) * gu[:, ffn:]
+
+        out.append(dict(
+            norm_attn=_rms(L["ln_in"], eps), norm_mlp=_rms(L["ln_post"], eps),
+            qkv=lambda h, w=w_qkv, b=b_qkv: F.linear(h, w, b),
+            o_residual=lambda a, x, w=w_o, b=b_o: x + F.linear(a, w, b),
+            swiglu=swiglu,
+            down_residual=lambda m, x, w=w_down, b=b_down: x + F.linear(m, w, b),
+            q_norm=L["q_norm"], k_norm=L["k_norm"]))
+    w_head, b_head = lm_head
+    model = dict(norm_final=_rms(final_norm, eps), lm_head=lambda h: F.linear(h, w_head, b_head),
+                 interleaved=False)
+    return out, model
+
+
+def _rms(weight: torch.Tensor, eps: float):
+    return lambda x: F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+# ---------------------------------------------------------------- packed (oneDNN, fp32)
+
+
+def packed_kernels(layers: list[dict], final_norm: torch.Tensor, lm_head, eps: float,
+                   n_heads: int, n_kv: int, head_dim: int) -> tuple[list[dict], dict]:
+    pack = torch.ops.mkldnn._reorder_linear_weight
+    linear = torch.ops.mkldnn._linear_pointwise
+    perm_D = interleave_permutation(head_dim)
+    perm_qk = torch.cat([h * head_dim + perm_D for h in range(n_heads + n_kv)])
+    out = []
+    for L in layers:
+        ffn = L["ffn"]
+        w_qkv, b_qkv = (t.detach() if t is not None else None for t in L["qkv"])
+        n_qk = (n_heads + n_kv) * head_dim
+        rows = torch.cat([perm_qk.to(w_qkv.device), torch.arange(n_qk, w_qkv.shape[0], device=w_qkv.device)])
+        w_qkv = pack(w_qkv[rows] * L["ln_in"].detach()[None, :])
+        b_qkv = None if b_qkv is None else b_qkv[rows]
+        w_gu, b_gu = L["gate_up"]
+        w_gu = w_gu.detach() * L["ln_post"].detach()[None, :]
+        w_gate, w_up = pack(w_gu[:ffn]), pack(w_gu[ffn:])
+        b_gate, b_up = (None, None) if b_gu is None else (b_gu[:ffn].detach(), b_gu[ffn:].detach())
+        w_o, b_o = pack(L["o"][0].detach()), _detach(L["o"][1])
+        w_down, b_down = pack(L["down"][0].detach()), _detach(L["down"][1])
+
+        def swiglu(h, w_gate=w_gate, b_gate=b_gate, w_up=w_up, b_up=b_up):
+            gate = linear(h, w_gate, b_gate, "swish", [], "")  # silu(h W_g^T)
+            return linear.binary(h, gate, w_up, b_up, "mul")  # (h W_u^T) * gate
+
+        out.append(dict(
+            norm_attn=_unit_rms(eps), norm_mlp=_unit_rms(eps),
+            qkv=lambda h, w=w_qkv, b=b_qkv: linear(h, w, b, "none", [], ""),
+            o_residual=lambda a, x, w=w_o, b=b_o: linear.binary(a, x, w, b, "add"),
+            swiglu=swiglu,
+            down_residual=lambda m, x, w=w_down, b=b_down: linear.binary(m, x, w, b, "add"),
+            q_norm=None if L["q_norm"] is None else L["q_norm"].detach()[perm_D],
+            k_norm=None if L["k_norm"] is None else L["k_norm"].detach()[perm_D]))
+    w_head, b_head = lm_head
+    w_head = pack(w_head.detach() * final_norm.detach()[None, :])
+    b_head = _detach(b_head)
+    model = dict(norm_final=_unit_rms(eps), lm_head=lambda h: linear(h, w_head, b_head, "none", [], ""),
+                 interleaved=True)
+    return out, model
+
+
+def interleave_permutation(head_dim: int) -> torch.Tensor:
+    """New order of a head's dims so that HF's rotate-half RoPE pairs (j, j + D/2) become
+    adjacent (2j, 2j + 1): [0, D/2, 1, D/2 + 1, ...]."""
+    half = head_dim // 2
+    return torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).reshape(-1)
+
+
+def _unit_rms(eps: float):
+    """x / rms(x), the weight being folded into the next matmul: 4 kernels instead of
+    F.rms_norm's 7 on CPU."""
+    eps_t = torch.tensor(eps, dtype=torch.float32)
+
+    def norm(x):
+        n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # sqrt(sum x^2), (N, 1)
+        return x * torch.addcmul(eps_t, n, n, value=1.0 / x.shape[-1]).rsqrt_()
+    return norm
+
+
+def _detach(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach()
