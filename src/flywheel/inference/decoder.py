@@ -109,18 +109,25 @@ class LeanDecoder:
             self._rope_table = torch.outer(t, self.inv_freq)
         return self._rope_table[positions_B_S]
 
-    def _rope(self, qk_BS_hD: torch.Tensor, positions_B_S: torch.Tensor, B: int, S: int) -> torch.Tensor:
+    def _rotation(self, positions_B_S: torch.Tensor):
+        """What `_rope` multiplies by, computed once per forward: (B, S, 1, D/2) complex for
+        interleaved kernels, else (cos, sin) of shape (B, 1, S, D) in HF's rotate-half layout."""
+        angles = self._angles(positions_B_S)  # (B, S, D/2)
+        if self.top["interleaved"]:
+            return torch.polar(torch.full_like(angles, self.rope_scale), angles)[:, :, None]
+        emb = torch.cat([angles, angles], -1)[:, None]
+        dt = self.embed.dtype
+        return (emb.cos() * self.rope_scale).to(dt), (emb.sin() * self.rope_scale).to(dt)
+
+    def _rope(self, qk_N_hD: torch.Tensor, rotation, B: int, S: int) -> torch.Tensor:
         """Rotate queries and keys, (N, heads * D) -> (B, heads, S, D)."""
         D = self.head_dim
-        heads = qk_BS_hD.shape[-1] // D
-        angles = self._angles(positions_B_S)  # (B, S, D/2)
-        if self.top["interleaved"]:  # pairs adjacent: one complex multiply
-            rot = torch.polar(torch.full_like(angles, self.rope_scale), angles)[:, :, None]  # (B, S, 1, D/2)
-            pairs = torch.view_as_complex(qk_BS_hD.view(B, S, heads, D // 2, 2))
-            return torch.view_as_real(pairs * rot).view(B, S, heads, D).transpose(1, 2)
-        emb = torch.cat([angles, angles], -1)[:, None]  # (B, 1, S, D), HF's rotate-half layout
-        cos, sin = (emb.cos() * self.rope_scale).to(qk_BS_hD.dtype), (emb.sin() * self.rope_scale).to(qk_BS_hD.dtype)
-        qk = qk_BS_hD.view(B, S, heads, D).transpose(1, 2)
+        heads = qk_N_hD.shape[-1] // D
+        if self.top["interleaved"]:  # RoPE pairs adjacent: one complex multiply
+            pairs = torch.view_as_complex(qk_N_hD.view(B, S, heads, D // 2, 2))
+            return torch.view_as_real(pairs * rotation).view(B, S, heads, D).transpose(1, 2)
+        cos, sin = rotation
+        qk = qk_N_hD.view(B, S, heads, D).transpose(1, 2)
         half = D // 2
         return qk * cos + torch.cat([-qk[..., half:], qk[..., :half]], -1) * sin
 
@@ -147,6 +154,7 @@ class LeanDecoder:
             is_causal = False
         else:
             is_causal = causal and S > 1
+        rotation = self._rotation(positions_B_S)
         x = F.embedding(tokens_B_S.reshape(B * S), self.embed)  # (N, hidden), N = B S
         for li, L in enumerate(self.layers):
             qkv = L["qkv"](L["norm_attn"](x))  # (N, (H + 2 KV) D)
@@ -155,7 +163,7 @@ class LeanDecoder:
                 qk = qk.view(B * S, H + KV, D)
                 qk = torch.cat([F.rms_norm(qk[:, :H], (D,), L["q_norm"], self.eps),
                                 F.rms_norm(qk[:, H:], (D,), L["k_norm"], self.eps)], 1).view(B * S, -1)
-            qk = self._rope(qk, positions_B_S, B, S)  # (B, H + KV, S, D)
+            qk = self._rope(qk, rotation, B, S)  # (B, H + KV, S, D)
             q, k = qk[:, :H], qk[:, H:]
             v = qkv[:, (H + KV) * D:].view(B, S, KV, D).transpose(1, 2)  # (B, KV, S, D)
             if cache_rows is None:
