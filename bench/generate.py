@@ -10,6 +10,7 @@ time the matmuls of that work alone take at the matmul rate measured here, now.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -105,7 +106,7 @@ def main() -> None:
             flops=statistics.median(work) * flops_tok, useful=statistics.median(ours_tok))
     rate = common.matmul_rate(threads)
     lines = [f"Machine: {common.machine_line(threads)}; matmul rate measured now: {rate / 1e9:.0f} GFLOP/s "
-             f"(1024^3 fp32); model: {path} ({flops_tok // 2 / 1e6:.2f}M matmul params); "
+             f"(1024^3 fp32); model: {os.path.relpath(path, common.ROOT)} ({flops_tok // 2 / 1e6:.2f}M matmul params); "
              f"{args.repeats} repeats per shape of {args.calls} calls by each system on the same prompts, "
              f"medians.", "",
              "| shape | LocalEngine useful tok/s | HF generate useful tok/s | ratio (median of paired) | "

@@ -10,6 +10,7 @@ pre-built tensors. Tokens are the non-padding tokens of each batch.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -89,7 +90,7 @@ def main() -> None:
         bare.append(statistics.median(bare_loop(model_dir, batches, 1e-3)[3:]))
     o, b = statistics.median(ours), statistics.median(bare)
     body = "\n".join([
-        f"Machine: {common.machine_line(threads)}. Model: {model_dir} (hidden 256, 4 layers, fp32). "
+        f"Machine: {common.machine_line(threads)}. Model: {os.path.relpath(model_dir, common.ROOT)} (hidden 256, 4 layers, fp32). "
         f"Batches of 128 `ab+cd=` examples (~{sum(int(a.sum()) for _, a, _ in batches) // len(batches)} tokens), "
         f"{args.steps} steps per round (first 3 dropped), {args.repeats} rounds; medians.", "",
         "| loop | tokens/s (median of rounds) | per round |", "|---|---|---|",
