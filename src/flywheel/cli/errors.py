@@ -11,12 +11,13 @@ import typer
 @contextlib.contextmanager
 def user_errors():
     from flywheel.config import ConfigError
+    from flywheel.envs.registry import EnvLoadError
     from flywheel.models import ChatTemplateError, ModelLoadError
     from flywheel.train.sft_data import DataError
     from flywheel.train.sft import TrainError
 
     try:
         yield
-    except (ConfigError, ModelLoadError, DataError, TrainError, ChatTemplateError, ValueError, OSError) as e:
+    except (ConfigError, EnvLoadError, ModelLoadError, DataError, TrainError, ChatTemplateError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from flywheel.cli import data, generate, model, sft
+from flywheel.cli import data, env, generate, model, sft
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(model.app, name="model")
 app.add_typer(data.app, name="data")
+app.add_typer(env.app, name="env")
 app.command("generate")(generate.generate)
 app.command("sft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sft.sft)
 

@@ -1,6 +1,10 @@
 """The shared bench task `ab+cd=`, exactly as ../shared/peers/trl_grpo_cpu/scripts/common.py
 defines it: two-digit zero-padded operands, a fixed split of 200 held-out pairs (seed 1234)
 never trained on, and reward 1 when the completion's leading number is the sum.
+
+As an environment (`load(operators="+", digits=2)`, the defaults being the shared task) it
+is single-turn and raw-completion: the prompt is the text `ab+cd=` with no chat template.
+Other operators (+, -, *) and digit counts generate their own seeded split.
 """
 
 from __future__ import annotations
@@ -11,9 +15,14 @@ import re
 from pathlib import Path
 from typing import Iterable
 
+from flywheel.envs.base import Env, Environment, Policy
+from flywheel.envs.rubric import Rubric, RewardFn
+from flywheel.envs.tool_env import SingleTurnEnv
+from flywheel.types import Task
+
 N_HELDOUT = 200
 SPLIT_SEED = 1234
-_LEADING_NUMBER = re.compile(r"\s*(\d+)")
+_LEADING_NUMBER = re.compile(r"\s*(-?\d+)")  # the peer's r"\s*(\d+)" plus a sign for subtraction
 
 Pair = tuple[int, int]
 
@@ -80,3 +89,71 @@ def heldout_accuracy(model, tokenizer) -> dict:
     engine = LocalEngine(copy.deepcopy(model), tokenizer)  # the engine fuses weights in place
     acc, _ = greedy_accuracy(engine, split_pairs()[1])
     return {"heldout_accuracy": acc}
+
+
+# ---------------------------------------------------------------- environment
+
+OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+
+
+class ArithmeticEnvironment(Environment):
+    name = "arithmetic"
+
+    def __init__(self, operators: str = "+", digits: int = 2, heldout: int = N_HELDOUT):
+        bad = [op for op in operators if op not in OPERATORS]
+        if bad or not operators:
+            raise ValueError(f"operators must be a non-empty string of {''.join(OPERATORS)}, got {operators!r}")
+        if not 1 <= digits <= 6:
+            raise ValueError(f"digits must be between 1 and 6, got {digits}")
+        self.operators, self.digits, self.heldout = operators, digits, heldout
+        self.shared = operators == "+" and digits == 2 and heldout == N_HELDOUT
+        self.description = ("the shared `ab+cd=` bench task (9,800 train / 200 held-out pairs)" if self.shared
+                            else f"{digits}-digit arithmetic with {operators}")
+        self.rubric = Rubric([RewardFn(lambda st: reward(st.final_text, st.task.answer), name="correct", inline=True)])
+
+    def _problems(self) -> tuple[list[tuple], list[tuple]]:
+        if self.shared:
+            train, test = split_pairs()
+            return [(a, "+", b) for a, b in train], [(a, "+", b) for a, b in test]
+        hi = 10 ** self.digits
+        rng = random.Random(SPLIT_SEED)
+        seen, problems = set(), []
+        total = min(hi * hi * len(self.operators), 20_000)
+        while len(problems) < total:
+            p = (rng.randrange(hi), rng.choice(self.operators), rng.randrange(hi))
+            if p not in seen:
+                seen.add(p)
+                problems.append(p)
+        n_test = min(self.heldout, len(problems) // 5)
+        return problems[n_test:], problems[:n_test]
+
+    def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        train, test = self._problems()
+        chosen = train if split == "train" else test
+        if n is not None and n < len(chosen):
+            chosen = random.Random(seed).sample(chosen, n)
+        width = self.digits
+        return [Task(id=f"{a:0{width}d}{op}{b:0{width}d}", prompt=f"{a:0{width}d}{op}{b:0{width}d}=",
+                     answer=str(OPERATORS[op](a, b)), split=split) for a, op, b in chosen]
+
+    def make_env(self, task: Task) -> Env:
+        return SingleTurnEnv(task, self.rubric)
+
+    def scripted_policy(self) -> Policy:
+        return _AnswerPolicy()
+
+    def info(self) -> dict:
+        train, test = self._problems()
+        return {**super().info(), "operators": self.operators, "digits": self.digits,
+                "train_tasks": len(train), "test_tasks": len(test), "reward": "1 if the leading number is right"}
+
+
+class _AnswerPolicy(Policy):
+    async def act(self, task, history, tools) -> str:
+        return f"{task.answer}"
+
+
+def load(operators: str = "+", digits: int = 2, heldout: int = N_HELDOUT) -> ArithmeticEnvironment:
+    return ArithmeticEnvironment(operators=operators, digits=int(digits), heldout=int(heldout))

@@ -1,0 +1,156 @@
+"""calculator: multi-turn tool use on arithmetic a small model cannot do in its head
+(3-4-digit multiplication, chains of operations) with a `calc` tool.
+
+Reward 1 when the last number in the final answer (the assistant turn without tool calls)
+equals the exact value. Weight-0 metrics: `used_tool` (the episode called calc) and
+`answer_format` (the final answer holds a number). `tool_latency_s` makes each calc call
+take that long (asyncio sleep), to model tools that take real time.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import operator
+import random
+import re
+
+from flywheel.envs.base import Env, Environment, Policy
+from flywheel.envs.rubric import EpisodeState, RewardFn, Rubric
+from flywheel.envs.tool_env import ToolEnv, ToolLimits
+from flywheel.envs.tools import Tool
+from flywheel.types import Task
+
+SYSTEM = ("You are a careful assistant. Use the calc tool for arithmetic, then give the final "
+          "answer as a number.")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Div: operator.truediv, ast.Pow: operator.pow}
+
+
+def evaluate(expression: str) -> int | float:
+    """Exact value of an arithmetic expression: numbers, + - * / // % ** and parentheses.
+    Anything else (names, calls, huge powers) is rejected with a ValueError."""
+    if len(expression) > 500:
+        raise ValueError("expression longer than 500 characters")
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"not an arithmetic expression: {e.msg}") from None
+    return _eval(tree.body)
+
+
+def _eval(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        v = _eval(node.operand)
+        return -v if isinstance(node.op, ast.USub) else v
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 10 ** 6):
+            raise ValueError("power too large")
+        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
+            raise ValueError("division by zero")
+        return _BINOPS[type(node.op)](left, right)
+    raise ValueError(f"unsupported element: {ast.dump(node)[:60]}")
+
+
+def _format(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value)
+
+
+def final_number(text: str) -> str | None:
+    found = _NUMBER.findall(text)
+    return found[-1].replace(",", "") if found else None
+
+
+class CalculatorEnvironment(Environment):
+    name = "calculator"
+    description = "multi-turn tool use: multiply and chain 3-4-digit numbers with a calc tool"
+
+    def __init__(self, tool_latency_s: float = 0.0, chain_prob: float = 0.5, limits: ToolLimits = ToolLimits(max_turns=6)):
+        if tool_latency_s < 0 or not 0 <= chain_prob <= 1:
+            raise ValueError("tool_latency_s must be >= 0 and chain_prob in [0, 1]")
+        self.tool_latency_s, self.chain_prob, self.limits = tool_latency_s, chain_prob, limits
+        self.calc = Tool.from_function(self._calc_async if tool_latency_s > 0 else self._calc,
+                                       name="calc", blocking=False, timeout_s=10.0)
+        self.rubric = Rubric([
+            RewardFn(self._correct, weight=1.0, name="correct", inline=True),
+            RewardFn(lambda st: float(any(c.name == "calc" for c in st.tool_calls)), weight=0.0,
+                     name="used_tool", inline=True),
+            RewardFn(lambda st: float(final_number(st.final_text) is not None), weight=0.0,
+                     name="answer_format", inline=True)])
+
+    @staticmethod
+    def _calc(expression: str) -> str:
+        """Evaluate an arithmetic expression exactly.
+
+        Args:
+            expression: numbers with + - * / // % ** and parentheses, e.g. "(1234 * 567) + 89".
+        """
+        return _format(evaluate(expression))
+
+    async def _calc_async(self, expression: str) -> str:
+        """Evaluate an arithmetic expression exactly.
+
+        Args:
+            expression: numbers with + - * / // % ** and parentheses, e.g. "(1234 * 567) + 89".
+        """
+        await asyncio.sleep(self.tool_latency_s)
+        return _format(evaluate(expression))
+
+    @staticmethod
+    def _correct(st: EpisodeState) -> float:
+        return float(final_number(st.final_text) == st.task.answer)
+
+    def _problem(self, rng: random.Random) -> str:
+        a, b = rng.randrange(100, 10000), rng.randrange(100, 10000)
+        expr = f"{a} * {b}"
+        if rng.random() < self.chain_prob:
+            c, d = rng.randrange(10, 1000), rng.randrange(2, 100)
+            expr = f"({expr} + {c}) * {d}" if rng.random() < 0.5 else f"{expr} - {c} * {d}"
+        return expr
+
+    def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        rng = random.Random((0 if split == "train" else 1_000_003) + seed)
+        count = n if n is not None else (5000 if split == "train" else 200)
+        out = []
+        for i in range(count):
+            expr = self._problem(rng)
+            out.append(Task(id=f"calc-{split}-{seed}-{i}", split=split, answer=_format(evaluate(expr)),
+                            prompt=[{"role": "system", "content": SYSTEM},
+                                    {"role": "user", "content": f"What is {expr}?"}],
+                            tools=[self.calc.schema], metadata={"expression": expr}))
+        return out
+
+    def make_env(self, task: Task) -> Env:
+        return ToolEnv(task, [self.calc], self.rubric, self.limits)
+
+    def scripted_policy(self) -> Policy:
+        return ScriptedCalculatorPolicy()
+
+    def info(self) -> dict:
+        return {**super().info(), "tools": [self.calc.schema], "tool_latency_s": self.tool_latency_s,
+                "reward": "1 if the last number of the final answer is exact; metrics used_tool, answer_format"}
+
+
+class ScriptedCalculatorPolicy(Policy):
+    """Calls calc on the task's expression, then states the tool's result."""
+
+    async def act(self, task, history, tools) -> str:
+        last = history[-1] if history else {}
+        if last.get("role") == "tool":
+            return f"The answer is {last['content']}."
+        call = {"name": "calc", "arguments": {"expression": task.metadata["expression"]}}
+        return f"Let me compute that.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+
+def load(tool_latency_s: float = 0.0, chain_prob: float = 0.5, max_turns: int = 6) -> CalculatorEnvironment:
+    return CalculatorEnvironment(tool_latency_s=float(tool_latency_s), chain_prob=float(chain_prob),
+                                 limits=ToolLimits(max_turns=int(max_turns)))
