@@ -51,7 +51,10 @@ class Rubric:
         return self
 
     async def score(self, state: EpisodeState) -> tuple[float, dict[str, float]]:
-        values = await asyncio.gather(*(self._call(rf, state) for rf in self.funcs))
+        if all(rf.inline and not inspect.iscoroutinefunction(rf.fn) for rf in self.funcs):
+            values = [float(rf.fn(state)) for rf in self.funcs]  # no yield to the event loop
+        else:
+            values = await asyncio.gather(*(self._call(rf, state) for rf in self.funcs))
         reward = sum(rf.weight * v for rf, v in zip(self.funcs, values))
         return float(reward), {f"reward/{rf.name}": float(v) for rf, v in zip(self.funcs, values)}
 
