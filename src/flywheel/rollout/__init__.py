@@ -1,0 +1,1 @@
+"""Rollouts: play environments with a sampler, group trajectories, compute advantages."""
