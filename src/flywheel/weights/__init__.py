@@ -1,0 +1,8 @@
+"""Weights move by version: a learner publishes (tensors, version); samplers pick up the
+newest between batches. Transports: in-process, shared memory between local processes."""
+
+from flywheel.weights.base import WeightTransport
+from flywheel.weights.inprocess import InProcessTransport
+from flywheel.weights.shm import SharedMemoryTransport, TornRead
+
+__all__ = ["InProcessTransport", "SharedMemoryTransport", "TornRead", "WeightTransport"]
