@@ -78,32 +78,31 @@ def test_reader_retries_when_the_buffer_changes_under_it():
         w.close()
 
 
-def _writer(name: str, seconds: float, out: "mp.Queue") -> None:
+def _writer(name: str, stop, out) -> None:
     w = SharedMemoryTransport.attach(name)
-    v, end = 1, time.time() + seconds
-    while time.time() < end:
+    v = 1
+    while not stop.is_set():  # publish until the reader has had its fill
         w.publish(_tensors(v), v)
         v += 1
     out.put(v - 1)
     w.close()
 
 
-def _reader(name: str, seconds: float, out: "mp.Queue") -> None:
+def _reader(name: str, seconds: float, stop, out) -> None:
     r = SharedMemoryTransport.attach(name)
+    r.wait_newer(-1, timeout_s=120)  # the writer may start later (spawn imports torch)
     reads = torn = 0
     seen = set()
     dest = _tensors(0)
     end = time.time() + seconds
     while time.time() < end:
-        try:
-            v = r.read_into(dest)
-        except LookupError:
-            continue
+        v = r.read_into(dest)
         reads += 1
         seen.add(v)
         # every element of every tensor must carry the same version (a checksum of the read)
         if not all(bool(torch.all(t == v)) for t in dest.values()):
             torn += 1
+    stop.set()
     out.put((reads, torn, len(seen)))
     r.close()
 
@@ -111,13 +110,13 @@ def _reader(name: str, seconds: float, out: "mp.Queue") -> None:
 def test_no_torn_reads_under_concurrent_writes():
     owner = SharedMemoryTransport.create(_tensors(0))
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out, stop = ctx.Queue(), ctx.Event()
     try:
-        procs = [ctx.Process(target=_writer, args=(owner.name, 2.0, out)),
-                 ctx.Process(target=_reader, args=(owner.name, 2.0, out))]
+        procs = [ctx.Process(target=_writer, args=(owner.name, stop, out)),
+                 ctx.Process(target=_reader, args=(owner.name, 1.5, stop, out))]
         for p in procs:
             p.start()
-        results = [out.get(timeout=60) for _ in procs]
+        results = [out.get(timeout=180) for _ in procs]
         for p in procs:
             p.join(timeout=30)
         published = next(r for r in results if isinstance(r, int))
