@@ -37,3 +37,40 @@ class Task:
     tools: list[dict] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     split: str = "train"
+
+
+@dataclass
+class Trajectory:
+    """One episode as the policy saw and produced it, token by token.
+
+    ids: every token of the episode (prompt, sampled turns, tool / env turns), never
+    re-tokenized. loss_mask[i] = 1 where token i was sampled by the policy (trained on).
+    behavior_logprobs[i]: the sampler's logprob of token i (0.0 where not sampled).
+    versions[i]: the policy version that sampled token i (-1 where not sampled).
+    """
+
+    task_id: str
+    ids: list[int]
+    loss_mask: list[int]
+    behavior_logprobs: list[float]
+    versions: list[int]
+    reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def oldest_version(self) -> int:
+        sampled = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return min(sampled) if sampled else -1
+
+
+@dataclass
+class TrajectoryGroup:
+    """The G attempts at one task that share a baseline (a GRPO group)."""
+
+    task_id: str
+    trajectories: list[Trajectory]
+    advantages: list[float] = field(default_factory=list)
+
+    @property
+    def oldest_version(self) -> int:
+        return min(t.oldest_version for t in self.trajectories)

@@ -1,0 +1,5 @@
+"""Trajectory buffers between rollout workers and the learner."""
+
+from flywheel.buffer.versioned import VersionedBuffer
+
+__all__ = ["VersionedBuffer"]
