@@ -1,0 +1,52 @@
+"""The learner step moves probability toward positive-advantage samples."""
+
+import torch
+
+from flywheel.models import TinySpec, build_tiny_model, load
+from flywheel.train.rl_step import RLStepConfig, assign_advantages, rl_step, token_logprobs
+from flywheel.types import Trajectory, TrajectoryGroup
+
+
+def make_group(prompt, good, bad, behavior=-1.0):
+    def traj(completion, reward):
+        ids = prompt + completion
+        mask = [0] * len(prompt) + [1] * len(completion)
+        return Trajectory("t", ids, mask, [behavior if m else 0.0 for m in mask],
+                          [0 if m else -1 for m in mask], reward)
+    return TrajectoryGroup("t", [traj(good, 1.0), traj(bad, 0.0)])
+
+
+def test_dynamic_sampling_drops_flat_groups():
+    flat = make_group([1, 2], [3], [4])
+    flat.trajectories[1].reward = 1.0
+    kept = assign_advantages([flat, make_group([1, 2], [3], [4])], "grpo", dynamic_sampling=True)
+    assert len(kept) == 1 and [round(a, 4) for a in kept[0].advantages] == [1.0, -1.0]
+
+
+def test_step_raises_the_rewarded_completion(tmp_path):
+    model, tok = load(build_tiny_model(tmp_path, TinySpec(hidden=64, layers=2, heads=4, ffn=128)))
+    prompt, good, bad = [49, 50, 43], [55, 258], [56, 258]
+    ids = torch.tensor([prompt + good, prompt + bad])
+    with torch.no_grad():
+        before, _ = token_logprobs(model, ids, torch.ones_like(ids))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    # behaviour logprobs equal the learner's: an on-policy step, IS weights 1
+    groups = [make_group(prompt, good, bad)]
+    for t, row in zip(groups[0].trajectories, before):
+        t.behavior_logprobs = [0.0] + [float(x) if m else 0.0 for x, m in zip(row, t.loss_mask[1:])]
+    metrics = rl_step(model, opt, groups, RLStepConfig(), pad_id=tok.pad_token_id)
+    with torch.no_grad():
+        after, _ = token_logprobs(model, ids, torch.ones_like(ids))
+    assert metrics["skipped"] == 0.0 and abs(metrics["is_weight_mean"] - 1.0) < 1e-4
+    assert after[0, 2] > before[0, 2]  # log p(good first token) up
+    assert after[1, 2] < before[1, 2]  # log p(bad first token) down
+
+
+def test_non_finite_loss_skips_the_update(tmp_path):
+    model, tok = load(build_tiny_model(tmp_path, TinySpec(hidden=64, layers=2, heads=4, ffn=128)))
+    snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    group = make_group([1, 2], [3], [4], behavior=float("nan"))
+    metrics = rl_step(model, opt, [group], RLStepConfig(), pad_id=tok.pad_token_id)
+    assert metrics["skipped"] == 1.0
+    assert all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
