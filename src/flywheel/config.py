@@ -93,6 +93,61 @@ class SFTConfig(Config):
     device: str = "cpu"
 
 
+# ---------------------------------------------------------------- RL
+
+
+class EnvConfig(Config):
+    name: str = Field(..., description="built-in environment name or 'package.module:load'")
+    settings: dict[str, Any] = Field(default_factory=dict, description="keyword arguments of the loader")
+
+
+class SamplingConfig(Config):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    max_tokens: int = Field(16, ge=1, description="new tokens per assistant turn")
+
+
+class AlgoConfig(Config):
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.2, ge=0, description="> eps_low: DAPO clip-higher")
+    aggregation: Literal["token", "sequence", "constant"] = "token"
+    dynamic_sampling: bool = Field(False, description="DAPO: skip groups whose rewards are all equal")
+    is_cap: float = Field(2.0, gt=0, description="truncated importance-sampling cap")
+    kl_beta: float = Field(0.0, ge=0, description="k3 KL penalty to the initial model; 0 = none")
+
+
+class RLTrainConfig(Config):
+    steps: int = Field(100, ge=1)
+    groups_per_step: int = Field(8, ge=1, description="tasks per step")
+    group_size: int = Field(8, ge=2, description="attempts per task (GRPO group)")
+    seed: int = 0
+
+
+class RLEvalConfig(Config):
+    every: int = Field(0, ge=0, description="evaluate every N steps; 0 = only at the start and end")
+    tasks: int = Field(200, ge=1, description="held-out tasks (split 'test')")
+    pass_k: int = Field(1, ge=1, description="also report pass@k with k samples at the sampling temperature")
+
+
+class RLConfig(Config):
+    model: str = Field(..., description="local Hugging Face model folder (e.g. an SFT warm start)")
+    output_dir: str = "runs/rl"
+    env: EnvConfig
+    train: RLTrainConfig = RLTrainConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    algo: AlgoConfig = AlgoConfig()
+    optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.0)
+    eval: RLEvalConfig = RLEvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+    max_off_policy_steps: int = Field(0, ge=0, description="0 = synchronous on-policy")
+    resume: bool = False
+    threads: int | None = Field(None, ge=1)
+    device: str = "cpu"
+
+
 # ---------------------------------------------------------------- loading
 
 

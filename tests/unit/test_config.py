@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import (
+    RLConfig,
     Config,
     ConfigError,
     SFTConfig,
@@ -23,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # The command named on a config's first line -> the config class that command validates.
 # A new command with configs under configs/ must be registered here.
-COMMAND_CONFIGS: dict[str, type[Config]] = {"sft": SFTConfig}
+COMMAND_CONFIGS: dict[str, type[Config]] = {"sft": SFTConfig, "rl": RLConfig}
 
 MINIMAL = "model: runs/tiny\ndata:\n  train: [a.jsonl]\n"
 

@@ -1,0 +1,158 @@
+"""RL recipe (GRPO family), synchronous and in one process for now.
+
+Each step: take `groups_per_step` training tasks -> play `group_size` episodes on each with
+the LocalEngine (token in, token out; rollout/episodes.py) -> one learner update
+(train/rl_step.py) -> copy the new weights into the engine (version + 1). Held-out greedy
+accuracy and pass@k are measured at the start, every `eval.every` steps and at the end.
+Checkpoints hold the model, optimizer, step (= policy version), RNG and data cursor;
+`resume=true` continues from the newest.
+
+Not yet here (issue 4 continues): rollout workers in their own processes overlapping with
+the learner (`max_off_policy_steps` > 0), the shared-memory weight transport between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from flywheel.config import RLConfig
+from flywheel.train.batching import DataOrder
+from flywheel.train.checkpoint import latest_checkpoint, list_checkpoints, load_state, rng_state, save_checkpoint, \
+    save_model_folder, set_rng_state
+from flywheel.train.metrics import MetricsWriter
+from flywheel.train.progress import StepProgress
+from flywheel.train.rl_step import RLStepConfig, rl_step
+from flywheel.train.sft import TrainError, _seed_everything
+
+
+@dataclass
+class RLResult:
+    output_dir: Path
+    final_model: Path
+    steps: int
+    evals: list[dict] = field(default_factory=list)
+
+
+def evaluate(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
+    """Greedy accuracy (reward == 1) and pass@k on the held-out split."""
+    from flywheel.inference import SamplingParams
+    from flywheel.rollout.episodes import play_groups
+
+    tasks = env.tasks("test", n=cfg.eval.tasks, seed=0)
+    greedy = asyncio.run(play_groups(env, tasks, 1, engine, SamplingParams(
+        temperature=0.0, max_tokens=cfg.sampling.max_tokens), renderer))
+    out = {"eval/greedy_accuracy": sum(g.trajectories[0].reward >= 1.0 for g in greedy) / len(tasks)}
+    if cfg.eval.pass_k > 1:
+        k = cfg.eval.pass_k
+        sampled = asyncio.run(play_groups(env, tasks, k, engine, _params(cfg), renderer))
+        out[f"eval/pass@{k}"] = sum(any(t.reward >= 1.0 for t in g.trajectories) for g in sampled) / len(tasks)
+    return out
+
+
+def _params(cfg: RLConfig):
+    from flywheel.inference import SamplingParams
+
+    s = cfg.sampling
+    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens)
+
+
+def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
+    from flywheel.envs import load_env
+    from flywheel.inference import LocalEngine
+    from flywheel.models import ChatRenderer, load
+    from flywheel.rollout.episodes import play_groups
+
+    if cfg.max_off_policy_steps > 0:
+        raise TrainError("max_off_policy_steps > 0 (asynchronous rollouts) is not available yet; use 0")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    _seed_everything(cfg.train.seed)
+    out = Path(cfg.output_dir)
+    ckpt = latest_checkpoint(out) if cfg.resume else None
+    if not cfg.resume and list_checkpoints(out):
+        raise TrainError(f"{out} already holds checkpoints; pass resume=true or choose another output_dir")
+    env = load_env(cfg.env.name, **cfg.env.settings)
+    model, tokenizer = load(ckpt or cfg.model, device=cfg.device)
+    ref_model = None
+    if cfg.algo.kl_beta:
+        ref_model, _ = load(cfg.model, device=cfg.device)
+    engine = LocalEngine(copy.deepcopy(model), tokenizer, seed=cfg.train.seed)
+    renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
+                            weight_decay=cfg.optim.weight_decay)
+    tasks = env.tasks("train", seed=cfg.train.seed)
+    order = DataOrder(len(tasks), cfg.train.seed)
+    step = 0
+    if ckpt is not None:
+        state = load_state(ckpt)
+        opt.load_state_dict(state["optimizer"])
+        order.load_state_dict(state["data_order"])
+        set_rng_state(state["rng"])
+        step = state["step"]
+        engine.version = step
+        log(f"resumed from {ckpt} (step {step})")
+    algo = RLStepConfig(advantage=cfg.algo.advantage, eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high,
+                        aggregation=cfg.algo.aggregation, max_tokens=cfg.sampling.max_tokens,
+                        dynamic_sampling=cfg.algo.dynamic_sampling, is_cap=cfg.algo.is_cap,
+                        kl_beta=cfg.algo.kl_beta, grad_clip=cfg.optim.grad_clip)
+    metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
+    evals: list[dict] = []
+    names = [n for n, _ in model.named_parameters()]
+
+    def run_eval() -> None:
+        record = evaluate(env, engine, renderer, cfg)
+        evals.append({"step": step, **record})
+        metrics_out.log(step, **record)
+        log(f"step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in record.items()))
+
+    if step == 0:
+        run_eval()
+    skipped_in_row = 0
+    with StepProgress(cfg.train.steps, start=step, enabled=cfg.log.progress, description="rl") as progress:
+        while step < cfg.train.steps:
+            t0 = time.perf_counter()
+            batch = [tasks[i] for i in order.take(cfg.train.groups_per_step)]
+            groups = asyncio.run(play_groups(env, batch, cfg.train.group_size, engine, _params(cfg), renderer))
+            t1 = time.perf_counter()
+            m = rl_step(model, opt, groups, algo, tokenizer.pad_token_id, ref_model)
+            t2 = time.perf_counter()
+            skipped_in_row = skipped_in_row + 1 if m.get("skipped") and m.get("groups", 1) else 0
+            if skipped_in_row >= 5:
+                raise TrainError(f"step {step + 1}: 5 updates in a row had a non-finite loss or gradient")
+            step += 1
+            with torch.no_grad():
+                engine.update_weights({n: p for n, p in zip(names, model.parameters())}, version=step)
+            t3 = time.perf_counter()
+            rewards = [t.reward for g in groups for t in g.trajectories]
+            samples = len(rewards)
+            record = {**m, "reward_mean": sum(rewards) / samples,
+                      "reward_std": float(torch.tensor(rewards).std()) if samples > 1 else 0.0,
+                      "samples_per_s": samples / (t3 - t0), "time/generate_s": t1 - t0,
+                      "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2}
+            if step % cfg.log.every == 0 or step == cfg.train.steps:
+                metrics_out.log(step, **record)
+            progress.update(step, loss=record["reward_mean"], tokens_per_s=record.get("trained_tokens", 0) / (t3 - t0))
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
+                run_eval()
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.train.steps:
+                save_checkpoint(out, step, model, tokenizer, {"step": step, "optimizer": opt.state_dict(),
+                                "data_order": order.state_dict(), "rng": rng_state(),
+                                "config": cfg.model_dump()}, keep=cfg.checkpoint.keep)
+    run_eval()
+    save_checkpoint(out, step, model, tokenizer, {"step": step, "optimizer": opt.state_dict(),
+                    "data_order": order.state_dict(), "rng": rng_state(), "config": cfg.model_dump()},
+                    keep=cfg.checkpoint.keep)
+    final = out / "final"
+    save_model_folder(model, tokenizer, final)
+    metrics_out.close()
+    return RLResult(out, final, step, evals)
+
+
+__all__ = ["RLResult", "evaluate", "run_rl"]
