@@ -105,6 +105,7 @@ class ArithmeticEnvironment(Environment):
             raise ValueError(f"operators must be a non-empty string of {''.join(OPERATORS)}, got {operators!r}")
         if not 1 <= digits <= 6:
             raise ValueError(f"digits must be between 1 and 6, got {digits}")
+        operators = "".join(dict.fromkeys(operators))  # "++" is "+"
         self.operators, self.digits, self.heldout = operators, digits, heldout
         self.shared = operators == "+" and digits == 2 and heldout == N_HELDOUT
         self.description = ("the shared `ab+cd=` bench task (9,800 train / 200 held-out pairs)" if self.shared
@@ -151,7 +152,7 @@ class ArithmeticEnvironment(Environment):
 
 
 class _AnswerPolicy(Policy):
-    async def act(self, task, history, tools) -> str:
+    async def act(self, task, history, tools, episode: int = 0) -> str:
         return f"{task.answer}"
 
 

@@ -88,4 +88,9 @@ class Policy(abc.ABC):
     rollout works on token ids through the same Env API)."""
 
     @abc.abstractmethod
-    async def act(self, task: Task, history: list[Message] | str, tools: list[dict] | None) -> str: ...
+    async def act(self, task: Task, history: list[Message] | str, tools: list[dict] | None,
+                  episode: int = 0) -> str:
+        """`episode` identifies the episode (several may run on one task at once)."""
+
+    async def end_episode(self, episode: int) -> None:
+        """Called when an episode ends, so a stateful policy can drop what it kept."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import math
 import operator
 import random
 import re
@@ -24,7 +25,7 @@ from flywheel.types import Task
 
 SYSTEM = ("You are a careful assistant. Use the calc tool for arithmetic, then give the final "
           "answer as a number.")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")  # 1,234,567 or 1234567
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Div: operator.truediv, ast.Pow: operator.pow}
 
@@ -38,7 +39,13 @@ def evaluate(expression: str) -> int | float:
         tree = ast.parse(expression, mode="eval")
     except SyntaxError as e:
         raise ValueError(f"not an arithmetic expression: {e.msg}") from None
-    return _eval(tree.body)
+    try:
+        value = _eval(tree.body)
+    except (ZeroDivisionError, OverflowError) as e:
+        raise ValueError(str(e)) from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("result is not a finite number")
+    return value
 
 
 def _eval(node):
@@ -118,7 +125,7 @@ class CalculatorEnvironment(Environment):
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        rng = random.Random((0 if split == "train" else 1_000_003) + seed)
+        rng = random.Random(f"calculator/{split}/{seed}")  # independent streams per split and seed
         count = n if n is not None else (5000 if split == "train" else 200)
         out = []
         for i in range(count):
@@ -143,7 +150,7 @@ class CalculatorEnvironment(Environment):
 class ScriptedCalculatorPolicy(Policy):
     """Calls calc on the task's expression, then states the tool's result."""
 
-    async def act(self, task, history, tools) -> str:
+    async def act(self, task, history, tools, episode: int = 0) -> str:
         last = history[-1] if history else {}
         if last.get("role") == "tool":
             return f"The answer is {last['content']}."

@@ -15,22 +15,26 @@ class ModelPolicy(Policy):
 
         self.engine, self.params = engine, params
         self.renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer.chat_template else None
-        self._episodes: dict[str, tuple] = {}  # task id -> (Conversation, messages consumed)
+        self._episodes: dict[int, tuple] = {}  # episode -> (Conversation, messages consumed)
 
-    async def act(self, task: Task, history: list[Message] | str, tools: list[dict] | None) -> str:
+    async def end_episode(self, episode: int) -> None:
+        self._episodes.pop(episode, None)
+
+    async def act(self, task: Task, history: list[Message] | str, tools: list[dict] | None,
+                  episode: int = 0) -> str:
         if isinstance(history, str):  # raw completion
             sample = await self._sample(self.engine.encode(history))
             return sample.text
         if self.renderer is None:
             raise ValueError("this model has no chat template; chat tasks need one")
-        conv, consumed = self._episodes.get(task.id, (None, 0))
+        conv, consumed = self._episodes.get(episode, (None, 0))
         if conv is None:
             conv = self.renderer.start(history, tools)
         else:
             conv.append_messages(history[consumed + 1:])  # skip the assistant turn we produced
         sample = await self._sample(conv.add_generation_prompt())
         conv.append_sampled(sample.token_ids, {"role": "assistant", "content": sample.text})
-        self._episodes[task.id] = (conv, len(history))
+        self._episodes[episode] = (conv, len(history))
         return sample.text
 
     async def _sample(self, prompt_ids: list[int]):

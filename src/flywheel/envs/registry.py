@@ -6,6 +6,7 @@ A loader is a function `load(**kwargs) -> Environment`.
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any
 
 from flywheel.envs.base import Environment
@@ -40,9 +41,10 @@ def load_env(name: str, **kwargs: Any) -> Environment:
     if loader is None:
         raise EnvLoadError(f"environment {name!r}: {module_name!r} has no {attr!r}")
     try:
-        env = loader(**kwargs)
+        inspect.signature(loader).bind(**kwargs)
     except TypeError as e:
         raise EnvLoadError(f"environment {name!r}: bad settings {kwargs}: {e}") from None
+    env = loader(**kwargs)
     if not isinstance(env, Environment):
         raise EnvLoadError(f"environment {name!r}: {path} returned {type(env).__name__}, not an Environment")
     return env

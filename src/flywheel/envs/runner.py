@@ -7,6 +7,7 @@ rollout (token ids, logprobs) drives the same Env API.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -26,8 +27,12 @@ class EpisodeResult:
     error: str | None = None  # "timeout" or the exception that ended it
 
 
+_next_episode = itertools.count()
+
+
 async def play_episode(env_spec: Environment, task: Task, policy: Policy, timeout_s: float = 300.0) -> EpisodeResult:
     env = env_spec.make_env(task)
+    episode = next(_next_episode)
     result = EpisodeResult(task=task, transcript=[])
     t0 = time.perf_counter()
 
@@ -35,7 +40,7 @@ async def play_episode(env_spec: Environment, task: Task, policy: Policy, timeou
         obs = await env.initial_observation()
         history: list[Message] | str = list(obs) if isinstance(obs, list) else obs
         while True:
-            action = await policy.act(task, history, env.tools)
+            action = await policy.act(task, history, env.tools, episode)
             s0 = time.perf_counter()
             step = await env.step(action)
             result.step_latencies_s.append(time.perf_counter() - s0)
@@ -55,6 +60,8 @@ async def play_episode(env_spec: Environment, task: Task, policy: Policy, timeou
         result.error = "timeout"
     except Exception as e:  # an env or policy bug ends this episode, not the run
         result.error = f"{type(e).__name__}: {e}"
+    finally:
+        await policy.end_episode(episode)
     result.duration_s = time.perf_counter() - t0
     return result
 

@@ -15,7 +15,7 @@ from typing import Callable
 from flywheel.envs.base import Env, StepResult
 from flywheel.envs.parsing import HermesParser, ToolCallParser
 from flywheel.envs.rubric import EpisodeState, Rubric
-from flywheel.envs.tools import Tool, ToolError
+from flywheel.envs.tools import EpisodeFinished, Tool, ToolError  # noqa: F401  (EpisodeFinished re-exported)
 from flywheel.types import Message, Task
 
 TRUNCATION_MARKER = "\n[... output truncated: {dropped} more tokens]"
@@ -27,14 +27,6 @@ class ToolLimits:
     max_tool_calls_per_turn: int = 4  # calls beyond this get an error message, not executed
     max_observation_tokens: int = 512  # a tool result longer than this is cut, with a marker
     episode_timeout_s: float = 120.0  # wall clock from the first step; then the episode ends with reward 0
-
-
-class EpisodeFinished(Exception):
-    """Raised by a tool to end the episode (e.g. `submit`); `value` is kept as state.submitted."""
-
-    def __init__(self, value=None, message: str = "submitted"):
-        super().__init__(message)
-        self.value = value
 
 
 class SingleTurnEnv(Env):
@@ -80,16 +72,20 @@ class ToolEnv(Env):
         st = self.state
         st.turns += 1
         parsed = self.parser.parse(action)
+        for i, call in enumerate(parsed.tool_calls):
+            call.id = f"call_{st.turns}_{i}"  # unique within the episode
         st.messages.append({"role": "assistant", "content": parsed.content,
                             **({"tool_calls": [c.to_message_part() for c in parsed.tool_calls]}
                                if parsed.tool_calls else {})})
         if not parsed.tool_calls and not parsed.errors:  # a final answer
             st.final_text = parsed.content
+            if self._timed_out():
+                st.metrics["episode_timeout"] = 1.0
             return await self._finish()
         observation: list[Message] = []
         for err in parsed.errors:
             self._count("malformed_calls")
-            observation.append(self._tool_message(f"error: {err}"))
+            observation.append(self._tool_message(self._clip(f"error: {err}")))
         finished = False
         for i, call in enumerate(parsed.tool_calls):
             if i >= self.limits.max_tool_calls_per_turn:
@@ -114,7 +110,7 @@ class ToolEnv(Env):
         tool = self.tool_map.get(call.name)
         if tool is None:
             self._count("unknown_tool")
-            return f"error: unknown tool {call.name!r}; available: {', '.join(self.tool_map)}", False
+            return self._clip(f"error: unknown tool {call.name!r}; available: {', '.join(self.tool_map)}"), False
         try:
             return self._clip(await tool.call(call.arguments)), False
         except EpisodeFinished as done:
@@ -122,7 +118,7 @@ class ToolEnv(Env):
             return str(done), True
         except ToolError as e:
             self._count({"bad_arguments": "bad_arguments", "timeout": "tool_timeouts"}.get(e.kind, "tool_exceptions"))
-            return f"error: {e}", False
+            return self._clip(f"error: {e}"), False
 
     def _count(self, key: str) -> None:
         self.counts[key] += 1

@@ -9,6 +9,7 @@ and a timeout all become `ToolError`s, which the env reports to the model as a t
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import inspect
 import re
 import types
@@ -17,6 +18,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
+
+
+class EpisodeFinished(Exception):
+    """Raised by a tool to end the episode (e.g. `submit`); `value` is kept as state.submitted."""
+
+    def __init__(self, value=None, message: str = "submitted"):
+        super().__init__(message)
+        self.value = value
 
 
 class ToolError(Exception):
@@ -57,18 +66,31 @@ class Tool:
             raise ToolError("bad_arguments", f"{self.name}: " + "; ".join(problems))
         try:
             if inspect.iscoroutinefunction(self.fn):
-                result = await asyncio.wait_for(self.fn(**arguments), self.timeout_s)
+                result = await _with_timeout(self.fn(**arguments), self.timeout_s)
             elif self.blocking:
-                result = await asyncio.wait_for(asyncio.to_thread(self.fn, **arguments), self.timeout_s)
+                result = await _with_timeout(asyncio.to_thread(self.fn, **arguments), self.timeout_s)
             else:
                 result = self.fn(**arguments)
-        except asyncio.TimeoutError:
+            return result if isinstance(result, str) else _to_text(result)
+        except _CallTimedOut:
             raise ToolError("timeout", f"{self.name}: timed out after {self.timeout_s:g} s") from None
-        except ToolError:
+        except (ToolError, EpisodeFinished):
             raise
         except Exception as e:  # the tool's own failure is information for the model
             raise ToolError("exception", f"{self.name}: {type(e).__name__}: {e}") from None
-        return result if isinstance(result, str) else _to_text(result)
+
+
+class _CallTimedOut(Exception):
+    """The call ran past its timeout (distinct from a TimeoutError raised by the tool itself)."""
+
+
+async def _with_timeout(awaitable, timeout_s: float | None):
+    task = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        raise _CallTimedOut()
+    return task.result()
 
 
 def tool(fn: Callable | None = None, *, name: str | None = None, timeout_s: float | None = 30.0,
@@ -112,7 +134,7 @@ def type_schema(tp: Any) -> dict:
         non_null = [a for a in args if a is not type(None)]
         inner = type_schema(non_null[0]) if len(non_null) == 1 else {"anyOf": [type_schema(a) for a in non_null]}
         return {**inner, "nullable": True} if len(non_null) < len(args) else inner
-    if origin in (list, tuple, set, typing.Sequence):
+    if origin in (list, tuple, set, collections.abc.Sequence):
         return {"type": "array", "items": type_schema(args[0])} if args else {"type": "array"}
     if origin is dict:
         return {"type": "object"}
@@ -157,8 +179,9 @@ def validate_arguments(schema: dict, arguments: dict[str, Any]) -> list[str]:
 def _check(prop: dict, value: Any) -> str | None:
     if value is None:
         return None if prop.get("nullable") else "must not be null"
-    if "enum" in prop:
-        return None if value in prop["enum"] else f"must be one of {prop['enum']}, got {value!r}"
+    if "enum" in prop:  # type-exact membership: True is not 1, 1.0 is not 1
+        ok = any(type(value) is type(e) and value == e for e in prop["enum"])
+        return None if ok else f"must be one of {prop['enum']}, got {value!r}"
     if "anyOf" in prop:
         return None if any(_check(p, value) is None for p in prop["anyOf"]) else f"has the wrong type ({value!r})"
     kind = prop.get("type")
