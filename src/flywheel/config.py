@@ -93,6 +93,39 @@ class SFTConfig(Config):
     device: str = "cpu"
 
 
+# ---------------------------------------------------------------- DPO
+
+
+class DPODataConfig(Config):
+    train: list[str] = Field(..., min_length=1, description="JSONL in the OpenAI DPO format")
+    val: list[str] = Field(default_factory=list)
+    max_length: int = Field(2048, ge=2, description="max tokens of prompt + response; longer pairs are skipped")
+    on_error: Literal["raise", "skip"] = "raise"
+
+
+class DPOTrainConfig(Config):
+    steps: int | None = Field(None, ge=1, description="optimizer steps; null = derive from epochs")
+    epochs: float = Field(1.0, gt=0)
+    batch_size: int = Field(16, ge=1, description="preference pairs per optimizer step")
+    seed: int = 0
+
+
+class DPOConfig(Config):
+    model: str = Field(..., description="local model folder; also the frozen reference")
+    output_dir: str = "runs/dpo"
+    data: DPODataConfig
+    train: DPOTrainConfig = DPOTrainConfig()
+    beta: float = Field(0.1, gt=0)
+    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"
+    optim: OptimConfig = OptimConfig(lr=5e-6)
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+    eval: EvalConfig = EvalConfig()
+    resume: bool = False
+    threads: int | None = Field(None, ge=1)
+    device: str = "cpu"
+
+
 # ---------------------------------------------------------------- RL
 
 

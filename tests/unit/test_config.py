@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.config import (
+    DPOConfig,
     RLConfig,
     Config,
     ConfigError,
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 # The command named on a config's first line -> the config class that command validates.
 # A new command with configs under configs/ must be registered here.
-COMMAND_CONFIGS: dict[str, type[Config]] = {"sft": SFTConfig, "rl": RLConfig}
+COMMAND_CONFIGS: dict[str, type[Config]] = {"sft": SFTConfig, "rl": RLConfig, "dpo": DPOConfig}
 
 MINIMAL = "model: runs/tiny\ndata:\n  train: [a.jsonl]\n"
 

@@ -1,0 +1,127 @@
+"""DPO recipe: preference pairs, a frozen reference (the starting model), the sigmoid or
+IPO loss of train/rl_losses.py on summed response log-probabilities.
+
+Per step: `batch_size` pairs -> one forward of the policy over chosen and rejected
+sequences together, one no-grad forward of the reference -> loss -> clip -> AdamW with the
+warm-up + cosine schedule. Checkpoints and resume as in SFT.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from flywheel.config import DPOConfig
+from flywheel.train.batching import DataOrder, pad_batch
+from flywheel.train.checkpoint import latest_checkpoint, list_checkpoints, load_state, rng_state, save_checkpoint, \
+    save_model_folder, set_rng_state
+from flywheel.train.dpo_data import load_pairs
+from flywheel.train.metrics import MetricsWriter
+from flywheel.train.progress import StepProgress
+from flywheel.train.rl_losses import dpo_loss
+from flywheel.train.rl_step import token_logprobs
+from flywheel.train.schedule import warmup_cosine
+from flywheel.train.sft import TrainError, _seed_everything
+
+
+@dataclass
+class DPOResult:
+    output_dir: Path
+    final_model: Path
+    steps: int
+    last: dict
+
+
+def sequence_logprobs(model, pairs, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed log-probabilities of the response tokens: (chosen (B,), rejected (B,))."""
+    seqs = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
+    masks = [p.chosen_mask for p in pairs] + [p.rejected_mask for p in pairs]
+    ids, attn, tmask = pad_batch(seqs, masks, pad_id)
+    logp, _ = token_logprobs(model, ids.to(device), attn.to(device))  # (2B, T - 1)
+    summed = (logp * tmask[:, 1:].to(device)).sum(-1)
+    return summed[:len(pairs)], summed[len(pairs):]
+
+
+def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
+    from flywheel.models import load
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    _seed_everything(cfg.train.seed)
+    out = Path(cfg.output_dir)
+    ckpt = latest_checkpoint(out) if cfg.resume else None
+    if not cfg.resume and list_checkpoints(out):
+        raise TrainError(f"{out} already holds checkpoints; pass resume=true or choose another output_dir")
+    model, tokenizer = load(ckpt or cfg.model, device=cfg.device)
+    reference, _ = load(cfg.model, device=cfg.device)
+    reference.requires_grad_(False)
+    pairs, skipped = load_pairs(cfg.data.train, tokenizer, cfg.data, log)
+    log(f"train data: {len(pairs)} pairs" + (f", {skipped} lines skipped" if skipped else ""))
+    val = load_pairs(cfg.data.val, tokenizer, cfg.data, log)[0] if cfg.data.val else []
+    total = cfg.train.steps or max(1, math.ceil(cfg.train.epochs * len(pairs) / cfg.train.batch_size))
+    oc = cfg.optim
+    opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, oc.warmup_steps, total, oc.min_lr_ratio))
+    order = DataOrder(len(pairs), cfg.train.seed)
+    step = 0
+    if ckpt is not None:
+        state = load_state(ckpt)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        order.load_state_dict(state["data_order"])
+        set_rng_state(state["rng"])
+        step = state["step"]
+        log(f"resumed from {ckpt} (step {step})")
+    metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
+    pad = tokenizer.pad_token_id
+    last: dict = {}
+
+    def losses_on(batch, train: bool):
+        with torch.no_grad():
+            rc, rr = sequence_logprobs(reference, batch, pad, cfg.device)
+        with torch.set_grad_enabled(train):
+            pc, pr = sequence_logprobs(model, batch, pad, cfg.device)
+            return dpo_loss(pc, pr, rc, rr, beta=cfg.beta, loss_type=cfg.loss_type)
+
+    def checkpoint():
+        save_checkpoint(out, step, model, tokenizer, {"step": step, "optimizer": opt.state_dict(),
+                        "scheduler": sched.state_dict(), "data_order": order.state_dict(), "rng": rng_state(),
+                        "config": cfg.model_dump()}, keep=cfg.checkpoint.keep)
+
+    with StepProgress(total, start=step, enabled=cfg.log.progress, description="dpo") as progress:
+        while step < total:
+            t0 = time.perf_counter()
+            batch = [pairs[i] for i in order.take(cfg.train.batch_size)]
+            model.train()
+            loss, m = losses_on(batch, train=True)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), oc.grad_clip or math.inf)
+            if torch.isfinite(grad_norm):
+                opt.step()
+            lr = sched.get_last_lr()[0]
+            sched.step()
+            step += 1
+            record = {"loss": loss.item(), "lr": lr, "grad_norm": float(grad_norm), **m,
+                      "pairs_per_s": len(batch) / (time.perf_counter() - t0)}
+            last.update(record)
+            metrics.log(step, **record)
+            progress.update(step, loss=record["loss"], tokens_per_s=0.0)
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
+                checkpoint()
+    if val:
+        model.eval()
+        vloss, vm = losses_on(val, train=False)
+        record = {"val_loss": vloss.item(), **{f"val_{k}": v for k, v in vm.items()}}
+        metrics.log(step, **record)
+        last.update(record)
+    checkpoint()
+    final = out / "final"
+    save_model_folder(model, tokenizer, final)
+    metrics.close()
+    return DPOResult(out, final, step, last)
