@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import weakref
 from multiprocessing import resource_tracker, shared_memory
 from typing import Mapping
 
@@ -30,11 +31,23 @@ HEADER_BYTES = 64
 ALIGN = 64
 
 
-_CREATED_HERE: set[str] = set()  # segments this process created (and its resource tracker knows)
+def _unlink(name: str) -> None:
+    try:
+        shared_memory.SharedMemory(name=name).unlink()
+    except FileNotFoundError:
+        pass
 
 
 class TornRead(RuntimeError):
     """The writer kept overwriting the buffer being read; the reader gave up."""
+
+
+def _untrack(shm: shared_memory.SharedMemory) -> None:
+    """Keep the segment out of multiprocessing's resource tracker. Python < 3.13 registers
+    every open (create or attach) and unlinks at the process's exit, and child processes
+    share their parent's tracker, so attaching in a worker would later unlink the learner's
+    segment. Lifetime is ours instead: the creator unlinks it on close (and at exit)."""
+    resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
 
 
 def _align(n: int) -> int:
@@ -44,6 +57,8 @@ def _align(n: int) -> int:
 class SharedMemoryTransport(WeightTransport):
     def __init__(self, shm: shared_memory.SharedMemory, owner: bool):
         self.shm, self.owner = shm, owner
+        if owner:
+            self._finalizer = weakref.finalize(self, _unlink, shm.name)
         self.header = np.ndarray((8,), dtype=np.int64, buffer=shm.buf[:HEADER_BYTES])
         if self.header[0] != MAGIC:
             raise ValueError(f"shared memory {shm.name!r} is not a flywheel weight segment")
@@ -73,7 +88,7 @@ class SharedMemoryTransport(WeightTransport):
         manifest = json.dumps({"tensors": tensors, "buffer_bytes": offset}).encode()
         total = _align(HEADER_BYTES + len(manifest)) + 2 * offset
         shm = shared_memory.SharedMemory(name=name, create=True, size=total)
-        _CREATED_HERE.add(shm._name)  # noqa: SLF001
+        _untrack(shm)
         header = np.ndarray((8,), dtype=np.int64, buffer=shm.buf[:HEADER_BYTES])
         header[:] = 0
         header[1], header[4], header[5], header[6] = -1, -1, -1, len(manifest)
@@ -84,10 +99,7 @@ class SharedMemoryTransport(WeightTransport):
     @classmethod
     def attach(cls, name: str) -> "SharedMemoryTransport":
         shm = shared_memory.SharedMemory(name=name)
-        # Python < 3.13 registers attached segments with this process's resource tracker,
-        # which would unlink them when this process exits; the creator owns the segment.
-        if shm._name not in _CREATED_HERE:  # noqa: SLF001
-            resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
+        _untrack(shm)
         return cls(shm, owner=False)
 
     @property
@@ -153,7 +165,4 @@ class SharedMemoryTransport(WeightTransport):
         self.header = None
         self.shm.close()
         if self.owner:
-            try:
-                self.shm.unlink()
-            except FileNotFoundError:
-                pass
+            self._finalizer()
