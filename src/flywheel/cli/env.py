@@ -84,3 +84,27 @@ def try_(name: str,
             console.print(f"metrics: {shown}", markup=False)
         mean = sum(r.reward for r in results) / len(results)
         console.print(f"mean reward {mean:.3f} over {len(results)} episodes")
+
+
+@app.command("synth-bugs")
+def synth_bugs(repo: str = typer.Argument(..., help="a folder or git repository with pytest-style tests, or a "
+                                                    "bundled corpus name (minilib)"),
+               out: str = typer.Option(..., "--out", help="JSONL file to write (code_repair instances)"),
+               max_: int = typer.Option(100, "--max", min=1, help="instances to keep at most"),
+               seed: int = typer.Option(0, help="seeds the order in which mutation sites are tried"),
+               rev: str = typer.Option(None, help="commit of a git repository (default HEAD)"),
+               unsafe: bool = typer.Option(False, "--unsafe",
+                                           help="run tests without bubblewrap (weaker isolation)")) -> None:
+    """Make code_repair tasks by mutating REPO's functions and keeping mutants its tests catch."""
+    with user_errors():
+        from flywheel.envs.code_repair import write_instances
+        from flywheel.envs.synth_bugs import synthesize
+
+        instances, report = synthesize(repo, max_n=max_, seed=seed, rev=rev, unsafe=True if unsafe else None)
+        if not instances:
+            raise ValueError(f"{repo}: none of the {report.tried} mutants tried broke a test")
+        write_instances(out, instances)
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(report.kinds.items()))
+        typer.echo(f"{len(instances)} instances -> {out} ({report.tried} of {report.sites} mutation sites tried, "
+                   f"{report.no_failure} broke no test, {report.timed_out} timed out; {report.tests} tests; "
+                   f"{kinds}; {report.seconds:.1f} s)")

@@ -35,9 +35,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.envs.code_repair import (CORPORA, RUNNER_SOURCE, CodeRepairError, Instance, checkout, fingerprint,
-                                       is_git_repo, is_test_path, list_files, make_diff, parse_patch, resolve_repo,
-                                       run_tests, shared_pool, write_instances)
+from flywheel.envs.code_repair import (CORPORA, RUNNER_SOURCE, CodeRepairError, Instance, checkout, copy_tree,
+                                       fingerprint, is_git_repo, is_test_path, list_files, make_diff, parse_patch,
+                                       precompile, resolve_repo, run_tests, shared_pool, write_instances)
 
 SYNTH_VERSION = 1  # bump when the mutations change: cached instance sets are keyed on it
 _SKIP = r"(?:\s|\\\n|[()]|#[^\n]*)*"  # what may sit between an operand and its operator
@@ -184,9 +184,11 @@ def _interleave(muts: list[Mutation], rng: random.Random) -> list[Mutation]:
         groups[(m.path, m.function)].append(m)
     queues = []
     for _, g in sorted(groups.items()):  # within a function, kinds take turns too (`remove` sites abound)
+        kinds = sorted({m.kind for m in g})
+        rng.shuffle(kinds)
         key, seen = {}, Counter()
-        for pos, m in enumerate(rng.sample(g, len(g))):
-            key[m], seen[m.kind] = (-seen[m.kind], -pos), seen[m.kind] + 1
+        for m in rng.sample(g, len(g)):  # the i-th site of each kind, kinds in a random order
+            key[m], seen[m.kind] = (-seen[m.kind], -kinds.index(m.kind)), seen[m.kind] + 1
         queues.append(sorted(g, key=key.__getitem__))  # popped from the end
     rng.shuffle(queues)
     order = []
@@ -232,7 +234,8 @@ class SynthReport:
 
 
 def synthesize(repo: str, max_n: int = 100, seed: int = 0, rev: str | None = None, unsafe: bool | None = None,
-               per_test_s: float | None = None, workers: int | None = None, log=None) -> tuple[list[Instance], SynthReport]:
+               per_test_s: float | None = None, workers: int | None = None,
+               log=None) -> tuple[list[Instance], SynthReport]:
     """Up to max_n instances from `repo` (a corpus name, a folder or a git repository at `rev`)."""
     t0, report = time.perf_counter(), SynthReport()
     src = resolve_repo(repo)
@@ -264,11 +267,12 @@ def synthesize(repo: str, max_n: int = 100, seed: int = 0, rev: str | None = Non
             raise CodeRepairError(f"{src}: no passing tests found (the lean runner collected {len(base.results)}: "
                                   f"{', '.join(list(base.results)[:5])}); see `flywheel env synth-bugs --help`")
         order = _interleave(find_mutations(orig), random.Random(seed))
+        precompile(orig)  # the mutated file's pyc no longer matches its source hash: it is compiled
         report.sites = len(order)
         dirs = []
         for w in range(workers):
             dirs.append(Path(tmp, f"w{w}"))
-            checkout(orig, "", dirs[-1])
+            copy_tree(orig, dirs[-1], keep_pycache=True)
 
         def attempt(job):
             m, wdir = job
