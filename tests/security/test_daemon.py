@@ -6,7 +6,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from conftest import assert_pool_clean, cmdlines_with, wait_gone
+from sandbox_helpers import assert_pool_clean, cmdlines_with, wait_gone
 
 DAEMON = """
 import os, sys, time

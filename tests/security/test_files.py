@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from conftest import REPO, assert_pool_clean
+from sandbox_helpers import REPO, assert_pool_clean
 
 HUGE_PY = """
 with open("big.bin", "wb") as f:

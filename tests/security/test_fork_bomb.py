@@ -5,9 +5,7 @@ from __future__ import annotations
 
 
 import pytest
-from conftest import assert_pool_clean, descendants, host_responsive, wait_gone
-
-from flywheel.sandbox import Limits
+from sandbox_helpers import assert_pool_clean, descendants, host_responsive, wait_gone
 
 BOMB = """
 import os

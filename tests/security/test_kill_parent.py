@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import assert_pool_clean, descendants, host_responsive, wait_gone
+from sandbox_helpers import assert_pool_clean, descendants, host_responsive, wait_gone
 
 KILL = """
 import os, signal

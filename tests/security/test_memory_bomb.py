@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import assert_pool_clean, descendants, host_responsive, wait_gone
+from sandbox_helpers import assert_pool_clean, descendants, host_responsive, wait_gone
 
 from flywheel.sandbox import cgroup
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import assert_pool_clean
+from sandbox_helpers import assert_pool_clean
 
 CONNECT = """
 import socket

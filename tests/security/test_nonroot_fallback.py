@@ -11,7 +11,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
+from sandbox_helpers import REPO
 
 SCRIPT = r"""
 import json, sys

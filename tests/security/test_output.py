@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from conftest import assert_pool_clean, descendants, wait_gone
+from sandbox_helpers import assert_pool_clean, descendants, wait_gone
 
 from flywheel.sandbox import Limits, SandboxPool
 

@@ -4,10 +4,13 @@ memory and pipes. Also: the seccomp filter and the disabled nested user namespac
 
 from __future__ import annotations
 
-import pytest
-from conftest import PROBE, assert_pool_clean
+import ast
+import platform
 
-from flywheel.sandbox import Limits, SandboxPool
+import pytest
+from sandbox_helpers import PROBE, assert_pool_clean
+
+from flywheel.sandbox import Limits, SandboxError, SandboxPool
 
 LEAVE = """
 import builtins, ctypes, json, os
@@ -54,7 +57,7 @@ print(out)
 """
 
 
-def test_nothing_crosses_between_requests(tmp_path):
+def test_nothing_crosses_between_requests():
     # one worker, so the second request surely lands in the same (recycled or cleaned) sandbox
     with SandboxPool(1, Limits(wall_s=5.0)) as pool:
         r = pool.run_python(LEAVE)
@@ -73,12 +76,10 @@ def test_server_is_not_readable_by_requests(pool):
 
 @pytest.mark.parametrize("runner", ["cold", "pool"])
 def test_seccomp_and_userns(sandbox, pool, runner):
-    import platform
-
     code = SYSCALLS if platform.machine() == "x86_64" else SYSCALLS.replace("250,", "219,").replace("321,", "280,")
     r = (sandbox.run_python if runner == "cold" else pool.run_python)(code)
     assert r.ok, r
-    out = eval(r.stdout)  # a dict of ints and strings printed by the code above
+    out = ast.literal_eval(r.stdout.strip())  # never eval what sandboxed code printed
     assert out["ptrace_attach_parent"] == 1 and out["ptrace_attach_pid1"] == 1  # EPERM from the filter
     assert out["keyctl"] == 1 and out["bpf"] == 1 and out["mount"] == 1
     assert out["unshare_user"] in (1, 28)  # EPERM (filter) or ENOSPC (--disable-userns)
@@ -109,4 +110,17 @@ def test_status_fd_games_cannot_hurt(pool, tmp_path):
     # code that fakes an early status report is SIGKILLed on the spot: it cannot linger
     r = pool.run_python("import os, time\nos.write(3, b'\\x07')\ntime.sleep(30)")
     assert r.returncode == 7 and r.duration_s < 2.0, r
+    assert_pool_clean(pool)
+
+
+def test_pathological_workspace_trees_are_cleaned(pool, tmp_path):
+    # deeper than Python's recursion limit, with a directory made unreadable on the way
+    code = ("import os\nfor i in range(1200):\n    os.mkdir('d')\n    os.chdir('d')\n"
+            "os.chdir('/workspace/d/d')\nos.chmod('d', 0)\nos.makedirs('/tmp/x/y')\nos.chmod('/tmp/x', 0)\nprint('ok')")
+    r = pool.run_python(code)
+    assert r.ok, r
+    assert_pool_clean(pool)
+    # mirroring such a tree back into a host workspace is refused loudly, and the sandbox replaced
+    with pytest.raises(SandboxError, match="could not copy the workspace back"):
+        pool.run_python(code, workspace=tmp_path)
     assert_pool_clean(pool)

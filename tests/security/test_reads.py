@@ -10,7 +10,7 @@ import secrets
 from pathlib import Path
 
 import pytest
-from conftest import FAST, REPO
+from sandbox_helpers import FAST, REPO
 
 from flywheel.sandbox import Sandbox, SandboxPool
 

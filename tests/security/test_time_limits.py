@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from conftest import assert_pool_clean, descendants, host_responsive, wait_gone
+from sandbox_helpers import assert_pool_clean, descendants, host_responsive, wait_gone
 
 from flywheel.sandbox import Limits, SandboxPool
 from flywheel.sandbox.worker import GRACE_S

@@ -4,7 +4,11 @@ the lookup). Tests that execute code in a real sandbox skip where bwrap cannot i
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import signal
+import threading
+import time
 import warnings
 
 import pytest
@@ -216,9 +220,6 @@ def test_pool_run_module_and_closed_pool(tmp_path):
 
 @needs_sandbox
 def test_pool_from_threads_and_asyncio():
-    import asyncio
-    import concurrent.futures
-
     with SandboxPool(2) as pool:
         with concurrent.futures.ThreadPoolExecutor(6) as ex:
             outs = list(ex.map(lambda i: pool.run_python(f"print({i} * 2)").stdout, range(40)))
@@ -238,15 +239,18 @@ def test_pool_from_threads_and_asyncio():
 
 @needs_sandbox
 def test_close_during_a_request_returns_killed():
-    import threading
-
     pool = SandboxPool(1)
     box = {}
     t = threading.Thread(target=lambda: box.setdefault("r", pool.run_python("import time; time.sleep(30)")))
     t.start()
-    import time
-
     time.sleep(0.3)
     pool.close()
     t.join(10)
     assert not t.is_alive() and box["r"].error == "killed", box
+
+
+@needs_sandbox
+def test_pool_env_reaches_requests():
+    with SandboxPool(1, env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}) as pool:
+        r = pool.run_python("import os; print(os.environ.get('PYTEST_DISABLE_PLUGIN_AUTOLOAD'), os.environ['HOME'])")
+        assert r.stdout == "1 /tmp\n", r

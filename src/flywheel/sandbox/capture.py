@@ -2,8 +2,9 @@
 a cap, and read bwrap's JSON status stream, all in one `select` loop (no threads).
 
 The deadline and the output cap both call `kill_tree`, which the caller supplies (for bwrap:
-SIGKILL bwrap's pid-1 reaper, which takes the whole pid namespace down, plus the cgroup).
-If the process has not exited a second after that, the process itself is SIGKILLed.
+SIGKILL the sandbox's pid 1, whose death takes the whole pid namespace down, plus the cgroup).
+If the process has not exited a second after that, the process itself is SIGKILLed. A killed
+run has returncode None.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -64,8 +64,8 @@ def run_captured(argv: list[str], *, wall_s: float, cap: int, stdin: bytes | Non
                  status_fd: int | None = None, after_spawn: Callable[[], None] | None = None,
                  kill_tree: Callable[[int, int | None], None] | None = None,
                  on_exit: Callable[[int], None] | None = None, start_new_session: bool = False) -> Captured:
-    """`kill_tree(pid, child_pid)` gets the process's pid and bwrap's reported child pid (its
-    pid-1 reaper; None if not yet known). `on_exit(pid)` runs once the process has exited (before
+    """`kill_tree(pid, child_pid)` gets the process's pid and bwrap's reported child pid (pid 1
+    of the sandbox; None if not yet known). `on_exit(pid)` runs once the process has exited (before
     draining its pipes): the place to kill leftovers that would hold the pipes open."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -166,13 +166,3 @@ def run_captured(argv: list[str], *, wall_s: float, cap: int, stdin: bytes | Non
         rc = None
     return Captured(rc, bytes(out), bytes(err), time.monotonic() - t0, timed_out, overflow, status.docs)
 
-
-def send_kill(pidfd: int | None, pid: int | None) -> None:
-    """SIGKILL through a pidfd when we hold one (no pid-reuse race), else by pid."""
-    try:
-        if pidfd is not None:
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        elif pid is not None:
-            os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass

@@ -34,6 +34,10 @@ _JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 125; shift;
 JOIN_FAILED = 125  # exit status of the join prefix when it cannot enter the cgroup
 
 
+class CgroupError(OSError):
+    """A cgroup could not be created or configured."""
+
+
 @dataclass(frozen=True)
 class Hierarchy:
     version: int  # 1 or 2
@@ -234,9 +238,9 @@ class Cgroup:
                     (d / "pids.max").write_text(str(processes + overhead))
             if memory_bytes is not None:
                 self.set_memory(memory_bytes)
-        except OSError:
+        except OSError as e:
             self.close()
-            raise
+            raise CgroupError(f"could not create the sandbox cgroup: {e}") from e
 
     def _dir(self, ctrl: str) -> tuple[Hierarchy, Path] | None:
         return next(((h, d) for h, d in self.dirs if ctrl in h.controllers), None)
@@ -274,23 +278,9 @@ class Cgroup:
         files = sorted({str(d / "cgroup.procs") for _, d in self.dirs})
         return ["/bin/sh", "-c", _JOIN, "sh", str(len(files)), *files]
 
-    def _counter(self, ctrl: str, files: tuple[str, str], key: str) -> int:
-        hd = self._dir(ctrl)
-        if hd is None:
-            return 0
-        h, d = hd
-        return _read_counter(str(d / files[h.version - 1]), key)
-
-    def pids_max_hits(self) -> int:
-        """How many forks the pids limit has refused so far (monotonic)."""
-        return self._counter("pids", ("pids.events", "pids.events"), "max")
-
-    def oom_kills(self) -> int:
-        """How many processes the memory cap has OOM-killed so far (monotonic)."""
-        return self._counter("memory", ("memory.oom_control", "memory.events"), "oom_kill")
-
     def counters(self) -> tuple[int, int]:
-        """(pids_max_hits, oom_kills), read with two raw syscall round trips (~20 us)."""
+        """(forks the pids limit refused, processes the memory cap OOM-killed) so far; both only
+        grow. Read with raw syscalls (~20 us): the pool reads them after every request."""
         if self._counter_files is None:
             files = []
             for ctrl, names, key in (("pids", ("pids.events", "pids.events"), "max"),
@@ -298,7 +288,8 @@ class Cgroup:
                 hd = self._dir(ctrl)
                 files.append((str(hd[1] / names[hd[0].version - 1]), key) if hd else None)
             self._counter_files = files
-        return tuple(_read_counter(*f) if f else 0 for f in self._counter_files)  # type: ignore[return-value]
+        pids, ooms = (_read_counter(*f) if f else 0 for f in self._counter_files)
+        return pids, ooms
 
     def kill(self) -> None:
         """SIGKILL every process in the cgroup (the pid namespace usually did it already)."""

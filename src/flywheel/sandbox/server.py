@@ -24,7 +24,6 @@ Isolation between requests, and what the server does about each channel:
 - SysV IPC objects outlive processes: if a request left any, the server asks to be recycled.
 Without a pid namespace (the unsafe mode) the server instead kills the child's session and, as a
 child subreaper, every orphan reparented to it.
-
 """
 
 import atexit
@@ -34,6 +33,7 @@ import os
 import resource
 import runpy
 import select
+import shutil
 import signal
 import sys
 import time
@@ -44,6 +44,7 @@ try:  # inside the sandbox this file runs as a script next to protocol.py
     from .protocol import read_frame, write_all, write_frame
 except ImportError:
     from protocol import read_frame, write_all, write_frame
+
 
 def _libc():
     import ctypes
@@ -192,8 +193,7 @@ def _kill_all(pidns, child_pid, reaped, timeout_s=2.0):
 
 
 def _clear_dir(path):
-    import shutil
-
+    """Empty a directory of ours (/tmp, /dev/shm). True when nothing is left in it."""
     try:
         dev = os.stat(path).st_dev
         entries = list(os.scandir(path))
@@ -341,7 +341,8 @@ def main(argv):
     os.close(null)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as pid 1 a handled signal would be delivered
     libc = _libc()
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: requests cannot read or write our memory or fds
+    if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0: requests cannot read or write our memory or fds
+        raise SystemExit("sandbox server: cannot make itself non-dumpable")  # no ready frame: the host gives up
     if not cfg["pidns"]:
         libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of a request come to us
     errors = {}

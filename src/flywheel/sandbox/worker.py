@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,12 +36,15 @@ SERVER_DIR = "/opt/flywheel-sandbox"  # where server.py and protocol.py are plac
 
 
 class Worker:
-    def __init__(self, limits: Limits, isolated: bool, preload: tuple[str, ...], spawn: Callable):
+    def __init__(self, limits: Limits, isolated: bool, preload: tuple[str, ...], spawn: Callable,
+                 env: dict[str, str] | None = None):
         self.limits, self.isolated, self.preload, self._spawn = limits, isolated, preload, spawn
+        self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.cg: cgroup.Cgroup | None = None
         self.dir: str | None = None
-        self.init_pid: int | None = None
+        self.init_pid: int | None = None  # host pid of the sandbox's pid 1 (the server)
+        self.errors: dict[str, str] = {}  # preload / rlimit failures reported by the server
         self.dead = True
         self._counters = (0, 0)
         self._lock = threading.Lock()  # stop() may come from close() on another thread
@@ -77,19 +79,23 @@ class Worker:
         lim = self.limits
         self.dir = tempfile.mkdtemp(prefix="flywheel-pool-")
         os.mkdir(self.ws, 0o700)
-        self.cg = cgroup.Cgroup(lim.processes, SERVER_OVERHEAD, None) if cgroup.pids_available() else None
+        try:
+            self.cg = cgroup.Cgroup(lim.processes, SERVER_OVERHEAD, None) if cgroup.pids_available() else None
+        except cgroup.CgroupError as e:
+            self.kill()
+            raise SandboxError(str(e)) from e
         prefix = self.cg.join_prefix() if self.cg else []
         if self.isolated:  # the server's source is placed inside as a read-only file
             command = [sys.executable, f"{SERVER_DIR}/server.py", self._config()]
             files = {f"{SERVER_DIR}/{Path(m.__file__).name}": Path(m.__file__).read_bytes() for m in (server, protocol)}
-            spec = bwrap.Spec(lim, Path(self.ws), ".", None, seccomp=seccomp.program(), files=files, as_pid_1=True,
-                              **probe.bwrap_spec_flags())
+            spec = bwrap.Spec(lim, Path(self.ws), ".", self.env, seccomp=seccomp.program(), files=files,
+                              as_pid_1=True, **probe.bwrap_spec_flags())
             prep = bwrap.prepare(probe.find_bwrap(), spec, command)
             argv, fds, env, cwd, status_fd = prefix + prep.argv, tuple(prep.fds), HOST_ENV, "/", prep.status_fd
         else:
             prep = None
             command = [sys.executable, server.__file__, self._config()]
-            env = {**bwrap.default_env(), "HOME": self.ws}
+            env = {**bwrap.default_env(), "HOME": self.ws, **self.env}
             argv, fds, cwd, status_fd = prefix + command, (), self.ws, None
         try:
             self.proc = self._spawn(lambda: subprocess.Popen(
@@ -191,7 +197,7 @@ class Worker:
         with self._lock:
             self._stop()
             if self.dir is not None:
-                shutil.rmtree(self.dir, onerror=workspace._onerror)
+                workspace.remove_tree(self.dir)
                 self.dir = None
 
     def restart(self) -> None:

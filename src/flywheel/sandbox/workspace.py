@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 
 
 def _onerror(func, path, exc_info):
@@ -29,13 +30,23 @@ def _onerror(func, path, exc_info):
 def _remove(path: str) -> None:
     st = os.lstat(path)
     if stat.S_ISDIR(st.st_mode):
-        try:
-            os.chmod(path, 0o700)
-        except OSError:
-            pass
-        shutil.rmtree(path, onerror=_onerror)
+        remove_tree(path)
     else:
         os.unlink(path)
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """rmtree that survives what sandboxed code can build: directories chmod-ed to 000 and trees
+    deeper than Python's recursion limit (then `rm -rf`, which walks iteratively, finishes it)."""
+    try:
+        os.chmod(path, 0o700)
+        shutil.rmtree(path, onerror=_onerror)
+    except FileNotFoundError:
+        return
+    except (OSError, RecursionError):
+        pass
+    if os.path.lexists(path):
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", os.fspath(path)], capture_output=True, timeout=300)
 
 
 def clear(path: str | os.PathLike) -> None:
