@@ -219,3 +219,18 @@ def test_git_repository_at_a_commit(tmp_path):
         assert "def triangle" in (Path(d) / "shapes/area.py").read_text()
     rows = [json.loads(json.dumps(i.row())) for i in instances]
     assert all(r["bug_patch"] and r["FAIL_TO_PASS"] for r in rows)
+
+
+def test_crlf_files_and_odd_line_separators_survive(tmp_path):
+    """Offsets, diffs and patches split lines as Python and diff do (not str.splitlines)."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "lib.py").write_bytes('def f(x):\r\n    """doc\x0c"""\r\n    s = "\u2028"\r\n    return x + 1\r\n'.encode())
+    (tmp_path / "tests/test_lib.py").write_text("from lib import f\n\n\ndef test_f():\n    assert f(1) == 2\n")
+    instances, report = synthesize(str(tmp_path), max_n=10)
+    assert report.kept == 3 and report.no_failure == 1  # `s = ...` is dead code
+    for inst in instances:
+        work = tmp_path.parent / f"{tmp_path.name}-{inst.instance_id}"
+        materialize(inst, work)
+        assert b"\r\n" in (work / "lib.py").read_bytes()
+        apply_patch(work, inst.patch)
+        assert fingerprint(work) == inst.base_commit

@@ -1,4 +1,4 @@
-"""`flywheel env list|show|try`: inspect environments and play a few episodes."""
+"""`flywheel env list|show|try|synth-bugs`: inspect environments, play a few episodes, make code_repair tasks."""
 
 from __future__ import annotations
 
@@ -95,12 +95,19 @@ def synth_bugs(repo: str = typer.Argument(..., help="a folder or git repository 
                rev: str = typer.Option(None, help="commit of a git repository (default HEAD)"),
                unsafe: bool = typer.Option(False, "--unsafe",
                                            help="run tests without bubblewrap (weaker isolation)")) -> None:
-    """Make code_repair tasks by mutating REPO's functions and keeping mutants its tests catch."""
+    """Make code_repair tasks by mutating REPO's functions and keeping mutants its tests catch.
+
+    REPO works when its tests are test_*.py files of plain test functions (no fixtures) run from its root.
+    """
     with user_errors():
         from flywheel.envs.code_repair import write_instances
         from flywheel.envs.synth_bugs import synthesize
+        from flywheel.sandbox import SandboxError
 
-        instances, report = synthesize(repo, max_n=max_, seed=seed, rev=rev, unsafe=True if unsafe else None)
+        try:
+            instances, report = synthesize(repo, max_n=max_, seed=seed, rev=rev, unsafe=True if unsafe else None)
+        except SandboxError as e:
+            raise ValueError(f"sandbox: {e}") from None
         if not instances:
             raise ValueError(f"{repo}: none of the {report.tried} mutants tried broke a test")
         write_instances(out, instances)

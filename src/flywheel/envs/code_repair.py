@@ -135,7 +135,7 @@ def read_instances(path: str | Path) -> list[Instance]:
     if not path.is_file():
         raise CodeRepairError(f"instances file {path} not found")
     out, seen = [], {}
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(path.read_text().split("\n"), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -272,6 +272,13 @@ def materialize(inst: Instance, dest: Path) -> None:
             raise CodeRepairError(f"{inst.instance_id}: bug_patch: {e}") from None
 
 
+def split_lines(text: str, python: bool = False) -> list[str]:
+    """Lines with their endings, as diff, patch and git count them (split after each \\n only), or with
+    python=True as Python's tokenizer does (\\r\\n, \\r, \\n). Never str.splitlines, which also splits
+    at \\f, \\x1c, \\u2028 and others."""
+    return io.StringIO(text, newline="" if python else "\n").readlines()
+
+
 @dataclass
 class FilePatch:
     old: str | None  # None: the file is created
@@ -297,7 +304,7 @@ def _patch_path(raw: str) -> str | None:
 
 def parse_patch(text: str) -> list[FilePatch]:
     """Unified diff (git or diff -u style, a/ b/ prefixes or none) -> file patches."""
-    lines, files, i = text.splitlines(keepends=True), [], 0
+    lines, files, i = split_lines(text), [], 0
     while i < len(lines):
         line = lines[i]
         if line.startswith(("Binary files", "GIT binary patch")):
@@ -343,7 +350,7 @@ def parse_patch(text: str) -> list[FilePatch]:
 
 
 def _apply_hunks(path: str, text: str, hunks) -> str:
-    lines, out, pos, offset = text.splitlines(keepends=True), [], 0, 0
+    lines, out, pos, offset = split_lines(text), [], 0, 0
     for n, (o_start, o_len, body) in enumerate(hunks, 1):
         old = [t for tag, t in body if tag != "+"]
         new = [t for tag, t in body if tag != "-"]
@@ -395,7 +402,7 @@ def apply_patch(root: Path, patch: str) -> list[str]:
 
 def make_diff(rel: str, old: str | None, new: str | None, context: int = 3) -> str:
     """git-style unified diff of one file (old/new None: created/deleted), `patch -p1`-able."""
-    a, b = (old or "").splitlines(keepends=True), (new or "").splitlines(keepends=True)
+    a, b = split_lines(old or ""), split_lines(new or "")
     if a == b and (old is None) == (new is None):
         return ""
     head = f"diff --git a/{rel} b/{rel}\n"
@@ -620,7 +627,7 @@ class RepoTools:
         data = full.read_bytes()
         if b"\0" in data[:8192]:
             raise ToolError("bad_arguments", f"read_file: {path!r} is a binary file")
-        lines = data.decode("utf-8", errors="replace").splitlines()
+        lines = [ln.rstrip("\r\n") for ln in split_lines(data.decode("utf-8", errors="replace"))]
         if start_line < 1 or (lines and start_line > len(lines)) or (end_line is not None and end_line < start_line):
             raise ToolError("bad_arguments", f"read_file: bad line range {start_line}-{end_line} "
                                              f"({path!r} has {len(lines)} lines)")

@@ -37,7 +37,8 @@ from pathlib import Path
 
 from flywheel.envs.code_repair import (CORPORA, RUNNER_SOURCE, CodeRepairError, Instance, checkout, copy_tree,
                                        fingerprint, is_git_repo, is_test_path, list_files, make_diff, parse_patch,
-                                       precompile, resolve_repo, run_tests, shared_pool, write_instances)
+                                       precompile, resolve_repo, run_tests, shared_pool, split_lines,
+                                       write_instances)
 
 SYNTH_VERSION = 1  # bump when the mutations change: cached instance sets are keyed on it
 _SKIP = r"(?:\s|\\\n|[()]|#[^\n]*)*"  # what may sit between an operand and its operator
@@ -71,9 +72,9 @@ class _Finder:
     def __init__(self, path: str, text: str):
         self.path, self.text, self.out = path, text, []
         self.line_starts = [0]
-        for line in text.splitlines(keepends=True):
+        self.lines = split_lines(text, python=True)
+        for line in self.lines:
             self.line_starts.append(self.line_starts[-1] + len(line))
-        self.lines = text.splitlines(keepends=True)
 
     def offset(self, lineno: int, col: int) -> int:  # (1-based line, UTF-8 byte column) -> character offset
         return self.line_starts[lineno - 1] + len(self.lines[lineno - 1].encode()[:col].decode(errors="ignore"))
@@ -157,7 +158,7 @@ def find_mutations(root: Path) -> list[Mutation]:
     for rel, path in sorted(list_files(root).items()):
         if not rel.endswith(".py") or is_test_path(rel) or path.is_symlink():
             continue
-        text = path.read_text(encoding="utf-8", errors="surrogateescape")
+        text = path.read_bytes().decode("utf-8", errors="surrogateescape")  # line endings kept as they are
         try:
             tree = ast.parse(text)
         except SyntaxError:
@@ -277,13 +278,13 @@ def synthesize(repo: str, max_n: int = 100, seed: int = 0, rev: str | None = Non
         def attempt(job):
             m, wdir = job
             f = wdir / m.path
-            text = f.read_text(encoding="utf-8", errors="surrogateescape")
-            f.write_text(m.apply(text), encoding="utf-8", errors="surrogateescape")
+            text = f.read_bytes().decode("utf-8", errors="surrogateescape")
+            f.write_bytes(m.apply(text).encode("utf-8", errors="surrogateescape"))
             try:
                 return m, text, run_tests(wdir, passing, pool, per_test_s=per_test_s, stop_on_timeout=True,
                                           timeout_s=60.0)
             finally:
-                f.write_text(text, encoding="utf-8", errors="surrogateescape")
+                f.write_bytes(text.encode("utf-8", errors="surrogateescape"))
 
         out, kinds = [], Counter()
         with ThreadPoolExecutor(workers) as ex:
