@@ -19,13 +19,20 @@ REPO = Path(__file__).resolve().parents[2]  # the project's own checkout: must b
 REASON = unavailable_reason()
 FAST = Limits(wall_s=3.0, cpu_s=3, memory_mb=512)
 
+# When the interpreter or the checkout lives under /tmp (a CI clone, say), the sandbox's private
+# /tmp holds the empty directories its read-only mounts of them hang from: not left-overs.
+MOUNT_SKELETON = sorted({Path(p).resolve().relative_to("/tmp").parts[0]
+                         for p in (sys.prefix, sys.base_prefix, REPO)
+                         if Path(p).resolve().is_relative_to("/tmp") and Path(p).resolve() != Path("/tmp")})
+
 # code that inspects the sandbox after an attack: prints "clean" when nothing is left behind
 PROBE = r"""
 import os
+SKELETON = set(%r)
 others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) not in (1, os.getpid(), os.getppid())]
-tmp = os.listdir('/tmp'); shm = os.listdir('/dev/shm'); ws = os.listdir('.')
+tmp = [e for e in os.listdir('/tmp') if e not in SKELETON]; shm = os.listdir('/dev/shm'); ws = os.listdir('.')
 print('clean' if not (others or tmp or shm or ws) else f'DIRTY others={others} tmp={tmp} shm={shm} ws={ws}')
-"""
+""" % (MOUNT_SKELETON,)
 
 
 def _ppid_map() -> dict[int, int]:

@@ -48,9 +48,13 @@ def test_huge_file_in_pool_then_clean(pool, tmp_path, no_strays):
 
 def _outside_targets() -> list[str]:
     venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
-    return ["/", "/etc", "/usr", "/usr/lib", "/root", str(Path.home()), str(REPO), str(REPO / "src"),
-            venv, sys.base_prefix, "/dev", "/proc", "/proc/sys/kernel", "/sys", "/var", "/home", "/opt",
-            os.path.dirname(str(REPO))]
+    targets = ["/", "/etc", "/usr", "/usr/lib", "/root", str(Path.home()), str(REPO), str(REPO / "src"),
+               venv, sys.base_prefix, "/dev", "/proc", "/proc/sys/kernel", "/sys", "/var", "/home", "/opt",
+               os.path.dirname(str(REPO))]
+    # /tmp is the sandbox's own private tmpfs: a checkout under it (a CI clone) is mounted
+    # read-only deeper down, while its parent directories there are writable and private
+    private = [t for t in targets if t == "/tmp" or t.startswith("/tmp/")]
+    return [t for t in targets if t not in private] + [t for t in (str(REPO / "src"), venv) if t in private]
 
 
 CHECK_WRITES = """
