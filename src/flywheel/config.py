@@ -176,6 +176,7 @@ class RLConfig(Config):
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
     max_off_policy_steps: int = Field(0, ge=0, description="0 = synchronous on-policy")
+    max_skipped_steps: int = Field(5, ge=1, description="stop after this many non-finite updates in a row")
     resume: bool = False
     threads: int | None = Field(None, ge=1)
     device: str = "cpu"

@@ -1,11 +1,14 @@
-"""A rich progress bar for step loops: step/total, loss, tokens/s, elapsed and ETA."""
+"""A rich progress bar for step loops: step/total, a headline metric (loss, reward...),
+tokens/s, elapsed and ETA."""
 
 from __future__ import annotations
 
 
 class StepProgress:
-    def __init__(self, total: int, start: int = 0, enabled: bool = True, description: str = "train"):
+    def __init__(self, total: int, start: int = 0, enabled: bool = True, description: str = "train",
+                 metric: str = "loss"):
         self.total, self.start, self.enabled, self.description = total, start, enabled, description
+        self.metric = metric
         self._progress = self._task = None
 
     def __enter__(self) -> "StepProgress":
@@ -15,7 +18,7 @@ class StepProgress:
 
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]} tok/s"),
+                TextColumn(self.metric + " {task.fields[loss]}"), TextColumn("{task.fields[speed]} tok/s"),
                 TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
             self._progress.__enter__()
             self._task = self._progress.add_task(self.description, total=self.total, completed=self.start,

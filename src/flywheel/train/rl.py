@@ -115,7 +115,8 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
     if step == 0:
         run_eval()
     skipped_in_row = 0
-    with StepProgress(cfg.train.steps, start=step, enabled=cfg.log.progress, description="rl") as progress:
+    with StepProgress(cfg.train.steps, start=step, enabled=cfg.log.progress, description="rl",
+                      metric="reward") as progress:
         while step < cfg.train.steps:
             t0 = time.perf_counter()
             batch = [tasks[i] for i in order.take(cfg.train.groups_per_step)]
@@ -124,21 +125,23 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
             m = rl_step(model, opt, groups, algo, tokenizer.pad_token_id, ref_model)
             t2 = time.perf_counter()
             skipped_in_row = skipped_in_row + 1 if m.get("skipped") and m.get("groups", 1) else 0
-            if skipped_in_row >= 5:
-                raise TrainError(f"step {step + 1}: 5 updates in a row had a non-finite loss or gradient")
+            if skipped_in_row >= cfg.max_skipped_steps:
+                raise TrainError(f"step {step + 1}: {skipped_in_row} updates in a row had a non-finite loss or "
+                                 "gradient; stopping (see metrics.jsonl)")
             step += 1
             with torch.no_grad():
                 engine.update_weights({n: p for n, p in zip(names, model.parameters())}, version=step)
             t3 = time.perf_counter()
             rewards = [t.reward for g in groups for t in g.trajectories]
             samples = len(rewards)
-            record = {**m, "reward_mean": sum(rewards) / samples,
+            tokens = sum(len(t.ids) for g in groups for t in g.trajectories)
+            record = {**m, "reward_mean": sum(rewards) / samples, "tokens_per_s": tokens / (t3 - t0),
                       "reward_std": float(torch.tensor(rewards).std()) if samples > 1 else 0.0,
                       "samples_per_s": samples / (t3 - t0), "time/generate_s": t1 - t0,
                       "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2}
             if step % cfg.log.every == 0 or step == cfg.train.steps:
                 metrics_out.log(step, **record)
-            progress.update(step, loss=record["reward_mean"], tokens_per_s=record.get("trained_tokens", 0) / (t3 - t0))
+            progress.update(step, loss=record["reward_mean"], tokens_per_s=record["tokens_per_s"])
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
                 run_eval()
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.train.steps:
