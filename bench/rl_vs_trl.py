@@ -1,0 +1,116 @@
+"""flywheel GRPO vs TRL's GRPOTrainer on the shared `ab+cd=` task, same run, same warm start.
+
+Protocol (../shared/peers/trl_grpo_cpu): the tiny Qwen2 (hidden 256, 4 layers) after an SFT
+warm start, 8 prompts x 8 generations per step, <= 6 new tokens, temperature 1, 200 held-out
+pairs scored by greedy decoding. TRL runs the peer's own script (scripts/03_grpo.py, 500
+steps at lr 1e-4, its documented settings); its held-out accuracy after 500 steps is the
+target. flywheel runs `flywheel rl` with the same lr and batch shape, evaluating every
+`--eval-every` steps; its time to target is the sum of its step times (generation + update +
+weight sync, evaluations excluded, as TRL's trainer time excludes its own evaluation) up to
+the first evaluation at or above the target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+PEER = common.ROOT.parent / "shared" / "peers" / "trl_grpo_cpu" / "scripts" / "03_grpo.py"
+
+
+def warm_start(steps: int) -> Path:
+    """SFT warm start (constant lr after warm-up, as the peer's 02_sft_warmup.py), cached."""
+    from flywheel.config import SFTConfig, validate
+    from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
+    from flywheel.train.sft import run_sft
+
+    out = common.WORK / f"sft-const-{steps}"
+    if (out / "final" / "config.json").exists():
+        return out / "final"
+    data = write_sft_jsonl(common.WORK / "arithmetic_train.jsonl", split_pairs()[0])
+    run_sft(validate(dict(model=str(common.tiny_model()), output_dir=str(out), resume=True,
+                          data={"train": [str(data)], "format": "prompt_completion"},
+                          train={"steps": steps, "batch_size": 128, "micro_batch_size": 128},
+                          optim={"lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 1.0, "weight_decay": 0.01},
+                          log={"progress": False}), SFTConfig), log=lambda m: None)
+    return out / "final"
+
+
+def run_trl(model: Path, steps: int, lr: float, threads: int) -> dict:
+    base = common.WORK / "trl"
+    shutil.rmtree(base, ignore_errors=True)
+    (base / "logs").mkdir(parents=True)
+    shutil.copytree(model, base / "tiny-model-sft")
+    tag = f"bench_lr{lr:g}"
+    env = {**os.environ, "BASELINE_DIR": str(base), "THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    subprocess.run([sys.executable, str(PEER), "--steps", str(steps), "--lr", str(lr), "--tag", tag],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    return json.loads((base / "logs" / f"03_{tag}_summary.json").read_text())
+
+
+def run_flywheel(model: Path, steps: int, lr: float, eval_every: int, threads: int) -> list[dict]:
+    from flywheel.config import RLConfig, validate
+    from flywheel.train.metrics import read_metrics
+    from flywheel.train.rl import run_rl
+
+    out = common.WORK / "flywheel-rl"
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = validate(dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
+                        train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": 0},
+                        sampling={"temperature": 1.0, "max_tokens": 6},
+                        algo={"advantage": "grpo", "eps_low": 0.2, "eps_high": 0.2},
+                        optim={"lr": lr, "warmup_steps": 0, "min_lr_ratio": 1.0, "weight_decay": 0.0},
+                        eval={"every": eval_every, "tasks": 200, "pass_k": 1}, checkpoint={"every": 0},
+                        log={"progress": False}, threads=threads), RLConfig)
+    run_rl(cfg, log=lambda m: None)
+    return read_metrics(out / "metrics.jsonl")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--eval-every", type=int, default=10)
+    args = ap.parse_args()
+    threads = common.set_threads(args.threads)
+    if not PEER.exists():
+        sys.exit(f"the peer protocol is not at {PEER}")
+    model = warm_start(args.sft_steps)
+    trl = run_trl(model, args.steps, args.lr, threads)  # flywheel's lr is the peer's (1e-4): one TRL run
+    target = trl["heldout_acc_after"]
+    records = run_flywheel(model, args.steps, args.lr, args.eval_every, threads)
+    step_time = {r["step"]: r["time/generate_s"] + r["time/train_s"] + r["time/weight_sync_s"]
+                 for r in records if "time/generate_s" in r}
+    evals = [(r["step"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r]
+    reached = next(((s, a) for s, a in evals if a >= target and s > 0), None)
+    fw_time = sum(t for s, t in step_time.items() if reached and s <= reached[0]) if reached else float("nan")
+    trl_time = trl["trainer_train_wall_s"]
+    fw_sps = 64 * len(step_time) / sum(step_time.values())
+    trl_sps = trl["steps_after_first"]["completions_per_s"]
+    body = "\n".join([
+        f"Machine: {common.machine_line(threads)}. Warm start: {args.sft_steps} SFT steps "
+        f"(held-out greedy {evals[0][1]:.3f} by flywheel's eval, {trl['heldout_acc_before']:.3f} by TRL's script). "
+        f"Both: 8 prompts x 8 generations, <= 6 tokens, lr {args.lr:g}, {args.steps} steps max.", "",
+        "| system | held-out greedy after | wall time | samples/s (steady) |", "|---|---|---|---|",
+        f"| TRL GRPOTrainer (peer script, {args.steps} steps) | {target:.3f} (target) | {trl_time:.1f} s | {trl_sps:.0f} |",
+        f"| flywheel rl (synchronous) | {max(a for _, a in evals):.3f} best, "
+        f"{'reached target at step %d' % reached[0] if reached else 'target not reached'} | "
+        f"{fw_time:.1f} s to target | {fw_sps:.0f} |", "",
+        "flywheel evaluations (step: accuracy): " + ", ".join(f"{s}: {a:.3f}" for s, a in evals)])
+    last = (f"rl_vs_trl: ratio={trl_time / fw_time:.2f} samples_ratio={fw_sps / trl_sps:.2f} target={target:.3f} "
+            f"flywheel_time_to_target_s={fw_time:.1f} trl_time_s={trl_time:.1f} threads={threads}")
+    common.append_report("bench/rl_vs_trl.py: flywheel GRPO vs TRL GRPOTrainer", body, last)
+
+
+if __name__ == "__main__":
+    main()
