@@ -52,7 +52,7 @@ def run_trl(model: Path, steps: int, lr: float, threads: int) -> dict:
     tag = f"bench_lr{lr:g}"
     env = {**os.environ, "BASELINE_DIR": str(base), "THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
     subprocess.run([sys.executable, str(PEER), "--steps", str(steps), "--lr", str(lr), "--tag", tag],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+                   check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads((base / "logs" / f"03_{tag}_summary.json").read_text())
 
 
