@@ -56,7 +56,8 @@ def run_trl(model: Path, steps: int, lr: float, threads: int) -> dict:
     return json.loads((base / "logs" / f"03_{tag}_summary.json").read_text())
 
 
-def run_flywheel(model: Path, steps: int, lr: float, eval_every: int, threads: int) -> list[dict]:
+def run_flywheel(model: Path, steps: int, lr: float, eval_every: int, threads: int,
+                 min_lr_ratio: float) -> list[dict]:
     from flywheel.config import RLConfig, validate
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
@@ -67,7 +68,7 @@ def run_flywheel(model: Path, steps: int, lr: float, eval_every: int, threads: i
                         train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": 0},
                         sampling={"temperature": 1.0, "max_tokens": 6},
                         algo={"advantage": "grpo", "eps_low": 0.2, "eps_high": 0.2},
-                        optim={"lr": lr, "warmup_steps": 0, "min_lr_ratio": 1.0, "weight_decay": 0.0},
+                        optim={"lr": lr, "warmup_steps": 0, "min_lr_ratio": min_lr_ratio, "weight_decay": 0.0},
                         eval={"every": eval_every, "tasks": 200, "pass_k": 1}, checkpoint={"every": 0},
                         log={"progress": False}, threads=threads), RLConfig)
     run_rl(cfg, log=lambda m: None)
@@ -81,6 +82,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.0,
+                    help="flywheel's cosine floor (TRL decays linearly to 0 over its steps)")
     args = ap.parse_args()
     threads = common.set_threads(args.threads)
     if not PEER.exists():
@@ -88,7 +91,7 @@ def main() -> None:
     model = warm_start(args.sft_steps)
     trl = run_trl(model, args.steps, args.lr, threads)  # flywheel's lr is the peer's (1e-4): one TRL run
     target = trl["heldout_acc_after"]
-    records = run_flywheel(model, args.steps, args.lr, args.eval_every, threads)
+    records = run_flywheel(model, args.steps, args.lr, args.eval_every, threads, args.min_lr_ratio)
     step_time = {r["step"]: r["time/generate_s"] + r["time/train_s"] + r["time/weight_sync_s"]
                  for r in records if "time/generate_s" in r}
     evals = [(r["step"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r]
@@ -100,7 +103,8 @@ def main() -> None:
     body = "\n".join([
         f"Machine: {common.machine_line(threads)}. Warm start: {args.sft_steps} SFT steps "
         f"(held-out greedy {evals[0][1]:.3f} by flywheel's eval, {trl['heldout_acc_before']:.3f} by TRL's script). "
-        f"Both: 8 prompts x 8 generations, <= 6 tokens, lr {args.lr:g}, {args.steps} steps max.", "",
+        f"Both: 8 prompts x 8 generations, <= 6 tokens, lr {args.lr:g}, {args.steps} steps max "
+        f"(flywheel: cosine to {args.min_lr_ratio:g} x lr; TRL: linear to 0).", "",
         "| system | held-out greedy after | wall time | samples/s (steady) |", "|---|---|---|---|",
         f"| TRL GRPOTrainer (peer script, {args.steps} steps) | {target:.3f} (target) | {trl_time:.1f} s | {trl_sps:.0f} |",
         f"| flywheel rl (synchronous) | {max(a for _, a in evals):.3f} best, "

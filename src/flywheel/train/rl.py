@@ -87,12 +87,18 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
                             weight_decay=cfg.optim.weight_decay)
+    from flywheel.train.schedule import warmup_cosine
+
+    oc = cfg.optim
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: warmup_cosine(s, oc.warmup_steps, cfg.train.steps, oc.min_lr_ratio))
     tasks = env.tasks("train", seed=cfg.train.seed)
     order = DataOrder(len(tasks), cfg.train.seed)
     step = 0
     if ckpt is not None:
         state = load_state(ckpt)
         opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
         order.load_state_dict(state["data_order"])
         set_rng_state(state["rng"])
         step = state["step"]
@@ -122,7 +128,9 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
             batch = [tasks[i] for i in order.take(cfg.train.groups_per_step)]
             groups = asyncio.run(play_groups(env, batch, cfg.train.group_size, engine, _params(cfg), renderer))
             t1 = time.perf_counter()
+            lr = sched.get_last_lr()[0]
             m = rl_step(model, opt, groups, algo, tokenizer.pad_token_id, ref_model)
+            sched.step()
             t2 = time.perf_counter()
             skipped_in_row = skipped_in_row + 1 if m.get("skipped") and m.get("groups", 1) else 0
             if skipped_in_row >= cfg.max_skipped_steps:
@@ -135,7 +143,7 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
             rewards = [t.reward for g in groups for t in g.trajectories]
             samples = len(rewards)
             tokens = sum(len(t.ids) for g in groups for t in g.trajectories)
-            record = {**m, "reward_mean": sum(rewards) / samples, "tokens_per_s": tokens / (t3 - t0),
+            record = {**m, "reward_mean": sum(rewards) / samples, "tokens_per_s": tokens / (t3 - t0), "lr": lr,
                       "reward_std": float(torch.tensor(rewards).std()) if samples > 1 else 0.0,
                       "samples_per_s": samples / (t3 - t0), "time/generate_s": t1 - t0,
                       "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2}
@@ -146,11 +154,11 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
                 run_eval()
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.train.steps:
                 save_checkpoint(out, step, model, tokenizer, {"step": step, "optimizer": opt.state_dict(),
-                                "data_order": order.state_dict(), "rng": rng_state(),
+                                "scheduler": sched.state_dict(), "data_order": order.state_dict(), "rng": rng_state(),
                                 "config": cfg.model_dump()}, keep=cfg.checkpoint.keep)
     run_eval()
     save_checkpoint(out, step, model, tokenizer, {"step": step, "optimizer": opt.state_dict(),
-                    "data_order": order.state_dict(), "rng": rng_state(), "config": cfg.model_dump()},
+                    "scheduler": sched.state_dict(), "data_order": order.state_dict(), "rng": rng_state(), "config": cfg.model_dump()},
                     keep=cfg.checkpoint.keep)
     final = out / "final"
     save_model_folder(model, tokenizer, final)
