@@ -18,15 +18,14 @@ import torch
 
 from flywheel.config import DPOConfig
 from flywheel.train.batching import DataOrder, pad_batch
-from flywheel.train.checkpoint import latest_checkpoint, list_checkpoints, load_state, rng_state, save_checkpoint, \
-    save_model_folder, set_rng_state
+from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.dpo_data import load_pairs
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_losses import dpo_loss
 from flywheel.train.rl_step import token_logprobs
 from flywheel.train.schedule import warmup_cosine
-from flywheel.train.sft import TrainError, _seed_everything
+from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
 
 
 @dataclass
@@ -50,13 +49,8 @@ def sequence_logprobs(model, pairs, pad_id: int, device) -> tuple[torch.Tensor, 
 def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
     from flywheel.models import load
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    _seed_everything(cfg.train.seed)
     out = Path(cfg.output_dir)
-    ckpt = latest_checkpoint(out) if cfg.resume else None
-    if not cfg.resume and list_checkpoints(out):
-        raise TrainError(f"{out} already holds checkpoints; pass resume=true or choose another output_dir")
+    ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
     model, tokenizer = load(ckpt or cfg.model, device=cfg.device)
     reference, _ = load(cfg.model, device=cfg.device)
     reference.requires_grad_(False)
@@ -70,13 +64,7 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
     order = DataOrder(len(pairs), cfg.train.seed)
     step = 0
     if ckpt is not None:
-        state = load_state(ckpt)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        order.load_state_dict(state["data_order"])
-        set_rng_state(state["rng"])
-        step = state["step"]
-        log(f"resumed from {ckpt} (step {step})")
+        step = restore_trainer_state(ckpt, opt, sched, order, log)
     metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
     pad = tokenizer.pad_token_id
     last: dict = {}
@@ -89,9 +77,8 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
             return dpo_loss(pc, pr, rc, rr, beta=cfg.beta, loss_type=cfg.loss_type)
 
     def checkpoint():
-        save_checkpoint(out, step, model, tokenizer, {"step": step, "optimizer": opt.state_dict(),
-                        "scheduler": sched.state_dict(), "data_order": order.state_dict(), "rng": rng_state(),
-                        "config": cfg.model_dump()}, keep=cfg.checkpoint.keep)
+        save_checkpoint(out, step, model, tokenizer, trainer_state(step, opt, sched, order, cfg),
+                        keep=cfg.checkpoint.keep)
 
     with StepProgress(total, start=step, enabled=cfg.log.progress, description="dpo") as progress:
         while step < total:

@@ -24,12 +24,12 @@ import torch
 
 from flywheel.config import RLConfig
 from flywheel.train.batching import DataOrder
-from flywheel.train.checkpoint import latest_checkpoint, list_checkpoints, load_state, rng_state, save_checkpoint, \
-    save_model_folder, set_rng_state
+from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import RLStepConfig, rl_step
-from flywheel.train.sft import TrainError, _seed_everything
+from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.train.schedule import warmup_cosine
 
 
 @dataclass
@@ -71,13 +71,8 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
 
     if cfg.max_off_policy_steps > 0:
         raise TrainError("max_off_policy_steps > 0 (asynchronous rollouts) is not available yet; use 0")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    _seed_everything(cfg.train.seed)
     out = Path(cfg.output_dir)
-    ckpt = latest_checkpoint(out) if cfg.resume else None
-    if not cfg.resume and list_checkpoints(out):
-        raise TrainError(f"{out} already holds checkpoints; pass resume=true or choose another output_dir")
+    ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
     env = load_env(cfg.env.name, **cfg.env.settings)
     model, tokenizer = load(ckpt or cfg.model, device=cfg.device)
     ref_model = None
@@ -85,25 +80,15 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
         ref_model, _ = load(cfg.model, device=cfg.device)
     engine = LocalEngine(copy.deepcopy(model), tokenizer, seed=cfg.train.seed)
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
-                            weight_decay=cfg.optim.weight_decay)
-    from flywheel.train.schedule import warmup_cosine
-
     oc = cfg.optim
+    opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: warmup_cosine(s, oc.warmup_steps, cfg.train.steps, oc.min_lr_ratio))
     tasks = env.tasks("train", seed=cfg.train.seed)
     order = DataOrder(len(tasks), cfg.train.seed)
     step = 0
     if ckpt is not None:
-        state = load_state(ckpt)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        order.load_state_dict(state["data_order"])
-        set_rng_state(state["rng"])
-        step = state["step"]
-        engine.version = step
-        log(f"resumed from {ckpt} (step {step})")
+        step = engine.version = restore_trainer_state(ckpt, opt, sched, order, log)
     algo = RLStepConfig(advantage=cfg.algo.advantage, eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high,
                         aggregation=cfg.algo.aggregation, max_tokens=cfg.sampling.max_tokens,
                         dynamic_sampling=cfg.algo.dynamic_sampling, is_cap=cfg.algo.is_cap,
@@ -153,12 +138,10 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
                 run_eval()
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.train.steps:
-                save_checkpoint(out, step, model, tokenizer, {"step": step, "optimizer": opt.state_dict(),
-                                "scheduler": sched.state_dict(), "data_order": order.state_dict(), "rng": rng_state(),
-                                "config": cfg.model_dump()}, keep=cfg.checkpoint.keep)
+                save_checkpoint(out, step, model, tokenizer, trainer_state(step, opt, sched, order, cfg),
+                                keep=cfg.checkpoint.keep)
     run_eval()
-    save_checkpoint(out, step, model, tokenizer, {"step": step, "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(), "data_order": order.state_dict(), "rng": rng_state(), "config": cfg.model_dump()},
+    save_checkpoint(out, step, model, tokenizer, trainer_state(step, opt, sched, order, cfg),
                     keep=cfg.checkpoint.keep)
     final = out / "final"
     save_model_folder(model, tokenizer, final)

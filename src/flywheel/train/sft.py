@@ -29,18 +29,15 @@ import torch
 
 from flywheel.config import SFTConfig
 from flywheel.train.batching import DataOrder, pad_batch
-from flywheel.train.checkpoint import (latest_checkpoint, list_checkpoints, load_state, rng_state,
-                                       save_checkpoint, save_model_folder, set_rng_state)
+from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.losses import sft_loss
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
+from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.train.schedule import warmup_cosine
 from flywheel.train.sft_data import Example, load_sft_examples
 
 Evaluator = Callable[[object, object], dict]
-
-
-class TrainError(RuntimeError):
-    """A training run cannot start or continue; the message says why."""
 
 
 @dataclass
@@ -55,16 +52,8 @@ class SFTResult:
 def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[str], None] = print) -> SFTResult:
     from flywheel.models import load
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    _seed_everything(cfg.train.seed)
     out = Path(cfg.output_dir)
-    ckpt = latest_checkpoint(out) if cfg.resume else None
-    if not cfg.resume and list_checkpoints(out):
-        raise TrainError(f"{out} already holds checkpoints of an earlier run; pass resume=true to "
-                         "continue it, or choose another output_dir")
-    if cfg.resume and ckpt is None:
-        log(f"resume=true but {out} has no complete checkpoint: starting from step 0")
+    ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
     model, tokenizer = load(ckpt or cfg.model, dtype=cfg.dtype, device=cfg.device)
     model.train()
     evaluator = evaluator or _import_evaluator(cfg.eval.evaluator)
@@ -90,30 +79,21 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
 
     # ---- optimizer, schedule, data order
     optimizer = _adamw(model, cfg)
-    from flywheel.train.schedule import warmup_cosine
-
     oc = cfg.optim
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: warmup_cosine(s, oc.warmup_steps, total_steps, oc.min_lr_ratio))
     order = DataOrder(len(examples), tc.seed)
     step, resumed_from = 0, None
     if ckpt is not None:
-        state = load_state(ckpt)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        order.load_state_dict(state["data_order"])
-        set_rng_state(state["rng"])
-        step = resumed_from = state["step"]
-        log(f"resumed from {ckpt} (step {step})")
+        step = resumed_from = restore_trainer_state(ckpt, optimizer, scheduler, order, log)
 
     metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
     pad_id = tokenizer.pad_token_id
     last: dict = {}
 
     def checkpoint() -> None:
-        state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                 "data_order": order.state_dict(), "rng": rng_state(), "config": cfg.model_dump()}
-        save_checkpoint(out, step, model, tokenizer, state, keep=cfg.checkpoint.keep)
+        save_checkpoint(out, step, model, tokenizer, trainer_state(step, optimizer, scheduler, order, cfg),
+                        keep=cfg.checkpoint.keep)
 
     def evaluate() -> None:
         record = {}
@@ -210,14 +190,6 @@ def _split(examples: list[Example], fraction: float, seed: int) -> tuple[list[Ex
     n_val = max(1, int(len(examples) * fraction))
     val = set(idx[:n_val])
     return [e for i, e in enumerate(examples) if i not in val], [examples[i] for i in sorted(val)]
-
-
-def _seed_everything(seed: int) -> None:
-    import numpy as np
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def _import_evaluator(spec: str | None) -> Evaluator | None:
