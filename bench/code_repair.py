@@ -108,11 +108,8 @@ def main() -> None:
             f"ratio_vs_lean_pytest={ours / lean:.1f} "
             f"runner_per_s={rows['runner only (sandboxed)'][0]:.1f} concurrent_per_s={conc:.1f} "
             f"threads={args.threads} tests_per_verification={n_tests:.0f}")
-    if args.no_report:
-        print("\n".join(body))
-        print(last)
-    else:
-        common.append_report("code_repair verification rate (grader vs cold pytest)", "\n".join(body), last)
+    common.append_report("code_repair verification rate (grader vs cold pytest)", "\n".join(body), last,
+                         write=not args.no_report)
 
 
 def _plugins() -> str:

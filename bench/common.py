@@ -87,8 +87,13 @@ def machine_line(threads: int) -> str:
             f"transformers {transformers.__version__}, {threads} threads")
 
 
-def append_report(title: str, body: str, last_line: str) -> None:
-    """Append a dated section with the command line to docs/benchmarks.md, print the last line."""
+def append_report(title: str, body: str, last_line: str, write: bool = True) -> None:
+    """Print the body and the last line; with `write`, also append them as a dated section with
+    the command line to docs/benchmarks.md (development runs pass write=False)."""
+    if not write:
+        print(body)
+        print(last_line)
+        return
     cmd = "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]])
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     section = f"\n## {title} ({stamp})\n\nCommand: `{cmd}`\n\n{body.strip()}\n\n`{last_line}`\n"

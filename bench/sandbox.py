@@ -103,12 +103,8 @@ def main() -> None:
     last = (f"sandbox: warm_p50_ms={ms['warm'][0]:.2f} ratio={statistics.median(ratios):.2f} "
             f"warm_p99_ms={ms['warm'][1]:.2f} cold_p50_ms={ms['cold'][0]:.2f} cold_p99_ms={ms['cold'][1]:.2f} "
             f"plain_p50_ms={ms['plain'][0]:.2f} threads=1")
-    if args.no_report:
-        print("\n".join(lines))
-        print(last)
-    else:
-        common.append_report("bench/sandbox.py: sandboxed print(1+1), cold and warm vs plain subprocess",
-                             "\n".join(lines), last)
+    common.append_report("bench/sandbox.py: sandboxed print(1+1), cold and warm vs plain subprocess",
+                         "\n".join(lines), last, write=not args.no_report)
 
 
 if __name__ == "__main__":
