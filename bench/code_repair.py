@@ -37,8 +37,10 @@ def main() -> None:
     ap.add_argument("--peer-instances", type=int, default=5, help="instances per repeat for the (slow) pytest rows")
     ap.add_argument("--no-report", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = ap.parse_args()
-    from flywheel.envs.code_repair import (CodeRepairEnvironment, apply_patch, copy_tree, grade, read_instances,
-                                           run_tests, shared_pool)
+    from flywheel.envs.code_repair import CodeRepairEnvironment
+    from flywheel.envs.grading import grade, run_tests, shared_pool
+    from flywheel.envs.patches import apply_patch
+    from flywheel.envs.repo import copy_tree, read_instances
     from flywheel.envs.synth_bugs import cached_corpus_instances
 
     instances = read_instances(cached_corpus_instances("minilib", cache_dir=common.WORK / "cache"))[:args.instances]

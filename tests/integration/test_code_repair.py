@@ -12,9 +12,11 @@ from typer.testing import CliRunner
 
 from flywheel.cli.main import app as cli
 from flywheel.envs.base import Policy
-from flywheel.envs.code_repair import (CORPORA, CodeRepairError, Instance, PatchError, RepoTools, apply_patch,
-                                       copy_tree, edits_from_patch, grade, load, make_diff, read_instances,
-                                       write_instances)
+from flywheel.envs.code_repair import edits_from_patch, load, RepoTools
+from flywheel.envs.grading import grade
+from flywheel.envs.patches import apply_patch, make_diff
+from flywheel.envs.repo import (CodeRepairError, copy_tree, CORPORA, Instance, PatchError, read_instances,
+                                write_instances)
 from flywheel.envs.runner import play_many
 from flywheel.envs.synth_bugs import synthesize
 

@@ -14,8 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from flywheel.cli.main import app as cli
-from flywheel.envs.code_repair import (CORPORA, CodeRepairError, apply_patch, checkout, fingerprint, grade, load,
-                                       materialize, parse_patch, read_instances)
+from flywheel.envs.code_repair import load
+from flywheel.envs.grading import grade
+from flywheel.envs.patches import apply_patch, materialize, parse_patch
+from flywheel.envs.repo import checkout, CodeRepairError, CORPORA, fingerprint, read_instances
 from flywheel.envs.runner import play_many
 from flywheel.envs.synth_bugs import find_mutations, synthesize
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import textwrap
 import threading
 import time
 from typing import Literal, Optional

@@ -100,7 +100,7 @@ def synth_bugs(repo: str = typer.Argument(..., help="a folder or git repository 
     REPO works when its tests are test_*.py files of plain test functions (no fixtures) run from its root.
     """
     with user_errors():
-        from flywheel.envs.code_repair import write_instances
+        from flywheel.envs.repo import write_instances
         from flywheel.envs.synth_bugs import synthesize
         from flywheel.sandbox import SandboxError
 

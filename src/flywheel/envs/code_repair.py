@@ -43,10 +43,6 @@ from flywheel.envs.tool_env import ToolEnv, ToolLimits
 from flywheel.envs.tools import EpisodeFinished, Tool, ToolError
 from flywheel.types import Task
 
-# re-exported for callers of the code_repair API (synth-bugs, tests, benches)
-from flywheel.envs.grading import run_tests  # noqa: F401
-from flywheel.envs.patches import apply_patch, make_diff  # noqa: F401
-from flywheel.envs.repo import CORPORA, PatchError, RUNNER_SOURCE, checkout, fingerprint, is_git_repo, is_test_path, list_files, resolve_repo, write_instances  # noqa: F401
 
 class RepoTools:
     """The agent's tools on one workspace; paths are relative to the repository root."""

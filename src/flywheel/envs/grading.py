@@ -4,8 +4,6 @@ against an instance (fresh base + the agent's non-test changes + test_patch)."""
 from __future__ import annotations
 
 import atexit
-import importlib.util
-import io
 import json
 import os
 import shutil

@@ -35,10 +35,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.envs.code_repair import (CORPORA, RUNNER_SOURCE, CodeRepairError, Instance, checkout, copy_tree,
-                                       fingerprint, is_git_repo, is_test_path, list_files, make_diff, parse_patch,
-                                       precompile, resolve_repo, run_tests, shared_pool, split_lines,
-                                       write_instances)
+from flywheel.envs.grading import run_tests, shared_pool
+from flywheel.envs.patches import make_diff, parse_patch, split_lines
+from flywheel.envs.repo import (checkout, CodeRepairError, copy_tree, CORPORA, fingerprint, Instance,
+                                is_git_repo, is_test_path, list_files, precompile, resolve_repo,
+                                RUNNER_SOURCE, write_instances)
 
 SYNTH_VERSION = 1  # bump when the mutations change: cached instance sets are keyed on it
 _SKIP = r"(?:\s|\\\n|[()]|#[^\n]*)*"  # what may sit between an operand and its operator

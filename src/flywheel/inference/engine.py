@@ -162,7 +162,6 @@ class LocalEngine:
         cache = self.runner.new_cache(R, P + T_new)
         logits = self.runner.forward(tokens_U_P, positions_U_P, cache, key_valid_U_P, causal=True,
                                      cache_rows=row_uniq).index_select(0, row_uniq)
-        pos_next = lens_U.index_select(0, row_uniq)  # position of the next token fed in
         key_valid = key_valid_U_P.index_select(0, row_uniq) if padded else None
 
         out_tok = torch.zeros(R, T_new, dtype=torch.long, device=dev)

@@ -22,7 +22,7 @@ from pathlib import Path
 from flywheel.models.loading import quiet_transformers
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-PAD, BOS_EOS_DOC, IM_START, IM_END = "<|endoftext|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 N_BYTES = 256
 
 
