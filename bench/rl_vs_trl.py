@@ -92,8 +92,7 @@ def main() -> None:
     trl = run_trl(model, args.steps, args.lr, threads)  # flywheel's lr is the peer's (1e-4): one TRL run
     target = trl["heldout_acc_after"]
     records = run_flywheel(model, args.steps, args.lr, args.eval_every, threads, args.min_lr_ratio)
-    step_time = {r["step"]: r["time/generate_s"] + r["time/train_s"] + r["time/weight_sync_s"]
-                 for r in records if "time/generate_s" in r}
+    step_time = {r["step"]: r["time/step_s"] for r in records if "time/step_s" in r}
     evals = [(r["step"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r]
     reached = next(((s, a) for s, a in evals if a >= target and s > 0), None)
     fw_time = sum(t for s, t in step_time.items() if reached and s <= reached[0]) if reached else float("nan")

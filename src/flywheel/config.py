@@ -164,6 +164,16 @@ class RLEvalConfig(Config):
     pass_k: int = Field(1, ge=1, description="also report pass@k with k samples at the sampling temperature")
 
 
+class RolloutConfig(Config):
+    workers: int | None = Field(None, ge=0, description=(
+        "rollout worker processes; 0 = generate in the learner's process (synchronous only); "
+        "default: 1 when max_off_policy_steps > 0, else 0"))
+    threads: int | None = Field(None, ge=1, description=(
+        "torch threads per worker; default 1 when asynchronous (small-batch decoding is bound by "
+        "op dispatch, not arithmetic), else the learner's"))
+    max_restarts: int = Field(3, ge=0, description="crashed workers restarted before the run stops")
+
+
 class RLConfig(Config):
     model: str = Field(..., description="local Hugging Face model folder (e.g. an SFT warm start)")
     output_dir: str = "runs/rl"
@@ -175,7 +185,10 @@ class RLConfig(Config):
     eval: RLEvalConfig = RLEvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
-    max_off_policy_steps: int = Field(0, ge=0, description="0 = synchronous on-policy")
+    max_off_policy_steps: int = Field(0, ge=0, description=(
+        "staleness bound k: samples may come from weights up to k versions old (0 = synchronous "
+        "on-policy; 1 = generate step s + 1 while step s trains)"))
+    rollout: RolloutConfig = RolloutConfig()
     max_skipped_steps: int = Field(5, ge=1, description="stop after this many non-finite updates in a row")
     resume: bool = False
     threads: int | None = Field(None, ge=1)

@@ -70,6 +70,7 @@ class TrajectoryGroup:
     task_id: str
     trajectories: list[Trajectory]
     advantages: list[float] = field(default_factory=list)
+    task_index: int = -1  # the task's position in its split, when the rollout feeder knows it
 
     @property
     def oldest_version(self) -> int:

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, deque
+from typing import Callable
 
 from flywheel.types import TrajectoryGroup
 
 
 class VersionedBuffer:
-    def __init__(self, max_off_policy_steps: int):
+    def __init__(self, max_off_policy_steps: int, on_drop: Callable[[TrajectoryGroup], None] | None = None):
+        """on_drop(group) is called (under the buffer's lock) for every group dropped as stale."""
         if max_off_policy_steps < 0:
             raise ValueError(f"max_off_policy_steps must be >= 0, got {max_off_policy_steps}")
         self.k = max_off_policy_steps
+        self.on_drop = on_drop
         self._groups: deque[TrajectoryGroup] = deque()
         self._cond = threading.Condition()
         self.dropped_groups = 0
@@ -46,6 +49,8 @@ class VersionedBuffer:
                     if staleness > self.k:
                         self.dropped_groups += 1
                         self.dropped_trajectories += len(group.trajectories)
+                        if self.on_drop is not None:
+                            self.on_drop(group)
                         continue
                     self.staleness[max(0, staleness)] += 1
                     out.append(group)

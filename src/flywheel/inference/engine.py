@@ -48,6 +48,7 @@ class LocalEngine:
         self.generator.manual_seed(seed if seed is not None else torch.initial_seed() % (1 << 62))
         self._lock = threading.Lock()
         self._params = dict(model.named_parameters(remove_duplicate=False))
+        self._unique_params = dict(model.named_parameters())  # tied weights once: what a learner publishes
 
     @classmethod
     def from_path(cls, path: str, dtype: str = "float32", device: str = "cpu", **kw) -> "LocalEngine":
@@ -80,6 +81,19 @@ class LocalEngine:
             if hasattr(self.runner, "refresh"):
                 self.runner.refresh()  # packed kernel weights are copies
             self.version = int(version)
+
+    def receive(self, transport) -> bool:
+        """Load `transport`'s newest weights (a flywheel.weights.WeightTransport) when they are
+        newer than ours; True if they were. The copy happens under the lock, so a concurrent
+        `generate` sees the old weights or the new ones, never a mix."""
+        if transport.version() <= self.version:
+            return False
+        with self._lock, torch.no_grad():
+            version = transport.read_into(self._unique_params)
+            if hasattr(self.runner, "refresh"):
+                self.runner.refresh()
+            self.version = int(version)
+        return True
 
     def state_names(self) -> list[str]:
         return list(self._params)

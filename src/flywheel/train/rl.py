@@ -1,21 +1,27 @@
-"""RL recipe (GRPO family), synchronous and in one process for now.
+"""RL recipe (GRPO family): rollouts, learner updates and weight publishing, overlapped.
 
-Each step: take `groups_per_step` training tasks -> play `group_size` episodes on each with
-the LocalEngine (token in, token out; rollout/episodes.py) -> one learner update
-(train/rl_step.py) -> copy the new weights into the engine (version + 1). Held-out greedy
-accuracy and pass@k are measured at the start, every `eval.every` steps and at the end.
-Checkpoints hold the model, optimizer, step (= policy version), RNG and data cursor;
-`resume=true` continues from the newest.
-
-Not yet here (issue 4 continues): rollout workers in their own processes overlapping with
-the learner (`max_off_policy_steps` > 0), the shared-memory weight transport between them.
+Each learner step: take `groups_per_step` trajectory groups fresh enough for the current
+policy version from the feeder (orchestrate/feeder.py) -> one update (train/rl_step.py) ->
+publish the new weights as version + 1. Where the groups come from:
+  - `rollout.workers = 0`: played in this process, right when asked (synchronous, k = 0);
+  - `rollout.workers >= 1`: worker processes (orchestrate/worker.py), each with a LocalEngine,
+    reading weights through a shared-memory transport. With `max_off_policy_steps` k >= 1
+    they generate the next steps while this one trains.
+Held-out greedy accuracy and pass@k are measured at the start, every `eval.every` steps and
+at the end. Checkpoints hold the model, optimizer, scheduler, step (= policy version), RNG,
+data order and the tasks drawn but not yet trained; `resume=true` continues from the newest.
+`rollouts.jsonl` records, per step, the tasks trained, their rewards and staleness.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import os
+import secrets
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -24,12 +30,14 @@ import torch
 
 from flywheel.config import RLConfig
 from flywheel.train.batching import DataOrder
-from flywheel.train.checkpoint import save_checkpoint, save_model_folder
+from flywheel.train.checkpoint import load_state, save_checkpoint, save_model_folder
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import RLStepConfig, rl_step
 from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
 from flywheel.train.schedule import warmup_cosine
+
+SHM_RECORD = "rollout-weights.shm"  # name of the run's shared-memory segment, for cleanup after a kill
 
 
 @dataclass
@@ -63,14 +71,76 @@ def _params(cfg: RLConfig):
     return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens)
 
 
-def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
-    from flywheel.envs import load_env
-    from flywheel.inference import LocalEngine
-    from flywheel.models import ChatRenderer, load
-    from flywheel.rollout.episodes import play_groups
+def _workers(cfg: RLConfig) -> int:
+    k, n = cfg.max_off_policy_steps, cfg.rollout.workers
+    if n is None:
+        return 1 if k > 0 else 0
+    if k > 0 and n == 0:
+        raise TrainError(f"max_off_policy_steps={k} overlaps rollouts with training, which needs rollout "
+                         "worker processes: set rollout.workers >= 1 (or max_off_policy_steps=0)")
+    return n
 
-    if cfg.max_off_policy_steps > 0:
-        raise TrainError("max_off_policy_steps > 0 (asynchronous rollouts) is not available yet; use 0")
+
+def _shared_memory_name(out: Path, log: Callable[[str], None]) -> str:
+    """A fresh segment name for this run, recorded in the output folder; a segment left by a
+    killed earlier run of the same folder is removed first."""
+    from multiprocessing import shared_memory
+
+    record = out / SHM_RECORD
+    if record.exists():
+        old = record.read_text().strip()
+        try:
+            leftover = shared_memory.SharedMemory(name=old)
+            leftover.close()
+            leftover.unlink()
+            log(f"removed shared memory {old} left by an earlier run")
+        except (FileNotFoundError, ValueError):
+            pass
+    name = f"flywheel-{os.getpid()}-{secrets.token_hex(4)}"
+    out.mkdir(parents=True, exist_ok=True)
+    record.write_text(name + "\n")
+    return name
+
+
+def _rollout_source(cfg: RLConfig, model, tokenizer, env, renderer, n_workers: int, ckpt: Path | None,
+                    stack: ExitStack, log: Callable[[str], None]):
+    """The rollout source and the engine used for evaluation."""
+    from flywheel.inference import LocalEngine
+    from flywheel.orchestrate.pool import InProcessRollouts, ProcessRollouts
+    from flywheel.orchestrate.worker import WorkerSpec
+    from flywheel.weights import SharedMemoryTransport
+
+    engine = LocalEngine(copy.deepcopy(model), tokenizer, seed=cfg.train.seed)
+    if n_workers == 0:
+        return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer), engine
+    out = Path(cfg.output_dir)
+    transport = SharedMemoryTransport.create(dict(model.named_parameters()),
+                                             name=_shared_memory_name(out, log))
+    stack.callback(transport.close)
+    stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
+    s = cfg.sampling
+    threads = cfg.rollout.threads or (1 if cfg.max_off_policy_steps > 0 else cfg.threads)
+    spec = WorkerSpec(model=str(ckpt or cfg.model), env_name=cfg.env.name, env_settings=cfg.env.settings,
+                      transport_name=transport.name, group_size=cfg.train.group_size, threads=threads,
+                      seed=cfg.train.seed, device=cfg.device,
+                      sampling={"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
+                                "max_tokens": s.max_tokens})
+    source = ProcessRollouts(spec, n_workers, cfg.rollout.max_restarts, log)
+    stack.callback(source.close)
+    return source, engine
+
+
+def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
+    with ExitStack() as stack:
+        return _run(cfg, log, stack)
+
+
+def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResult:
+    from flywheel.envs import load_env
+    from flywheel.models import ChatRenderer, load
+    from flywheel.orchestrate.feeder import RolloutFeeder
+
+    n_workers = _workers(cfg)
     out = Path(cfg.output_dir)
     ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
     env = load_env(cfg.env.name, **cfg.env.settings)
@@ -78,7 +148,6 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
     ref_model = None
     if cfg.algo.kl_beta:
         ref_model, _ = load(cfg.model, device=cfg.device)
-    engine = LocalEngine(copy.deepcopy(model), tokenizer, seed=cfg.train.seed)
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
     oc = cfg.optim
     opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
@@ -87,18 +156,34 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
     tasks = env.tasks("train", seed=cfg.train.seed)
     order = DataOrder(len(tasks), cfg.train.seed)
     step = 0
+    feeder_state: dict = {}
     if ckpt is not None:
-        step = engine.version = restore_trainer_state(ckpt, opt, sched, order, log)
+        step = restore_trainer_state(ckpt, opt, sched, order, log)
+        feeder_state = load_state(ckpt).get("feeder", {})
+    source, eval_engine = _rollout_source(cfg, model, tokenizer, env, renderer, n_workers, ckpt, stack, log)
+    feeder = RolloutFeeder(source, tasks, order, cfg.train.groups_per_step, cfg.max_off_policy_steps,
+                           items_per_step=max(1, n_workers))
+    feeder.load_state_dict(feeder_state)
     algo = RLStepConfig(advantage=cfg.algo.advantage, eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high,
                         aggregation=cfg.algo.aggregation, max_tokens=cfg.sampling.max_tokens,
                         dynamic_sampling=cfg.algo.dynamic_sampling, is_cap=cfg.algo.is_cap,
                         kl_beta=cfg.algo.kl_beta, grad_clip=cfg.optim.grad_clip)
     metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
+    stack.callback(metrics_out.close)
+    rollouts_log = stack.enter_context(open(out / "rollouts.jsonl", "a", encoding="utf-8"))
     evals: list[dict] = []
-    names = [n for n, _ in model.named_parameters()]
+    params = dict(model.named_parameters())
+    source.publish(params, step)
+
+    def save() -> None:
+        state = {**trainer_state(step, opt, sched, order, cfg), "feeder": feeder.state_dict()}
+        save_checkpoint(out, step, model, tokenizer, state, keep=cfg.checkpoint.keep)
 
     def run_eval() -> None:
-        record = evaluate(env, engine, renderer, cfg)
+        if eval_engine.version != step:
+            with torch.no_grad():
+                eval_engine.update_weights(params, step)
+        record = evaluate(env, eval_engine, renderer, cfg)
         evals.append({"step": step, **record})
         metrics_out.log(step, **record)
         log(f"step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in record.items()))
@@ -110,10 +195,12 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
                       metric="reward") as progress:
         while step < cfg.train.steps:
             t0 = time.perf_counter()
-            batch = [tasks[i] for i in order.take(cfg.train.groups_per_step)]
-            groups = asyncio.run(play_groups(env, batch, cfg.train.group_size, engine, _params(cfg), renderer))
+            roll = feeder.take(step)
+            groups = roll.groups
             t1 = time.perf_counter()
             lr = sched.get_last_lr()[0]
+            staleness = [step - g.oldest_version for g in groups]
+            rewards = [t.reward for g in groups for t in g.trajectories]  # before dynamic sampling drops any
             m = rl_step(model, opt, groups, algo, tokenizer.pad_token_id, ref_model)
             sched.step()
             t2 = time.perf_counter()
@@ -122,30 +209,33 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
                 raise TrainError(f"step {step + 1}: {skipped_in_row} updates in a row had a non-finite loss or "
                                  "gradient; stopping (see metrics.jsonl)")
             step += 1
-            with torch.no_grad():
-                engine.update_weights({n: p for n, p in zip(names, model.parameters())}, version=step)
+            source.publish(params, step)
             t3 = time.perf_counter()
-            rewards = [t.reward for g in groups for t in g.trajectories]
             samples = len(rewards)
-            tokens = sum(len(t.ids) for g in groups for t in g.trajectories)
-            record = {**m, "reward_mean": sum(rewards) / samples, "tokens_per_s": tokens / (t3 - t0), "lr": lr,
+            tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
+            record = {**m, "reward_mean": sum(rewards) / samples, "lr": lr,
                       "reward_std": float(torch.tensor(rewards).std()) if samples > 1 else 0.0,
-                      "samples_per_s": samples / (t3 - t0), "time/generate_s": t1 - t0,
-                      "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2}
+                      "samples_per_s": samples / (t3 - t0), "tokens_per_s": tokens / (t3 - t0),
+                      "staleness_mean": sum(staleness) / len(staleness), "time/step_s": t3 - t0,
+                      "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2,
+                      **{f"rollout/{k}": v for k, v in roll.work.items()},
+                      **feeder.buffer.stats(), **source.stats(),
+                      "rollout/regenerated_groups": float(feeder.regenerated_groups)}
+            rollouts_log.write(json.dumps({
+                "step": step, "tasks": [g.task_index for g in groups], "staleness": staleness,
+                "rewards": [[t.reward for t in g.trajectories] for g in groups]}) + "\n")
+            rollouts_log.flush()
             if step % cfg.log.every == 0 or step == cfg.train.steps:
                 metrics_out.log(step, **record)
             progress.update(step, loss=record["reward_mean"], tokens_per_s=record["tokens_per_s"])
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
                 run_eval()
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.train.steps:
-                save_checkpoint(out, step, model, tokenizer, trainer_state(step, opt, sched, order, cfg),
-                                keep=cfg.checkpoint.keep)
+                save()
     run_eval()
-    save_checkpoint(out, step, model, tokenizer, trainer_state(step, opt, sched, order, cfg),
-                    keep=cfg.checkpoint.keep)
+    save()
     final = out / "final"
     save_model_folder(model, tokenizer, final)
-    metrics_out.close()
     return RLResult(out, final, step, evals)
 
 

@@ -1,0 +1,125 @@
+"""The feeder between a rollout source and the learner: what to generate, when, and what to train.
+
+With staleness bound k (`max_off_policy_steps`) the feeder keeps k + 1 steps of tasks
+submitted or buffered. Work submitted while the learner is at version v is tagged
+`min_version = v`: a worker waits for those weights before sampling. The learner consumes
+one step of groups per version, oldest first, so a group submitted at v is trained at a
+version <= v + k: k = 0 is synchronous on-policy training, k = 1 generates step s + 1 while
+step s trains. Groups that are nevertheless too old (a slow worker, a restart) are dropped
+by the VersionedBuffer, counted, and their tasks generated again.
+
+Data position: tasks are drawn from the DataOrder when submitted. `state_dict` holds the
+task indices drawn but not yet trained, in order; a resumed run submits those first, so
+after SIGKILL + resume no task is skipped and none is trained twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from flywheel.buffer import VersionedBuffer
+from flywheel.orchestrate.worker import WorkItem, WorkResult
+from flywheel.train.batching import DataOrder
+from flywheel.types import Task, TrajectoryGroup
+
+
+@dataclass
+class StepRollouts:
+    """The groups for one learner step and what producing them cost."""
+
+    groups: list[TrajectoryGroup]
+    wait_s: float  # learner time spent waiting for them
+    work: dict[str, float] = field(default_factory=dict)  # sums over the work items received meanwhile
+
+
+class RolloutFeeder:
+    def __init__(self, source, tasks: list[Task], order: DataOrder, groups_per_step: int,
+                 max_off_policy_steps: int, items_per_step: int = 1):
+        self.source, self.tasks, self.order = source, tasks, order
+        self.groups_per_step, self.k = groups_per_step, max_off_policy_steps
+        self.items_per_step = max(1, min(items_per_step, groups_per_step))
+        self.buffer = VersionedBuffer(max_off_policy_steps, on_drop=self._regenerate)
+        self._undrawn: deque[int] = deque()  # task indices to submit before drawing new ones
+        self._untrained: list[int] = []  # drawn, not yet trained, in draw order
+        self._in_flight_groups = 0
+        self._next_item = 0
+        self._item_tasks: dict[int, list[int]] = {}
+        self._work: dict[str, float] = {}
+        self.regenerated_groups = 0
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict:
+        return {"untrained": list(self._untrained)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._untrained = list(state.get("untrained", []))
+        self._undrawn = deque(self._untrained)
+
+    # ------------------------------------------------------------------ submitting
+
+    def _draw(self, n: int) -> list[int]:
+        """Tasks to submit next: first those owed (restored or regenerated, already counted as
+        untrained), then new ones from the data order."""
+        out = []
+        while self._undrawn and len(out) < n:
+            out.append(self._undrawn.popleft())
+        if len(out) < n:
+            new = self.order.take(n - len(out))
+            self._untrained += new
+            out += new
+        return out
+
+    def fill(self, learner_version: int, taken: int = 0) -> None:
+        """Submit work until k + 1 steps of groups are in flight, buffered, or already `taken`
+        for the step being assembled."""
+        want = (self.k + 1) * self.groups_per_step
+        while self._in_flight_groups + len(self.buffer) + taken < want:
+            indices = self._draw(self.groups_per_step)
+            for part in _split(indices, self.items_per_step):
+                item = WorkItem(self._next_item, [self.tasks[i] for i in part], learner_version)
+                self._item_tasks[item.item_id] = part
+                self._next_item += 1
+                self._in_flight_groups += len(part)
+                self.source.submit(item)
+
+    def _regenerate(self, group: TrajectoryGroup) -> None:
+        """Called by the buffer for a group too stale to train: its task is drawn again next."""
+        self.regenerated_groups += 1
+        self._undrawn.appendleft(group.task_index)
+
+    # ------------------------------------------------------------------ receiving
+
+    def _receive(self, results: list[WorkResult]) -> None:
+        for r in results:
+            indices = self._item_tasks.pop(r.item_id)
+            self._in_flight_groups -= len(indices)
+            for key, value in (("generate_s", r.generate_s), ("weight_wait_s", r.weight_wait_s),
+                               ("weight_load_s", r.weight_load_s), ("tokens", r.tokens), ("items", 1)):
+                self._work[key] = self._work.get(key, 0.0) + value
+            for index, group in zip(indices, r.groups):
+                group.task_index = index
+                self.buffer.put(group)
+
+    def take(self, learner_version: int, poll_s: float = 0.05) -> StepRollouts:
+        """Block until `groups_per_step` groups fresh enough for `learner_version` are ready."""
+        t0 = time.perf_counter()
+        got: list[TrajectoryGroup] = []
+        while len(got) < self.groups_per_step:
+            self.fill(learner_version, taken=len(got))
+            got += self.buffer.take(self.groups_per_step - len(got), learner_version, timeout_s=0)
+            if len(got) < self.groups_per_step:
+                self._receive(self.source.poll(poll_s))
+        for g in got:
+            self._untrained.remove(g.task_index)
+        work, self._work = self._work, {}
+        return StepRollouts(got, time.perf_counter() - t0, work)
+
+
+def _split(indices: list[int], parts: int) -> list[list[int]]:
+    """Contiguous, nearly equal parts (empty parts omitted)."""
+    n = len(indices)
+    bounds = [round(i * n / parts) for i in range(parts + 1)]
+    return [indices[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]

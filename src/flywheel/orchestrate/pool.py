@@ -1,0 +1,204 @@
+"""Rollout sources: where the learner's trajectory groups come from.
+
+Both sources speak the same small protocol to the feeder (orchestrate/feeder.py):
+    submit(item)            queue a WorkItem
+    poll(timeout_s)         -> WorkResults that arrived (may be empty)
+    publish(params, v)      make weights version v the newest the samplers may use
+    in_flight()             items submitted and not yet returned
+    close()
+`InProcessRollouts` plays episodes in the learner's process when polled (synchronous
+training, `rollout.workers = 0`). `ProcessRollouts` runs worker processes
+(orchestrate/worker.py) that overlap with the learner; weights reach them through a
+shared-memory transport. A worker that dies is restarted and its unfinished items are sent
+again, so no task is lost; results are keyed by item id, so none is counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from multiprocessing.connection import Connection, wait
+from typing import Callable, Mapping
+
+import torch
+
+from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
+
+
+class RolloutError(RuntimeError):
+    """Rollouts cannot continue (a worker keeps crashing, or an environment raised)."""
+
+
+class InProcessRollouts:
+    def __init__(self, engine, env, group_size: int, params, renderer):
+        self.engine, self.env, self.group_size = engine, env, group_size
+        self.params, self.renderer = params, renderer
+        self._queue: deque[WorkItem] = deque()
+
+    def submit(self, item: WorkItem) -> None:
+        self._queue.append(item)
+
+    def in_flight(self) -> int:
+        return len(self._queue)
+
+    def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
+        with torch.no_grad():
+            self.engine.update_weights(params, version)
+
+    def poll(self, timeout_s: float = 0.0) -> list[WorkResult]:
+        from flywheel.rollout.episodes import play_groups
+
+        if not self._queue:
+            return []
+        item = self._queue.popleft()
+        if self.engine.version < item.min_version:
+            raise RolloutError(f"item {item.item_id} needs weights >= v{item.min_version}, "
+                               f"the engine has v{self.engine.version}: publish first")
+        t0 = time.perf_counter()
+        groups = asyncio.run(play_groups(self.env, item.tasks, self.group_size, self.engine, self.params,
+                                         self.renderer))
+        tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
+        return [WorkResult(item.item_id, 0, groups, self.engine.version, time.perf_counter() - t0, 0.0, 0.0,
+                           tokens)]
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+class _Worker:
+    def __init__(self, worker_id: int, process: subprocess.Popen, conn: Connection):
+        self.worker_id, self.process, self.conn = worker_id, process, conn
+        self.items: dict[int, WorkItem] = {}  # sent, not yet answered
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+class ProcessRollouts:
+    """`n_workers` rollout processes fed round-robin by load; restarts crashed ones."""
+
+    def __init__(self, spec: WorkerSpec, n_workers: int, max_restarts: int = 3,
+                 log: Callable[[str], None] = print):
+        from flywheel.weights import SharedMemoryTransport
+
+        if n_workers < 1:
+            raise ValueError(f"ProcessRollouts needs at least one worker, got {n_workers}")
+        self.spec, self.max_restarts, self.log = spec, max_restarts, log
+        self.transport = SharedMemoryTransport.attach(spec.transport_name)
+        self.workers: list[_Worker] = [self._spawn(i) for i in range(n_workers)]
+        self.restarts = 0
+        self.resubmitted_items = 0
+        self.duplicate_results = 0
+        self._answered: set[int] = set()
+
+    def _spawn(self, worker_id: int) -> _Worker:
+        """A fresh interpreter running orchestrate/worker.py, talking over a socket pair.
+        (Not multiprocessing's spawn: that re-imports the caller's __main__, which breaks
+        scripts without an `if __name__ == "__main__"` guard.)"""
+        here, there = socket.socketpair()
+        proc = subprocess.Popen([sys.executable, "-c", "from flywheel.orchestrate.worker import main; main()",
+                                 str(worker_id), str(there.fileno())], pass_fds=[there.fileno()])
+        there.close()
+        conn = Connection(here.detach())
+        conn.send(self.spec)
+        return _Worker(worker_id, proc, conn)
+
+    # ------------------------------------------------------------------ protocol
+
+    def submit(self, item: WorkItem) -> None:
+        worker = min(self.workers, key=lambda w: len(w.items))
+        self._send(worker, item)
+
+    def _send(self, worker: _Worker, item: WorkItem) -> None:
+        worker.items[item.item_id] = item
+        try:
+            worker.conn.send(item)
+        except (BrokenPipeError, OSError):
+            pass  # the worker died; the next poll restarts it and sends its items again
+
+    def in_flight(self) -> int:
+        return sum(len(w.items) for w in self.workers)
+
+    def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
+        self.transport.publish(params, version)
+
+    def poll(self, timeout_s: float = 0.0) -> list[WorkResult]:
+        out: list[WorkResult] = []
+        ready = wait([w.conn for w in self.workers], timeout=timeout_s)
+        for worker in list(self.workers):
+            if worker.conn not in ready:
+                continue
+            try:
+                while worker.conn.poll():
+                    result: WorkResult = worker.conn.recv()
+                    if result.item_id == STARTUP_FAILED:
+                        raise RolloutError(f"rollout worker {worker.worker_id} failed to start:\n{result.error}")
+                    if result.error is not None:
+                        raise RolloutError(f"rollout worker {worker.worker_id}, item {result.item_id}: "
+                                           f"{result.error}")
+                    worker.items.pop(result.item_id, None)
+                    if result.item_id in self._answered:
+                        self.duplicate_results += 1
+                        continue
+                    self._answered.add(result.item_id)
+                    out.append(result)
+            except (EOFError, OSError):
+                self._restart(worker)
+        for worker in list(self.workers):
+            if not worker.alive():
+                self._restart(worker)
+        return out
+
+    def _restart(self, worker: _Worker) -> None:
+        if worker not in self.workers:
+            return
+        try:
+            code = worker.process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            code = worker.process.wait()
+        self.restarts += 1
+        if self.restarts > self.max_restarts:
+            raise RolloutError(f"rollout worker {worker.worker_id} exited with code {code}; that is "
+                               f"{self.restarts} crashes, more than rollout.max_restarts={self.max_restarts} "
+                               "(its traceback, if any, is printed above)")
+        pending = sorted(worker.items.values(), key=lambda it: it.item_id)
+        self.log(f"rollout worker {worker.worker_id} exited with code {code}: restarting it and "
+                 f"regenerating its {len(pending)} unfinished item(s)")
+        worker.conn.close()
+        fresh = self._spawn(worker.worker_id)
+        self.workers[self.workers.index(worker)] = fresh
+        for item in pending:
+            self.resubmitted_items += 1
+            self._send(fresh, item)
+
+    def stats(self) -> dict[str, float]:
+        return {"rollout/worker_restarts": float(self.restarts),
+                "rollout/resubmitted_items": float(self.resubmitted_items),
+                "rollout/duplicate_results": float(self.duplicate_results)}
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers]
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                w.conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        for w in self.workers:
+            try:
+                w.process.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                w.process.kill()
+                w.process.wait()
+            w.conn.close()
+        self.transport.close()
+

@@ -1,0 +1,160 @@
+"""Asynchronous RL: worker processes, the staleness bound, a killed worker, a killed run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flywheel.config import RLConfig, validate
+from flywheel.envs import load_env
+from flywheel.models import TinySpec, build_tiny_model
+from flywheel.train.batching import DataOrder
+from flywheel.train.metrics import read_metrics
+from flywheel.train.rl import run_rl
+from flywheel.train.run_state import TrainError
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", TinySpec(hidden=64, layers=2, heads=4, ffn=128))
+
+
+def cfg(model, out, **over):
+    base = dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
+                train={"steps": 6, "groups_per_step": 2, "group_size": 4},
+                sampling={"max_tokens": 4}, eval={"tasks": 8}, checkpoint={"every": 2},
+                log={"progress": False}, threads=1, max_off_policy_steps=1, rollout={"workers": 1})
+    base.update(over)
+    return validate(base, RLConfig)
+
+
+def trained_tasks(out: Path) -> dict[int, list[int]]:
+    """step -> task indices trained at that step (the last record wins: a resumed run retrains
+    the steps after its checkpoint)."""
+    rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    return {r["step"]: r["tasks"] for r in rows}
+
+
+def expected_tasks(steps: int, per_step: int, seed: int = 0) -> dict[int, list[int]]:
+    order = DataOrder(len(load_env("arithmetic").tasks("train", seed=seed)), seed)
+    return {s: order.take(per_step) for s in range(1, steps + 1)}
+
+
+def test_one_step_off_policy_trains_in_data_order_with_bounded_staleness(model, tmp_path):
+    out = tmp_path / "run"
+    run_rl(cfg(model, out), log=lambda m: None)
+    train = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert all(0 <= s <= 1 for r in rows for s in r["staleness"])
+    assert rows[0]["staleness"] == [0, 0]  # step 1 trains version 0's samples at version 0
+    assert trained_tasks(out) == expected_tasks(6, 2)
+    last = train[-1]
+    assert {"mismatch_kl", "is_weight_mean", "time/rollout_wait_s", "time/train_s", "time/weight_sync_s",
+            "rollout/generate_s", "rollout/weight_load_s", "buffer/dropped_groups", "staleness_mean",
+            "rollout/worker_restarts"} <= set(last)
+    assert sum(v for k, v in last.items() if k.startswith("buffer/staleness_")) == pytest.approx(1.0)
+    assert not (out / "rollout-weights.shm").exists()  # the segment is gone with the run
+
+
+def test_a_killed_worker_is_restarted_and_its_tasks_regenerated(model, tmp_path):
+    out = tmp_path / "run"
+    errors = []
+
+    def target():
+        try:
+            run_rl(cfg(model, out, train={"steps": 8, "groups_per_step": 2, "group_size": 4}), log=lambda m: None)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    deadline = time.time() + 60
+    while time.time() < deadline and not (out / "rollouts.jsonl").exists() or \
+            not (out / "rollouts.jsonl").read_text().count("\n") >= 2:
+        time.sleep(0.05)
+    workers = _children_running("flywheel.orchestrate.worker")
+    assert len(workers) == 1
+    os.kill(workers[0], signal.SIGKILL)
+    thread.join(timeout=120)
+    assert not thread.is_alive() and not errors
+    last = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r][-1]
+    assert last["step"] == 8 and last["rollout/worker_restarts"] == 1.0
+    assert last["rollout/duplicate_results"] == 0.0
+    assert trained_tasks(out) == expected_tasks(8, 2)  # nothing lost, nothing twice
+
+
+def test_sigkill_of_the_whole_run_then_resume(model, tmp_path):
+    out = tmp_path / "run"
+    config = tmp_path / "rl.yaml"
+    config.write_text(json.dumps(dict(
+        model=str(model), output_dir=str(out), env={"name": "arithmetic"},
+        train={"steps": 10, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
+        eval={"tasks": 8}, checkpoint={"every": 3, "keep": 5}, log={"progress": False}, threads=1,
+        max_off_policy_steps=1)))
+    cmd = [sys.executable, "-m", "flywheel.cli.main", "rl", str(config)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 90
+    while time.time() < deadline and not (out / "checkpoints" / "step_00000006" / "trainer_state.pt").exists():
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (out / "rollout-weights.shm").exists()  # left behind by the kill
+    time.sleep(0.5)
+    assert not _children_running("flywheel.orchestrate.worker")  # workers die with the learner
+    done = subprocess.run(cmd + ["resume=true"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "resumed from" in done.stdout + done.stderr
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
+    assert steps[-1] == 10
+    assert trained_tasks(out) == expected_tasks(10, 2)
+
+
+def test_async_needs_worker_processes(model, tmp_path):
+    with pytest.raises(TrainError, match="rollout.workers >= 1"):
+        run_rl(cfg(model, tmp_path / "x", rollout={"workers": 0}), log=lambda m: None)
+
+
+def test_a_worker_that_cannot_start_is_a_clear_error(model):
+    from flywheel.orchestrate import ProcessRollouts, RolloutError, WorkerSpec
+    from flywheel.models import load
+    from flywheel.weights import SharedMemoryTransport
+
+    m, _ = load(model)
+    transport = SharedMemoryTransport.create(dict(m.named_parameters()))
+    try:
+        spec = WorkerSpec(model="/no/such/model", env_name="arithmetic", env_settings={},
+                          transport_name=transport.name, sampling={"max_tokens": 4}, group_size=2, threads=1)
+        pool = ProcessRollouts(spec, 1, max_restarts=3, log=lambda m: None)
+        try:
+            with pytest.raises(RolloutError, match="failed to start(.|\n)*/no/such/model"):
+                deadline = time.time() + 60
+                while time.time() < deadline:
+                    pool.poll(0.1)
+        finally:
+            pool.close()
+        assert pool.restarts == 0  # a start-up failure is reported, not retried
+    finally:
+        transport.close()
+
+
+def _children_running(marker: str) -> list[int]:
+    """Pids of live processes whose command line contains `marker`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if marker in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids

@@ -1,0 +1,112 @@
+"""The rollout feeder: what it submits, with which staleness bound, what it trains, and what
+a checkpoint owes after a kill. A fake source stands in for the workers."""
+
+from collections import deque
+
+from flywheel.orchestrate.feeder import RolloutFeeder
+from flywheel.orchestrate.worker import WorkResult
+from flywheel.train.batching import DataOrder
+from flywheel.types import Task, Trajectory, TrajectoryGroup
+
+
+class FakeSource:
+    """Answers submitted items in order, sampled by `self.version` (or a forced one)."""
+
+    def __init__(self):
+        self.version = 0
+        self.submitted = []
+        self.queue = deque()
+        self.force_version = None
+
+    def submit(self, item):
+        self.submitted.append(item)
+        self.queue.append(item)
+
+    def in_flight(self):
+        return len(self.queue)
+
+    def poll(self, timeout_s=0.0):
+        if not self.queue:
+            return []
+        item = self.queue.popleft()
+        forced = self.force_version is not None and item.min_version <= self.force_version
+        v = self.force_version if forced else self.version
+        assert v >= item.min_version
+        groups = [TrajectoryGroup(t.id, [Trajectory(t.id, [1, 2], [0, 1], [0.0, -1.0], [-1, v], reward=1.0)])
+                  for t in item.tasks]
+        return [WorkResult(item.item_id, 0, groups, v, 0.5, 0.0, 0.1, tokens=len(groups))]
+
+
+def tasks(n):
+    return [Task(id=f"t{i}", prompt=f"p{i}") for i in range(n)]
+
+
+def test_synchronous_feeder_submits_one_step_at_the_current_version():
+    src = FakeSource()
+    feeder = RolloutFeeder(src, tasks(10), DataOrder(10, seed=0), groups_per_step=3, max_off_policy_steps=0)
+    got = feeder.take(0)
+    assert len(got.groups) == 3 and [i.min_version for i in src.submitted] == [0]
+    assert got.work == {"generate_s": 0.5, "weight_wait_s": 0.0, "weight_load_s": 0.1, "tokens": 3.0, "items": 1.0}
+    src.version = 1
+    feeder.take(1)
+    assert [i.min_version for i in src.submitted] == [0, 1]
+
+
+def test_one_step_off_policy_keeps_two_steps_in_flight():
+    src = FakeSource()
+    order = DataOrder(20, seed=1)
+    expected = DataOrder(20, seed=1).take(8)
+    feeder = RolloutFeeder(src, tasks(20), order, groups_per_step=2, max_off_policy_steps=1)
+    trained = []
+    for v in range(4):
+        src.version = v
+        trained += [g.task_index for g in feeder.take(v).groups]
+    # step 0 submits the batches for steps 0 and 1 at version 0; later steps one ahead
+    assert [i.min_version for i in src.submitted] == [0, 0, 1, 2, 3]
+    assert trained == expected  # the data order, nothing skipped or repeated
+
+
+def test_stale_groups_are_dropped_counted_and_regenerated():
+    src = FakeSource()
+    feeder = RolloutFeeder(src, tasks(10), DataOrder(10, seed=0), groups_per_step=2, max_off_policy_steps=1)
+    first = DataOrder(10, seed=0).take(2)
+    src.version = 0
+    feeder.fill(0)  # two steps submitted at version 0
+    src.force_version = 0  # items submitted at v0 are answered by v0 weights
+    src.version = 3
+    got = feeder.take(3)  # the learner jumped ahead: everything sampled by v0 is 3 steps old
+    assert feeder.buffer.dropped_groups >= 2 and feeder.regenerated_groups == feeder.buffer.dropped_groups
+    assert all(g.oldest_version >= 2 for g in got.groups)
+    assert sorted(g.task_index for g in got.groups) == sorted(first)  # the same tasks, generated again
+
+
+def test_checkpoint_state_owes_the_untrained_tasks_and_resume_pays_them_first():
+    def run(kill_after=None, state=None, order_state=None):
+        src = FakeSource()
+        order = DataOrder(30, seed=2)
+        if order_state:
+            order.load_state_dict(order_state)
+        feeder = RolloutFeeder(src, tasks(30), order, groups_per_step=3, max_off_policy_steps=1)
+        if state:
+            feeder.load_state_dict(state)
+        trained = []
+        for v in range(5):
+            src.version = v
+            trained.append([g.task_index for g in feeder.take(v).groups])
+            if kill_after is not None and v == kill_after:
+                return trained, feeder.state_dict(), order.state_dict()
+        return trained, None, None
+
+    full, _, _ = run()
+    before, state, order_state = run(kill_after=1)
+    assert len(state["untrained"]) == 3  # the next step's batch was drawn (in flight) but not trained
+    after, _, _ = run(state=state, order_state=order_state)
+    assert before + after[:3] == full
+
+
+def test_work_items_split_a_step_across_workers():
+    src = FakeSource()
+    feeder = RolloutFeeder(src, tasks(10), DataOrder(10, seed=0), groups_per_step=5, max_off_policy_steps=0,
+                           items_per_step=2)
+    feeder.take(0)
+    assert [len(i.tasks) for i in src.submitted] == [2, 3]
