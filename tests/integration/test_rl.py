@@ -1,9 +1,12 @@
 """The synchronous RL recipe end to end on a tiny model (smoke: it runs, logs, resumes)."""
 
+import pytest
+
 from flywheel.config import RLConfig, validate
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.train.metrics import read_metrics
 from flywheel.train.rl import run_rl
+from flywheel.train.run_state import TrainError
 
 
 def cfg(model, out, **over):
@@ -29,3 +32,31 @@ def test_rl_runs_logs_and_resumes(tmp_path):
     logs = []
     resumed = run_rl(cfg(model, tmp_path / "run", resume=True), log=logs.append)
     assert resumed.steps == 4 and any("resumed from" in m and "(step 2)" in m for m in logs)
+
+
+NAN_ENV = '''
+from flywheel.envs.arithmetic import ArithmeticEnvironment
+from flywheel.envs.rubric import RewardFn, Rubric
+
+
+class NanRewards(ArithmeticEnvironment):
+    def __init__(self):
+        super().__init__()
+        self.rubric = Rubric([RewardFn(lambda st: float("nan"), name="broken", inline=True)])
+
+
+def load():
+    return NanRewards()
+'''
+
+
+def test_non_finite_updates_are_skipped_then_the_run_stops(tmp_path, monkeypatch):
+    (tmp_path / "nan_env.py").write_text(NAN_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = build_tiny_model(tmp_path / "m", TinySpec(hidden=64, layers=2, heads=4, ffn=128))
+    config = cfg(model, tmp_path / "run", env={"name": "nan_env:load"}, max_skipped_steps=3,
+                 train={"steps": 10, "groups_per_step": 2, "group_size": 4})
+    with pytest.raises(TrainError, match="step 3: 3 updates in a row had a non-finite loss"):
+        run_rl(config, log=lambda m: None)
+    skipped = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "skipped" in r]
+    assert [r["skipped"] for r in skipped] == [1.0, 1.0]  # logged before the third stopped the run

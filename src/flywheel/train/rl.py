@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import time
+import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,7 +203,9 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             staleness = [step - g.oldest_version for g in groups]
             rewards = [t.reward for g in groups for t in g.trajectories]  # before dynamic sampling drops any
             m = rl_step(model, opt, groups, algo, tokenizer.pad_token_id, ref_model)
-            sched.step()
+            with warnings.catch_warnings():  # a skipped update still advances the schedule, by design
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                sched.step()
             t2 = time.perf_counter()
             skipped_in_row = skipped_in_row + 1 if m.get("skipped") and m.get("groups", 1) else 0
             if skipped_in_row >= cfg.max_skipped_steps:
