@@ -26,10 +26,11 @@ from typing import Callable, Mapping
 
 import torch
 
+from flywheel.train.run_state import TrainError
 from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
 
 
-class RolloutError(RuntimeError):
+class RolloutError(TrainError):
     """Rollouts cannot continue (a worker keeps crashing, or an environment raised)."""
 
 
