@@ -3,6 +3,8 @@ newest between batches. Transports: in-process, shared memory between local proc
 
 from flywheel.weights.base import WeightTransport
 from flywheel.weights.inprocess import InProcessTransport
-from flywheel.weights.shm import SharedMemoryTransport, TornRead
+from flywheel.weights.shm import NoFreeBuffer, SharedMemoryTransport, TornRead
+from flywheel.weights.shm_reader import SharedMemoryReader
 
-__all__ = ["InProcessTransport", "SharedMemoryTransport", "TornRead", "WeightTransport"]
+__all__ = ["InProcessTransport", "NoFreeBuffer", "SharedMemoryReader", "SharedMemoryTransport", "TornRead",
+           "WeightTransport"]
