@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
-from flywheel.cli import data, dpo, env, generate, model, rl, sft
+from flywheel.cli import data, dpo, economics, env, generate, model, rl, sft
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 app.add_typer(model.app, name="model")
 app.add_typer(data.app, name="data")
 app.add_typer(env.app, name="env")
+app.add_typer(economics.app, name="economics")
 app.command("generate")(generate.generate)
 app.command("sft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sft.sft)
 app.command("dpo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(dpo.dpo)
