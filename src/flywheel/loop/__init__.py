@@ -1,0 +1,28 @@
+"""The continuous flywheel: traces, curation, cycles, gates, registry, promotion.
+
+Traces so far: `TraceStore` (SQLite WAL by default, any SQLAlchemy URL), the incoming shapes
+`TraceIn` / `FeedbackIn`, and `import_jsonl`.
+"""
+
+from flywheel.loop.trace_db import SchemaVersionError, default_url
+from flywheel.loop.trace_import import ImportReport, import_jsonl
+from flywheel.loop.trace_results import (
+    BatchResult,
+    IdempotencyConflict,
+    InvalidRecord,
+    RecordResult,
+    StoredFeedback,
+    StoredTrace,
+    StoredVerifier,
+    TraceNotFound,
+    TraceStats,
+    TraceStoreError,
+)
+from flywheel.loop.trace_schema import ChatMessage, FeedbackIn, TraceIn, Verifier
+from flywheel.loop.trace_store import TraceStore
+
+__all__ = [
+    "BatchResult", "ChatMessage", "FeedbackIn", "IdempotencyConflict", "ImportReport", "InvalidRecord",
+    "RecordResult", "SchemaVersionError", "StoredFeedback", "StoredTrace", "StoredVerifier", "TraceIn",
+    "TraceNotFound", "TraceStats", "TraceStore", "TraceStoreError", "Verifier", "default_url", "import_jsonl",
+]

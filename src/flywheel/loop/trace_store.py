@@ -1,0 +1,272 @@
+"""TraceStore: the database of served requests, imported agent episodes and their feedback.
+
+Ingestion is batch-first. `add_traces` validates every record on its own (a refused record
+is reported with its index and reason and never holds back the others), then stores all
+the valid ones in ONE write transaction with one executemany INSERT (Core, not one ORM
+object per row), and commits before it returns: an id in the result is durable.
+
+Idempotency. Every stored trace has a unique key (the client's `idempotency_key`, else its
+id) and the SHA-256 of its content as sent. A record whose key is taken by identical
+content is a no-op that reports the stored id ("duplicate"); by other content, a
+"conflict". The check runs inside the write transaction: on SQLite BEGIN IMMEDIATE
+serialises writers so it is exact; elsewhere a writer that loses a race hits the unique
+index and the whole transaction is retried, when the check sees the winner's rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import exists, func, insert, or_, select
+from sqlalchemy.exc import IntegrityError
+
+from flywheel.loop.trace_db import ensure_schema, open_engine, schema_version, writing
+from flywheel.loop.trace_encoding import NotJSON, feedback_row, trace_row, utc_naive, validate_trace
+from flywheel.loop.trace_results import (
+    BatchResult,
+    IdempotencyConflict,
+    InvalidRecord,
+    RecordResult,
+    StoredFeedback,
+    StoredTrace,
+    StoredVerifier,
+    TraceNotFound,
+    TraceStats,
+)
+from flywheel.loop.trace_schema import FeedbackIn, describe
+from flywheel.loop.trace_tables import FeedbackRow, TraceRow
+
+_TRACES = TraceRow.__table__
+_FEEDBACK = FeedbackRow.__table__
+_RACE_RETRIES = 5
+_IN_CHUNK = 500  # values per IN (...) list
+
+
+def _aware(t: datetime) -> datetime:
+    return t.replace(tzinfo=timezone.utc)
+
+
+def _chunks(items: list, size: int = _IN_CHUNK) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+class TraceStore:
+    """Traces and feedback in SQLite (default ./flywheel-data/traces.db) or any SQLAlchemy URL.
+
+    Safe to share between threads; several processes may open the same SQLite file.
+    """
+
+    def __init__(self, url: str | None = None, *, default_source: str = "unknown"):
+        self.engine = open_engine(url)
+        try:
+            ensure_schema(self.engine)
+        except BaseException:
+            self.engine.dispose()
+            raise
+        self.url = self.engine.url.render_as_string(hide_password=True)
+        self.default_source = default_source
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> TraceStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- writing -------------------------------------------------------------------------
+
+    def add_traces(self, records: Iterable[Any], *, source: str | None = None) -> BatchResult:
+        """Validate and store a batch; `source` is the default for records that name none."""
+        now = utc_naive(datetime.now(timezone.utc))
+        default_source = source or self.default_source
+        results: list[RecordResult | None] = []
+        pending: list[tuple[int, dict[str, Any]]] = []
+        for index, record in enumerate(records):
+            try:
+                trace, sent, encoded = validate_trace(record)
+                row = trace_row(trace, sent, encoded, default_source, now)
+            except ValidationError as e:
+                results.append(RecordResult(index, "invalid", reason=describe(e)))
+                continue
+            except NotJSON as e:
+                results.append(RecordResult(index, "invalid", reason=str(e)))
+                continue
+            results.append(None)
+            pending.append((index, row))
+        if pending:
+            self._retry_races(lambda conn: self._store_traces(conn, pending, results))
+        return BatchResult(results)  # type: ignore[arg-type]  # every slot is filled by now
+
+    def _store_traces(self, conn, pending: list[tuple[int, dict]], results: list) -> None:
+        by_key: dict[str, tuple[str, str]] = {}  # key -> (id, content hash), stored or earlier in this batch
+        taken_ids: set[str] = set()
+        keys = [row["idempotency_key"] for _, row in pending]
+        ids = [row["id"] for _, row in pending]
+        for key_chunk, id_chunk in zip(_chunks(keys), _chunks(ids)):
+            found = conn.execute(
+                select(_TRACES.c.id, _TRACES.c.idempotency_key, _TRACES.c.content_hash)
+                .where(or_(_TRACES.c.idempotency_key.in_(key_chunk), _TRACES.c.id.in_(id_chunk))))
+            for trace_id, key, digest in found:
+                by_key[key] = (trace_id, digest)
+                taken_ids.add(trace_id)
+        rows = []
+        for index, row in pending:
+            key, trace_id = row["idempotency_key"], row["id"]
+            if key in by_key:
+                stored_id, digest = by_key[key]
+                if digest == row["content_hash"]:
+                    results[index] = RecordResult(index, "duplicate", id=stored_id)
+                else:
+                    results[index] = RecordResult(
+                        index, "conflict", reason=f"idempotency key {key!r} is already used by trace "
+                                                  f"{stored_id!r} with different content")
+            elif trace_id in taken_ids:
+                results[index] = RecordResult(
+                    index, "conflict", reason=f"id {trace_id!r} already belongs to a trace with another "
+                                              f"idempotency key")
+            else:
+                by_key[key] = (trace_id, row["content_hash"])
+                taken_ids.add(trace_id)
+                rows.append(row)
+                results[index] = RecordResult(index, "added", id=trace_id)
+        if rows:
+            conn.execute(insert(_TRACES), rows)  # executemany
+
+    def add_feedback(self, trace_id: str, feedback: FeedbackIn | dict[str, Any]) -> str:
+        """Store one outcome of a trace and return its id (the stored one for a retry)."""
+        try:
+            fb, row = feedback_row(trace_id, feedback)
+        except ValidationError as e:
+            raise InvalidRecord(f"feedback: {describe(e)}") from None
+        except NotJSON as e:
+            raise InvalidRecord(f"feedback: {e}") from None
+        digest = row["content_hash"]
+
+        def store(conn) -> str:
+            if conn.scalar(select(_TRACES.c.seq).where(_TRACES.c.id == trace_id)) is None:
+                raise TraceNotFound(f"no trace with id {trace_id!r}")
+            if fb.idempotency_key is not None:
+                found = conn.execute(select(_FEEDBACK.c.id, _FEEDBACK.c.content_hash)
+                                     .where(_FEEDBACK.c.idempotency_key == fb.idempotency_key)).first()
+                if found is not None:
+                    if found.content_hash == digest:
+                        return found.id
+                    raise IdempotencyConflict(f"idempotency key {fb.idempotency_key!r} is already used by "
+                                              f"feedback {found.id!r} with different content")
+            conn.execute(insert(_FEEDBACK), row)
+            return row["id"]
+
+        return self._retry_races(store)
+
+    def _retry_races(self, work):
+        for attempt in range(_RACE_RETRIES):
+            try:
+                with writing(self.engine) as conn:
+                    return work(conn)
+            except IntegrityError:  # another writer took a key between our check and insert
+                if attempt == _RACE_RETRIES - 1:
+                    raise
+
+    # -- reading -------------------------------------------------------------------------
+
+    def get(self, trace_id: str) -> StoredTrace:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(_TRACES).where(_TRACES.c.id == trace_id)).first()
+            if row is None:
+                raise TraceNotFound(f"no trace with id {trace_id!r}")
+            return _stored_trace(row, self._feedback_of(conn, [trace_id]).get(trace_id, []))
+
+    def iter_traces(self, since: datetime | None = None, source: str | None = None,
+                    with_feedback: bool | None = None, batch_size: int = 1000,
+                    include_feedback: bool = True, after_seq: int = 0) -> Iterator[StoredTrace]:
+        """Traces in insertion order, `batch_size` rows per query; no transaction stays open between pages.
+
+        since: created at or after (naive = UTC). with_feedback: True = only traces that have
+        feedback, False = only those without, None = all. after_seq: resume after a trace's
+        `seq` (a reader's cursor). Traces added while iterating are yielded when they sort
+        after the current page. On SQLite seq follows commit order; on PostgreSQL a
+        transaction may commit after a later seq was read, so a cursor there can skip it.
+        """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        where = _filters(since, source, with_feedback)
+        last = after_seq
+        while True:
+            with self.engine.connect() as conn:
+                rows = conn.execute(select(_TRACES).where(_TRACES.c.seq > last, *where)
+                                    .order_by(_TRACES.c.seq).limit(batch_size)).all()
+                feedback = self._feedback_of(conn, [r.id for r in rows]) if include_feedback and rows else {}
+            for row in rows:
+                yield _stored_trace(row, feedback.get(row.id, []))
+            if len(rows) < batch_size:
+                return
+            last = rows[-1].seq
+
+    def count(self, since: datetime | None = None, source: str | None = None,
+              with_feedback: bool | None = None) -> int:
+        with self.engine.connect() as conn:
+            return conn.scalar(select(func.count()).select_from(_TRACES)
+                               .where(*_filters(since, source, with_feedback)))
+
+    def stats(self) -> TraceStats:
+        t, f = _TRACES, _FEEDBACK
+        with self.engine.connect() as conn:
+            n, first, last, prompt, completion = conn.execute(select(
+                func.count(), func.min(t.c.created_at), func.max(t.c.created_at),
+                func.coalesce(func.sum(t.c.prompt_tokens), 0), func.coalesce(func.sum(t.c.completion_tokens), 0))).one()
+            return TraceStats(
+                url=self.url,
+                schema_version=schema_version(conn),
+                traces=n,
+                feedback=conn.scalar(select(func.count()).select_from(f)),
+                traces_with_feedback=conn.scalar(select(func.count(func.distinct(f.c.trace_id)))),
+                by_source=dict(conn.execute(select(t.c.source, func.count()).group_by(t.c.source)
+                                            .order_by(func.count().desc(), t.c.source)).all()),
+                by_model={m or "": c for m, c in conn.execute(
+                    select(t.c.model, func.count()).group_by(t.c.model).order_by(func.count().desc(), t.c.model))},
+                prompt_tokens=int(prompt),
+                completion_tokens=int(completion),
+                first=_aware(first) if first else None,
+                last=_aware(last) if last else None,
+            )
+
+    def _feedback_of(self, conn, trace_ids: list[str]) -> dict[str, list[StoredFeedback]]:
+        out: dict[str, list[StoredFeedback]] = {}
+        for chunk in _chunks(trace_ids):
+            for row in conn.execute(select(_FEEDBACK).where(_FEEDBACK.c.trace_id.in_(chunk))
+                                    .order_by(_FEEDBACK.c.seq)):
+                out.setdefault(row.trace_id, []).append(_stored_feedback(row))
+        return out
+
+
+def _filters(since: datetime | None, source: str | None, with_feedback: bool | None) -> list:
+    where = []
+    if since is not None:
+        where.append(_TRACES.c.created_at >= utc_naive(since))
+    if source is not None:
+        where.append(_TRACES.c.source == source)
+    if with_feedback is not None:
+        has = exists().where(_FEEDBACK.c.trace_id == _TRACES.c.id)
+        where.append(has if with_feedback else ~has)
+    return where
+
+
+def _stored_feedback(row) -> StoredFeedback:
+    return StoredFeedback(
+        id=row.id, trace_id=row.trace_id, created_at=_aware(row.created_at), idempotency_key=row.idempotency_key,
+        score=row.score, label=row.label, correction=row.correction, text=row.text,
+        verifier=StoredVerifier(row.verifier_env, row.verifier_task) if row.verifier_env is not None else None)
+
+
+def _stored_trace(row, feedback: list[StoredFeedback]) -> StoredTrace:
+    return StoredTrace(
+        id=row.id, seq=row.seq, idempotency_key=row.idempotency_key, created_at=_aware(row.created_at),
+        source=row.source, messages=row.messages, model=row.model, model_version=row.model_version,
+        tools=row.tools, response=row.response, usage=row.usage, latency_ms=row.latency_ms,
+        metadata=row.metadata or {}, feedback=feedback)

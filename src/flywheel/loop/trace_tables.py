@@ -1,0 +1,82 @@
+"""The trace store's tables (SQLAlchemy 2 ORM, typed `Mapped[...]`).
+
+`seq` is an integer primary key in insertion order: readers page through traces by it
+(keyset pagination) and a later stage can keep it as a cursor. `id` is the public,
+client-visible identifier. `content_hash` is the SHA-256 of the record as the client sent
+it (minus its idempotency key), which decides whether a retry is a no-op or a conflict.
+Times are stored as naive UTC. JSON columns are JSONB on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+SCHEMA_VERSION = 1
+SCHEMA_VERSION_KEY = "traces.schema_version"
+
+
+def _json() -> JSON:
+    # none_as_null: Python None is SQL NULL, not the JSON text 'null'
+    return JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class TraceRow(Base):
+    __tablename__ = "traces"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(128), unique=True)
+    idempotency_key: Mapped[str] = mapped_column(String(255), unique=True)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime, index=True)
+    source: Mapped[str] = mapped_column(String(200), index=True)
+    model: Mapped[str | None] = mapped_column(String(200))
+    model_version: Mapped[str | None] = mapped_column(String(200))
+    messages: Mapped[list[dict[str, Any]]] = mapped_column(_json())
+    tools: Mapped[list[dict[str, Any]] | None] = mapped_column(_json())
+    response: Mapped[dict[str, Any] | None] = mapped_column(_json())
+    usage: Mapped[dict[str, Any] | None] = mapped_column(_json())
+    # usage's two counts again as columns, so token totals are a SUM, not a JSON scan
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", _json())
+
+    feedback: Mapped[list[FeedbackRow]] = relationship(
+        back_populates="trace", order_by="FeedbackRow.seq", cascade="all, delete-orphan", passive_deletes=True)
+
+
+class FeedbackRow(Base):
+    __tablename__ = "trace_feedback"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(128), unique=True)
+    trace_id: Mapped[str] = mapped_column(ForeignKey("traces.id", ondelete="CASCADE"), index=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), unique=True)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    score: Mapped[float | None] = mapped_column(Float)
+    label: Mapped[str | None] = mapped_column(String(200), index=True)
+    correction: Mapped[dict[str, Any] | None] = mapped_column(_json())
+    text: Mapped[str | None] = mapped_column(Text)
+    verifier_env: Mapped[str | None] = mapped_column(String(200), index=True)
+    verifier_task: Mapped[dict[str, Any] | None] = mapped_column(_json())
+
+    trace: Mapped[TraceRow] = relationship(back_populates="feedback")
+
+
+class MetaRow(Base):
+    """Key/value facts about the database itself, such as the schema version of each store."""
+
+    __tablename__ = "flywheel_meta"
+
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))
