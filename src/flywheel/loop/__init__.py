@@ -1,9 +1,20 @@
 """The continuous flywheel: traces, curation, cycles, gates, registry, promotion.
 
 Traces so far: `TraceStore` (SQLite WAL by default, any SQLAlchemy URL), the incoming shapes
-`TraceIn` / `FeedbackIn`, and `import_jsonl`.
+`TraceIn` / `FeedbackIn`, and `import_jsonl`. Models: `Registry` (versions with lineage, one
+production version, promote / rollback / reject with history, `production_marker()`).
 """
 
+from flywheel.loop.registry import Registry, default_root
+from flywheel.loop.registry_storage import (
+    HistoryEntry,
+    InvalidModelFolder,
+    ProductionMarker,
+    RegistryError,
+    StatusError,
+    Version,
+    VersionNotFound,
+)
 from flywheel.loop.trace_db import SchemaVersionError, default_url
 from flywheel.loop.trace_import import ImportReport, import_jsonl
 from flywheel.loop.trace_results import (
@@ -25,4 +36,6 @@ __all__ = [
     "BatchResult", "ChatMessage", "FeedbackIn", "IdempotencyConflict", "ImportReport", "InvalidRecord",
     "RecordResult", "SchemaVersionError", "StoredFeedback", "StoredTrace", "StoredVerifier", "TraceIn",
     "TraceNotFound", "TraceStats", "TraceStore", "TraceStoreError", "Verifier", "default_url", "import_jsonl",
+    "HistoryEntry", "InvalidModelFolder", "ProductionMarker", "Registry", "RegistryError", "StatusError", "Version",
+    "VersionNotFound", "default_root",
 ]

@@ -1,0 +1,155 @@
+"""`flywheel models ...`: the model registry (register, list, show, promote, rollback, reject, history).
+
+(`flywheel model`, singular, builds models; this one manages registered versions.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Registered model versions: lineage, promotion to production, rollback.",
+                  no_args_is_help=True)
+
+REGISTRY_HELP = ("registry folder, or a SQLAlchemy URL of its database "
+                 "(default: $FLYWHEEL_DATA/registry, else ./flywheel-data/registry)")
+RegistryOpt = typer.Option(None, "--registry", help=REGISTRY_HELP)
+
+
+@contextlib.contextmanager
+def _registry(location: str | None):
+    """Open the registry; report refusals as one line and exit code 2."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from flywheel.loop import Registry, RegistryError, SchemaVersionError
+
+    try:
+        with Registry(location) as registry:
+            yield registry
+    except (RegistryError, SchemaVersionError, SQLAlchemyError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+def _compact(d: dict) -> str:
+    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items()) or "-"
+
+
+def _when(t) -> str:
+    return f"{t:%Y-%m-%d %H:%M:%S}"
+
+
+@app.command("list")
+def list_(registry: str | None = RegistryOpt,
+          status: str | None = typer.Option(None, help="only this status (candidate, production, archived, "
+                                                       "rejected)")) -> None:
+    """One line per version, oldest first; the production version is marked with *."""
+    with _registry(registry) as reg:
+        versions = reg.list(status=status)
+    if not versions:
+        typer.echo(f"no versions registered in {reg.root}" if status is None else f"no {status} versions")
+        return
+    rows = [("", "ID", "STATUS", "PARENT", "CYCLE", "CREATED (UTC)", "USD", "EVAL")]
+    for v in versions:
+        usd = f"{v.usd:.4g}" if isinstance(v.usd, (int, float)) else "-"
+        rows.append(("*" if v.status == "production" else "", v.id, v.status, v.parent or "-", v.cycle or "-",
+                     _when(v.created_at), usd, _compact(v.eval_scores)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+
+
+@app.command("show")
+def show(id: str = typer.Argument(..., help="version id, e.g. v3"), registry: str | None = RegistryOpt,
+         as_json: bool = typer.Option(False, "--json", help="print the whole record as JSON")) -> None:
+    """Everything recorded about one version, with its lineage and file check."""
+    with _registry(registry) as reg:
+        v = reg.get(id)
+        lineage = [x.id for x in reg.lineage(id)]
+        problems = reg.verify(id)
+    if as_json:
+        typer.echo(json.dumps({**v.to_dict(), "lineage": lineage, "problems": problems}, indent=2))
+        return
+    lines = [
+        f"id           {v.id}",
+        f"status       {v.status}" + (f" ({'; '.join(v.reasons)})" if v.reasons else ""),
+        f"path         {v.path}",
+        f"lineage      {' <- '.join(lineage)}",
+        f"cycle        {v.cycle or '-'}",
+        f"created      {_when(v.created_at)} UTC",
+        f"source       {v.source} ({v.storage})",
+        f"files        {len(v.files)}, {sum(s for s, _ in v.files.values())} bytes, "
+        + ("intact" if not problems else "PROBLEMS: " + "; ".join(problems)),
+        f"data counts  {_compact(v.data_counts)}",
+        f"eval scores  {_compact(v.eval_scores)}",
+        f"cost         {_compact(v.cost)}",
+        f"config       {json.dumps(v.config, sort_keys=True) if v.config else '-'}",
+        f"notes        {v.notes or '-'}",
+    ]
+    typer.echo("\n".join(lines))
+
+
+@app.command("register")
+def register(model_dir: Path = typer.Argument(..., help="Hugging Face model folder (config.json + weights)"),
+             registry: str | None = RegistryOpt,
+             parent: str | None = typer.Option(None, "--parent", help="version it was trained from"),
+             cycle: str | None = typer.Option(None, "--cycle", help="cycle that produced it"),
+             notes: str = typer.Option("", "--notes"),
+             link: bool = typer.Option(False, "--link", help="hard-link the files instead of copying them")) -> None:
+    """Store a copy of MODEL_DIR as a new candidate version."""
+    with _registry(registry) as reg:
+        v = reg.register(model_dir, parent=parent, cycle=cycle, notes=notes, link=link)
+    typer.echo(f"registered {v.id} (candidate) from {v.source} -> {v.path}")
+
+
+@app.command("promote")
+def promote(id: str = typer.Argument(...), registry: str | None = RegistryOpt,
+            reason: str = typer.Option("", "--reason", help="why (kept in the history)")) -> None:
+    """Make ID the production version; the current one is archived."""
+    with _registry(registry) as reg:
+        before = reg.production_marker()
+        v = reg.promote(id, reason)
+    if before.version == v.id:
+        typer.echo(f"{v.id} is already in production (nothing changed)")
+    else:
+        typer.echo(f"promoted {v.id} to production" + (f" (was {before.version})" if before.version else ""))
+
+
+@app.command("rollback")
+def rollback(registry: str | None = RegistryOpt,
+             to: str | None = typer.Option(None, "--to", help="version to restore (default: the one the "
+                                                              "current production replaced)"),
+             reason: str = typer.Option("", "--reason")) -> None:
+    """Put an earlier production version back into production."""
+    with _registry(registry) as reg:
+        before = reg.production_marker()
+        v = reg.rollback(to, reason)
+    if before.version == v.id:
+        typer.echo(f"{v.id} is already in production (nothing changed)")
+    else:
+        typer.echo(f"rolled back production from {before.version} to {v.id}")
+
+
+@app.command("reject")
+def reject(id: str = typer.Argument(...), registry: str | None = RegistryOpt,
+           reason: list[str] = typer.Option(..., "--reason", help="why (repeat for several)")) -> None:
+    """Mark ID rejected; it can no longer be promoted."""
+    with _registry(registry) as reg:
+        v = reg.reject(id, reason)
+    typer.echo(f"rejected {v.id}: {'; '.join(v.reasons)}")
+
+
+@app.command("history")
+def history(registry: str | None = RegistryOpt) -> None:
+    """Promotions, rollbacks and rejections, oldest first."""
+    with _registry(registry) as reg:
+        entries = reg.history()
+    if not entries:
+        typer.echo("no promotions yet")
+    for e in entries:
+        change = f"{e.previous or '-'} -> {e.version}" if e.action != "reject" else e.version
+        typer.echo(f"{_when(e.at)}  #{e.generation:<3} {e.action:<8} {change}  {e.reason}".rstrip())

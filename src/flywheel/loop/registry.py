@@ -1,0 +1,369 @@
+"""The model registry: versions with lineage, exactly one production version, promotion history.
+
+Layout under the registry root (default ./flywheel-data/registry, or $FLYWHEEL_DATA/registry):
+`registry.db` (SQLite, WAL) and `models/<id>/`, one Hugging Face folder per version.
+`Registry(url=...)` keeps the records in any SQLAlchemy database instead (PostgreSQL when
+several machines share a registry); the model folders stay under the root.
+
+Why a database and not files. A promotion changes four things together: the old production
+becomes archived, the new one becomes production, a history entry is written, and the
+production marker is bumped. Files give one atomic step, rename(2), so four facts would
+need a hand-written journal plus recovery on open. A database transaction is that journal,
+already written and tested: `promote` is ONE write transaction (BEGIN IMMEDIATE on SQLite,
+so concurrent promoters queue; the single `registry_state` row is locked FOR UPDATE on
+PostgreSQL). A SIGKILL before the commit record reaches the WAL leaves the old state, after
+it the new one; SQLite discards an uncommitted tail of the WAL when it next opens the file.
+Status updates archive the old row before marking the new one, and a partial unique index
+(`status = 'production'`) refuses a second production row outright. The engine setup
+(pragmas, WAL, BEGIN IMMEDIATE) is the trace store's (`trace_db.open_engine`).
+
+Model folders are COPIED by default: the registry's copy is independent of the run folder,
+which may then be deleted or rewritten in place. `link=True` hard-links the files instead
+(no extra disk; still survives deletion of the run folder, since a hard link is a second
+name for the same data). Its caveat: a program that rewrites a source file in place (open
+with truncation) changes the registry's file too; flywheel's own checkpoints write new files
+and rename them, so they are safe. Each version records its files' sizes and SHA-256, and
+`verify(id)` names any that changed. A folder is copied into `models/.incoming-<pid>-*`,
+flushed to disk, and renamed to `models/<id>` inside the write transaction that inserts its
+row: a crash leaves at worst an unreferenced folder, which the next registration removes.
+Trainer state (`trainer_state.pt`) and hidden `.tmp-*` folders of a checkpoint are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+from sqlalchemy.engine import make_url
+
+from flywheel.loop.registry_storage import (
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    STATUSES,
+    Base,
+    HistoryEntry,
+    HistoryRow,
+    ProductionMarker,
+    RegistryError,
+    StateRow,
+    StatusError,
+    Version,
+    VersionNotFound,
+    VersionRow,
+    alive,
+    aware,
+    check_model_folder,
+    copy_folder,
+    fsync_dir,
+    json_dict,
+    sha256,
+)
+from flywheel.loop.trace_db import SchemaVersionError, open_engine, writing
+from flywheel.loop.trace_tables import MetaRow
+
+
+def default_root() -> Path:
+    """$FLYWHEEL_DATA/registry, else ./flywheel-data/registry."""
+    return Path(os.environ.get("FLYWHEEL_DATA") or "flywheel-data") / "registry"
+
+
+def _crash_point(name: str) -> None:
+    """No-op; the crash tests replace it to SIGKILL the process at the named step."""
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Registry:
+    """Model versions in a folder (`root`) or a SQLAlchemy database (`url`, or a URL as `root`).
+
+    Safe to share between threads; several processes may open the same registry.
+    """
+
+    def __init__(self, root: str | Path | None = None, *, url: str | None = None):
+        if isinstance(root, str) and "://" in root:
+            root, url = None, root
+        if root is None and url is not None and make_url(url).get_backend_name() == "sqlite":
+            database = make_url(url).database or ""
+            if database not in ("", ":memory:"):
+                root = Path(database).expanduser().parent
+        self.root = Path(root if root is not None else default_root()).expanduser().resolve()
+        self.models = self.root / "models"
+        self.models.mkdir(parents=True, exist_ok=True)
+        self.engine = open_engine(url or f"sqlite:///{self.root / 'registry.db'}")
+        self.url = self.engine.url.render_as_string(hide_password=True)
+        try:
+            self._ensure_schema()
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Registry:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Registry({str(self.root)!r}, url={self.url!r})"
+
+    # ---- reading
+
+    def get(self, id: str) -> Version:
+        with self._reading() as conn:
+            return Version.from_row(self._row(conn, id), self.root)
+
+    def list(self, *, status: str | None = None, cycle: str | None = None) -> list[Version]:
+        """All versions in registration order, optionally only those of one status or cycle."""
+        query = select(VersionRow).order_by(VersionRow.seq)
+        if status is not None and status not in STATUSES:
+            raise RegistryError(f"unknown status {status!r} (one of: {', '.join(STATUSES)})")
+        if status is not None:
+            query = query.where(VersionRow.status == status)
+        if cycle is not None:
+            query = query.where(VersionRow.cycle == str(cycle))
+        with self._reading() as conn:
+            return [Version.from_row(r, self.root) for r in conn.execute(query)]
+
+    def production(self) -> Version | None:
+        with self._reading() as conn:
+            pid = conn.scalar(select(StateRow.production).where(StateRow.id == 1))
+            return None if pid is None else Version.from_row(self._row(conn, pid), self.root)
+
+    def production_marker(self) -> ProductionMarker:
+        """(production id, generation): one primary-key read; poll it and reload when it changes."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(StateRow.production, StateRow.generation).where(StateRow.id == 1)).one()
+        return ProductionMarker(row.production, row.generation)
+
+    def history(self) -> list[HistoryEntry]:
+        with self._reading() as conn:
+            rows = conn.execute(select(HistoryRow).order_by(HistoryRow.seq)).all()
+        return [HistoryEntry(r.seq, aware(r.at), r.action, r.version, r.previous, r.reason, r.generation)
+                for r in rows]
+
+    def lineage(self, id: str) -> list[Version]:
+        """`id`, its parent, the parent's parent ... up to a version without a parent."""
+        out: list[Version] = []
+        with self._reading() as conn:
+            next_id: str | None = id
+            while next_id is not None:
+                out.append(Version.from_row(self._row(conn, next_id), self.root))
+                next_id = out[-1].parent
+        return out
+
+    def verify(self, id: str) -> list[str]:
+        """Problems with a version's files (missing, resized, changed content); empty when intact."""
+        version = self.get(id)
+        problems = []
+        for rel, (size, digest) in sorted(version.files.items()):
+            f = version.path / rel
+            if not f.is_file():
+                problems.append(f"{rel}: missing")
+            elif f.stat().st_size != size:
+                problems.append(f"{rel}: {f.stat().st_size} bytes, registered with {size}")
+            elif sha256(f) != digest:
+                problems.append(f"{rel}: content changed since registration")
+        return problems
+
+    # ---- writing
+
+    def register(self, model_dir: str | Path, *, parent: str | None = None, cycle: str | int | None = None,
+                 data_counts: Mapping[str, Any] | None = None, config: Mapping[str, Any] | None = None,
+                 eval_scores: Mapping[str, Any] | None = None, cost: Mapping[str, Any] | None = None,
+                 notes: str = "", key: str | None = None, link: bool = False) -> Version:
+        """Store a copy (or hard links, `link=True`) of `model_dir` as a new candidate version.
+
+        `key` makes the call idempotent: registering again with a key already stored returns
+        that version and copies nothing (a resumed cycle cannot register its model twice).
+        """
+        source = check_model_folder(model_dir)
+        fields = {"data_counts": json_dict("data_counts", data_counts), "config": json_dict("config", config),
+                  "eval_scores": json_dict("eval_scores", eval_scores), "cost": json_dict("cost", cost)}
+        if key is not None and (found := self._by_key(key)) is not None:
+            return found
+        if parent is not None:
+            self.get(parent)  # fail before copying gigabytes
+        self._sweep_incoming()
+        incoming = self.models / f".incoming-{os.getpid()}-{uuid.uuid4().hex}"
+        try:
+            files, storage = copy_folder(source, incoming, link=link)
+            _crash_point("register:copied")
+            with writing(self.engine) as conn:
+                self._lock(conn)
+                if key is not None and (row := conn.execute(select(VersionRow).where(VersionRow.key == key)).first()):
+                    return Version.from_row(row, self.root)  # another process won the race
+                if parent is not None:
+                    self._row(conn, parent)
+                seq = (conn.scalar(select(VersionRow.seq).order_by(VersionRow.seq.desc()).limit(1)) or 0) + 1
+                vid = f"v{seq}"
+                dest = self.models / vid
+                if dest.exists():  # left by a registration killed before its commit: no row names it
+                    shutil.rmtree(dest)
+                os.rename(incoming, dest)
+                fsync_dir(self.models)
+                _crash_point("register:renamed")
+                conn.execute(insert(VersionRow).values(
+                    seq=seq, id=vid, key=key, created_at=_now(), path=f"models/{vid}", source=str(source),
+                    storage=storage, parent=parent, cycle=None if cycle is None else str(cycle),
+                    status="candidate", reasons=[], files=files, notes=notes or "", **fields))
+            return self.get(vid)
+        finally:
+            shutil.rmtree(incoming, ignore_errors=True)
+
+    def update(self, id: str, *, eval_scores: Mapping[str, Any] | None = None,
+               cost: Mapping[str, Any] | None = None, data_counts: Mapping[str, Any] | None = None,
+               notes: str | None = None) -> Version:
+        """Merge scores, costs or counts measured after registration into a version's record."""
+        with writing(self.engine) as conn:
+            row = self._row(conn, id)
+            values: dict[str, Any] = {}
+            for name, new in (("eval_scores", eval_scores), ("cost", cost), ("data_counts", data_counts)):
+                if new is not None:
+                    values[name] = {**getattr(row, name), **json_dict(name, new)}
+            if notes is not None:
+                values["notes"] = notes
+            if values:
+                conn.execute(update(VersionRow).where(VersionRow.id == id).values(**values))
+        return self.get(id)
+
+    def promote(self, id: str, reason: str = "") -> Version:
+        """Make `id` the production version, archiving the current one, in one transaction.
+
+        Promoting the current production version is a no-op (nothing recorded). A rejected
+        version cannot be promoted.
+        """
+        with writing(self.engine) as conn:
+            current = self._lock(conn)
+            row = self._row(conn, id)
+            if current == id:
+                return Version.from_row(row, self.root)
+            if row.status == "rejected":
+                raise StatusError(f"version {id} is rejected ({'; '.join(row.reasons) or 'no reason given'}); "
+                                  "a rejected version cannot be promoted")
+            self._switch(conn, current, id, "promote", reason)
+        _crash_point("promote:committed")
+        return self.get(id)
+
+    def rollback(self, to: str | None = None, reason: str = "") -> Version:
+        """Put an earlier production version back into production (recorded as a rollback).
+
+        Default target: the version the current production replaced when it was last
+        promoted, so repeated rollbacks walk back through the promotions. `to` may name any
+        version that was in production before.
+        """
+        with writing(self.engine) as conn:
+            current = self._lock(conn)
+            if current is None:
+                raise StatusError("no version is in production; there is nothing to roll back")
+            if to is None:
+                to = conn.scalar(select(HistoryRow.previous).where(
+                    HistoryRow.action == "promote", HistoryRow.version == current).order_by(
+                    HistoryRow.seq.desc()).limit(1))
+                if to is None:
+                    raise StatusError(f"production version {current} replaced no earlier version; "
+                                      "nothing to roll back to (name one with --to)")
+            row = self._row(conn, to)
+            if to == current:
+                return Version.from_row(row, self.root)
+            if not conn.scalar(select(HistoryRow.seq).where(HistoryRow.version == to,
+                                                           HistoryRow.action != "reject").limit(1)):
+                raise StatusError(f"version {to} was never in production; promote it instead of rolling back")
+            if row.status == "rejected":
+                raise StatusError(f"version {to} is rejected ({'; '.join(row.reasons)}); "
+                                  "cannot roll back to it")
+            self._switch(conn, current, to, "rollback", reason or f"rollback from {current}")
+        _crash_point("rollback:committed")
+        return self.get(to)
+
+    def reject(self, id: str, reasons: str | Iterable[str]) -> Version:
+        """Mark `id` rejected with its reasons (added to any it had). Production cannot be rejected."""
+        reasons = [reasons] if isinstance(reasons, str) else [str(r) for r in reasons]
+        reasons = [r.strip() for r in reasons if r and r.strip()]
+        if not reasons:
+            raise RegistryError(f"rejecting {id} needs at least one reason")
+        with writing(self.engine) as conn:
+            current = self._lock(conn)
+            row = self._row(conn, id)
+            if id == current:
+                raise StatusError(f"version {id} is in production; promote or roll back to another version "
+                                  "before rejecting it")
+            merged = list(dict.fromkeys([*(row.reasons or []), *reasons]))
+            if row.status == "rejected" and merged == row.reasons:
+                return Version.from_row(row, self.root)
+            conn.execute(update(VersionRow).where(VersionRow.id == id).values(status="rejected", reasons=merged))
+            generation = conn.scalar(select(StateRow.generation).where(StateRow.id == 1))
+            conn.execute(insert(HistoryRow).values(at=_now(), action="reject", version=id, previous=None,
+                                                   reason="; ".join(reasons), generation=generation))
+        return self.get(id)
+
+    # ---- internals
+
+    def _switch(self, conn: Connection, current: str | None, new: str, action: str, reason: str) -> None:
+        """The four writes of a change of production, inside the caller's transaction."""
+        _crash_point(f"{action}:locked")
+        if current is not None:
+            conn.execute(update(VersionRow).where(VersionRow.id == current).values(status="archived"))
+        _crash_point(f"{action}:archived")
+        conn.execute(update(VersionRow).where(VersionRow.id == new).values(status="production"))
+        _crash_point(f"{action}:marked")
+        generation = conn.scalar(select(StateRow.generation).where(StateRow.id == 1)) + 1
+        conn.execute(insert(HistoryRow).values(at=_now(), action=action, version=new, previous=current,
+                                               reason=reason or "", generation=generation))
+        _crash_point(f"{action}:logged")
+        conn.execute(update(StateRow).where(StateRow.id == 1).values(production=new, generation=generation))
+        _crash_point(f"{action}:state")
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn, conn.begin():  # one snapshot for several reads
+            yield conn
+
+    def _lock(self, conn: Connection) -> str | None:
+        """Lock the state row (PostgreSQL; SQLite's BEGIN IMMEDIATE already holds the write lock)."""
+        return conn.execute(select(StateRow.production).where(StateRow.id == 1).with_for_update()).scalar_one()
+
+    def _row(self, conn: Connection, id: str) -> VersionRow:
+        row = conn.execute(select(VersionRow).where(VersionRow.id == str(id))).first()
+        if row is None:
+            known = conn.scalars(select(VersionRow.id).order_by(VersionRow.seq)).all()
+            listing = ", ".join(known[-10:]) if known else "none registered yet"
+            raise VersionNotFound(f"unknown model version {id!r} in {self.root} (versions: {listing})")
+        return row
+
+    def _by_key(self, key: str) -> Version | None:
+        with self._reading() as conn:
+            row = conn.execute(select(VersionRow).where(VersionRow.key == key)).first()
+        return None if row is None else Version.from_row(row, self.root)
+
+    def _sweep_incoming(self) -> None:
+        """Remove copies left by registrations whose process is gone."""
+        for d in self.models.glob(".incoming-*"):
+            with contextlib.suppress(ValueError, IndexError):
+                pid = int(d.name.split("-")[1])
+                if not alive(pid):
+                    shutil.rmtree(d, ignore_errors=True)
+
+    def _ensure_schema(self) -> None:
+        with writing(self.engine) as conn:
+            MetaRow.__table__.create(conn, checkfirst=True)
+            Base.metadata.create_all(conn)
+            found = conn.scalar(select(MetaRow.value).where(MetaRow.key == SCHEMA_VERSION_KEY))
+            if found is None:
+                conn.execute(insert(MetaRow).values(key=SCHEMA_VERSION_KEY, value=str(SCHEMA_VERSION)))
+            elif found != str(SCHEMA_VERSION):
+                raise SchemaVersionError(f"{self.url} holds registry "
+                                         f"schema version {found}, this flywheel reads version {SCHEMA_VERSION}")
+            if conn.scalar(select(StateRow.id).where(StateRow.id == 1)) is None:
+                conn.execute(insert(StateRow).values(id=1, production=None, generation=0))
