@@ -151,7 +151,8 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
         ref_model, _ = load(cfg.model, device=cfg.device)
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
     oc = cfg.optim
-    opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay,
+                            fused=True)  # one kernel for all parameters: ~20 % of a tiny-model step otherwise
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: warmup_cosine(s, oc.warmup_steps, cfg.train.steps, oc.min_lr_ratio))
     tasks = env.tasks("train", seed=cfg.train.seed)
@@ -204,7 +205,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             rewards = [t.reward for g in groups for t in g.trajectories]  # before dynamic sampling drops any
             m = rl_step(model, opt, groups, algo, tokenizer.pad_token_id, ref_model)
             with warnings.catch_warnings():  # a skipped update still advances the schedule, by design
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step()`")
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 sched.step()
             t2 = time.perf_counter()
             skipped_in_row = skipped_in_row + 1 if m.get("skipped") and m.get("groups", 1) else 0
