@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from flywheel.cli import data, dpo, economics, env, generate, model, models, rl, sft, traces
+from flywheel.cli import serve
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -15,6 +16,7 @@ app.add_typer(economics.app, name="economics")
 app.add_typer(traces.app, name="traces")
 app.add_typer(models.app, name="models")
 app.command("generate")(generate.generate)
+app.command("serve")(serve.serve)
 app.command("sft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sft.sft)
 app.command("dpo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(dpo.dpo)
 app.command("rl", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(rl.rl)

@@ -1,0 +1,52 @@
+"""`flywheel serve`: the OpenAI-compatible HTTP server over a local model, with trace capture."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from flywheel.cli.errors import user_errors
+
+
+def serve(model: Path = typer.Option(..., "--model", help="local model folder (the production version)"),
+          host: str = typer.Option("127.0.0.1", help="interface to listen on"),
+          port: int = typer.Option(8000, min=0, max=65535),
+          name: str = typer.Option("flywheel", "--name", help="the model name clients put in `model`"),
+          version: str = typer.Option(None, "--version-label",
+                                      help="version label reported as system_fingerprint (default: the folder name)"),
+          traces_db: str = typer.Option(None, "--traces-db",
+                                        help="SQLAlchemy URL of the trace store (default: ./flywheel-data/traces.db)"),
+          no_traces: bool = typer.Option(False, "--no-traces", help="do not record traces"),
+          max_batch: int = typer.Option(64, min=1, help="most sample rows (sum of n) per forward batch"),
+          batch_window_ms: float = typer.Option(2.0, min=0.0, help="how long a batch waits for more requests"),
+          default_max_tokens: int = typer.Option(512, min=1, help="budget of chat requests that set none"),
+          dtype: str = typer.Option("float32"), device: str = typer.Option("cpu"),
+          threads: int = typer.Option(None, min=1, help="torch threads"),
+          log_level: str = typer.Option("info")) -> None:
+    """Serve MODEL over /v1/chat/completions, /v1/completions and /v1/models; record every response as a trace."""
+    if no_traces and traces_db:
+        print("error: --traces-db and --no-traces exclude each other", file=sys.stderr)
+        raise typer.Exit(2)
+    try:
+        import uvicorn
+
+        from flywheel.service.app import create_app
+    except ImportError as e:
+        print(f"error: {e.name} is missing; install the serve extra: pip install 'flywheel[serve]'", file=sys.stderr)
+        raise typer.Exit(2) from None
+    with user_errors():
+        import torch
+
+        from flywheel.service import OpenAIService, open_trace_sink
+
+        if threads:
+            torch.set_num_threads(threads)
+        sink = None if no_traces else open_trace_sink(traces_db)
+        service = OpenAIService(model, version=version or model.resolve().name, name=name, max_batch=max_batch,
+                                window_s=batch_window_ms / 1000, default_max_tokens=default_max_tokens,
+                                trace_sink=sink, dtype=dtype, device=device)
+    where = "traces off" if sink is None else f"traces -> {sink.store.url}"
+    typer.echo(f"serving {name} ({service.version}) from {model} on http://{host}:{port}/v1 ({where})")
+    uvicorn.run(create_app(service, close_service_on_shutdown=True), host=host, port=port, log_level=log_level)

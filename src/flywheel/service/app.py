@@ -1,0 +1,94 @@
+"""The FastAPI face of `OpenAIService`: routes decode JSON, call the core, encode the answer.
+
+Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health.
+Every error, including unknown routes and bodies that are not JSON, has OpenAI's shape
+`{"error": {"message", "type", "param", "code"}}`. A streamed request is answered with
+server-sent events (`data: {chunk}` lines ending with `data: [DONE]`) once its batch has
+finished (see flywheel.service.responses for why); a refused request gets a plain JSON error
+before any event.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from flywheel.service import responses as R
+from flywheel.service.core import OpenAIService
+from flywheel.service.errors import OpenAIError
+
+
+def get_service(request: Request) -> OpenAIService:
+    return request.app.state.service
+
+
+ServiceDep = Annotated[OpenAIService, Depends(get_service)]
+
+
+async def json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise OpenAIError(f"the request body is not valid JSON ({e})") from None
+
+
+BodyDep = Annotated[Any, Depends(json_body)]
+
+
+def _headers(version: str) -> dict[str, str]:
+    return {"x-flywheel-model-version": version}
+
+
+def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = False) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        if close_service_on_shutdown:
+            service.close()
+
+    app = FastAPI(title="flywheel", summary="OpenAI-compatible serving with trace capture", lifespan=lifespan)
+    app.state.service = service
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        err = OpenAIError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code, type=kind)
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health(svc: ServiceDep) -> dict[str, str]:
+        return {"status": "ok", "model": svc.name, "version": svc.version}
+
+    @app.get("/v1/models")
+    async def models(svc: ServiceDep) -> JSONResponse:
+        return JSONResponse(svc.models(), headers=_headers(svc.version))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(svc: ServiceDep, body: BodyDep):
+        response, req = await svc.chat(body)
+        headers = _headers(response["system_fingerprint"])
+        if req.stream:
+            events = R.sse(R.chat_chunks(response, include_usage=req.include_usage))
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        return JSONResponse(response, headers=headers)
+
+    @app.post("/v1/completions")
+    async def completions(svc: ServiceDep, body: BodyDep):
+        response, req = await svc.completions(body)
+        headers = _headers(response["system_fingerprint"])
+        if req.stream:
+            events = R.sse(R.completion_chunks(response, include_usage=req.include_usage))
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        return JSONResponse(response, headers=headers)
+
+    return app
