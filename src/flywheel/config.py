@@ -191,7 +191,8 @@ class RLConfig(Config):
     rollout: RolloutConfig = RolloutConfig()
     max_skipped_steps: int = Field(5, ge=1, description="stop after this many non-finite updates in a row")
     resume: bool = False
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(None, ge=1, description=(
+        "learner torch threads; default: torch's, or when asynchronous the cores the workers leave"))
     device: str = "cpu"
 
 

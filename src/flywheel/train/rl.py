@@ -82,6 +82,18 @@ def _workers(cfg: RLConfig) -> int:
     return n
 
 
+def _worker_threads(cfg: RLConfig) -> int | None:
+    return cfg.rollout.threads or (1 if cfg.max_off_policy_steps > 0 else cfg.threads)
+
+
+def _learner_threads(cfg: RLConfig, n_workers: int) -> int | None:
+    """`threads`, or when asynchronous the cores the workers leave: on a small machine a
+    torch thread pool that shares a core with a busy process slows down several-fold."""
+    if cfg.threads or not (n_workers and cfg.max_off_policy_steps > 0):
+        return cfg.threads
+    return max(1, (os.cpu_count() or 1) - n_workers * (_worker_threads(cfg) or 1))
+
+
 def _shared_memory_name(out: Path, log: Callable[[str], None]) -> str:
     """A fresh segment name for this run, recorded in the output folder; a segment left by a
     killed earlier run of the same folder is removed first."""
@@ -120,7 +132,7 @@ def _rollout_source(cfg: RLConfig, model, tokenizer, env, renderer, n_workers: i
     stack.callback(transport.close)
     stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
     s = cfg.sampling
-    threads = cfg.rollout.threads or (1 if cfg.max_off_policy_steps > 0 else cfg.threads)
+    threads = _worker_threads(cfg)
     spec = WorkerSpec(model=str(ckpt or cfg.model), env_name=cfg.env.name, env_settings=cfg.env.settings,
                       transport_name=transport.name, group_size=cfg.train.group_size, threads=threads,
                       seed=cfg.train.seed, device=cfg.device,
@@ -143,7 +155,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
 
     n_workers = _workers(cfg)
     out = Path(cfg.output_dir)
-    ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
+    ckpt = start_run(out, cfg.resume, _learner_threads(cfg, n_workers), cfg.train.seed, log)
     env = load_env(cfg.env.name, **cfg.env.settings)
     model, tokenizer = load(ckpt or cfg.model, device=cfg.device)
     ref_model = None
