@@ -1,4 +1,5 @@
-"""`flywheel env list|show|try|synth-bugs`: inspect environments, play a few episodes, make code_repair tasks."""
+"""`flywheel env list|show|try|demos|synth-bugs`: inspect environments, play a few episodes, write
+scripted demonstrations as SFT data, make code_repair tasks."""
 
 from __future__ import annotations
 
@@ -84,6 +85,30 @@ def try_(name: str,
             console.print(f"metrics: {shown}", markup=False)
         mean = sum(r.reward for r in results) / len(results)
         console.print(f"mean reward {mean:.3f} over {len(results)} episodes")
+
+
+@app.command("demos")
+def demos(name: str,
+          out: str = typer.Option(..., "--out", help="JSONL file to write (OpenAI chat SFT rows)"),
+          n: int = typer.Option(1000, "-n", help="tasks to play (one episode each)"),
+          split: str = typer.Option("train"), seed: int = typer.Option(0, help="seeds the task choice"),
+          min_reward: float = typer.Option(1.0, help="keep episodes scoring at least this"),
+          bare: bool = typer.Option(False, "--bare", help="drop the system message and the tool schemas: "
+                                                           "much shorter rows for a cheap first SFT stage"),
+          set_: list[str] = typer.Option([], "--set", help="env setting key=value (repeatable)")) -> None:
+    """Play the env's scripted policy on N tasks; write each solved episode as an SFT row
+    (messages with tool_calls and tool results, plus the tools), for `flywheel sft`."""
+    with user_errors():
+        from flywheel.envs import load_env
+        from flywheel.envs.demos import make_demos
+
+        if n < 1:
+            raise ValueError(f"-n must be at least 1, got {n}")
+        env = load_env(name, **_settings(set_))
+        rows, report = make_demos(env, n, split=split, seed=seed, min_reward=min_reward, out=out, bare=bare)
+        typer.echo(f"{report.summary()} -> {out} ({len(rows)} rows, {report.seconds:.1f} s)")
+        if not rows:
+            raise ValueError(f"no episode was kept, so {out} is empty")
 
 
 @app.command("synth-bugs")
