@@ -25,7 +25,8 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
           dtype: str = typer.Option("float32"), device: str = typer.Option("cpu"),
           threads: int = typer.Option(None, min=1, help="torch threads"),
           log_level: str = typer.Option("info")) -> None:
-    """Serve MODEL over /v1/chat/completions, /v1/completions and /v1/models; record every response as a trace."""
+    """Serve MODEL over /v1/chat/completions, /v1/completions and /v1/models; record every response as a
+    trace; take traces and feedback from other stacks on POST /v1/traces and /v1/traces/{id}/feedback."""
     if no_traces and traces_db:
         print("error: --traces-db and --no-traces exclude each other", file=sys.stderr)
         raise typer.Exit(2)
@@ -49,4 +50,6 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
                                 trace_sink=sink, dtype=dtype, device=device)
     where = "traces off" if sink is None else f"traces -> {sink.store.url}"
     typer.echo(f"serving {name} ({service.version}) from {model} on http://{host}:{port}/v1 ({where})")
-    uvicorn.run(create_app(service, close_service_on_shutdown=True), host=host, port=port, log_level=log_level)
+    store = None if sink is None else sink.store  # also takes traces and feedback from other stacks
+    uvicorn.run(create_app(service, close_service_on_shutdown=True, trace_store=store), host=host, port=port,
+                log_level=log_level)

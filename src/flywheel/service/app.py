@@ -1,6 +1,7 @@
 """The FastAPI face of `OpenAIService`: routes decode JSON, call the core, encode the answer.
 
-Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health.
+Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, and
+with a trace store POST /v1/traces and POST /v1/traces/{id}/feedback (service/ingest.py).
 Every error, including unknown routes and bodies that are not JSON, has OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`. A streamed request is answered with
 server-sent events (`data: {chunk}` lines ending with `data: [DONE]`) once its batch has
@@ -45,7 +46,9 @@ def _headers(version: str) -> dict[str, str]:
     return {"x-flywheel-model-version": version}
 
 
-def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = False) -> FastAPI:
+def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = False, trace_store=None) -> FastAPI:
+    """`trace_store` (a flywheel.loop.TraceStore) enables POST /v1/traces and feedback
+    (flywheel.service.ingest)."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
@@ -64,6 +67,11 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         err = OpenAIError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code, type=kind)
         return JSONResponse(err.body(), status_code=exc.status_code)
+
+    if trace_store is not None:
+        from flywheel.service.ingest import ingest_router
+
+        app.include_router(ingest_router(trace_store))
 
     @app.get("/health")
     async def health(svc: ServiceDep) -> dict[str, str]:
