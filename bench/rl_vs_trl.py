@@ -5,9 +5,10 @@ warm start, 8 prompts x 8 generations per step, <= 6 new tokens, temperature 1, 
 pairs scored by greedy decoding. TRL runs the peer's own script (scripts/03_grpo.py, 500
 steps at lr 1e-4, its documented settings); its held-out accuracy after 500 steps is the
 target. flywheel runs `flywheel rl` with the same lr and batch shape, evaluating every
-`--eval-every` steps; its time to target is the sum of its step times (generation + update +
-weight sync, evaluations excluded, as TRL's trainer time excludes its own evaluation) up to
-the first evaluation at or above the target.
+`--eval-every` steps; its time to target is the sum of its step times (waiting for rollouts +
+update + weight publish, evaluations excluded, as TRL's trainer time excludes its own
+evaluation) up to the first evaluation at or above the target. TRL also runs at flywheel's
+learning rate when it differs; the better TRL run sets the target.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def run_trl(model: Path, steps: int, lr: float, threads: int) -> dict:
 
 
 def run_flywheel(model: Path, steps: int, lr: float, eval_every: int, threads: int,
-                 min_lr_ratio: float) -> list[dict]:
+                 min_lr_ratio: float, k: int) -> list[dict]:
     from flywheel.config import RLConfig, validate
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
@@ -70,7 +71,8 @@ def run_flywheel(model: Path, steps: int, lr: float, eval_every: int, threads: i
                         algo={"advantage": "grpo", "eps_low": 0.2, "eps_high": 0.2},
                         optim={"lr": lr, "warmup_steps": 0, "min_lr_ratio": min_lr_ratio, "weight_decay": 0.0},
                         eval={"every": eval_every, "tasks": 200, "pass_k": 1}, checkpoint={"every": 0},
-                        log={"progress": False}, threads=threads), RLConfig)
+                        log={"progress": False}, max_off_policy_steps=k, rollout={"threads": 1},
+                        threads=threads if k == 0 else max(1, threads - 1)), RLConfig)  # the same thread budget
     run_rl(cfg, log=lambda m: None)
     return read_metrics(out / "metrics.jsonl")
 
@@ -79,7 +81,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=500)
-    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--lr", type=float, default=1e-4, help="flywheel's learning rate")
+    ap.add_argument("--trl-lr", type=float, action="append",
+                    help="TRL learning rates to run (default: the peer's 1e-4 and flywheel's); the better run is the target")
+    ap.add_argument("--k", type=int, default=1, help="flywheel's max_off_policy_steps (0 = synchronous)")
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--min-lr-ratio", type=float, default=0.0,
@@ -89,29 +94,40 @@ def main() -> None:
     if not PEER.exists():
         sys.exit(f"the peer protocol is not at {PEER}")
     model = warm_start(args.sft_steps)
-    trl = run_trl(model, args.steps, args.lr, threads)  # flywheel's lr is the peer's (1e-4): one TRL run
+    trl_lrs = args.trl_lr or sorted({1e-4, args.lr})
+    trl_runs = {lr: run_trl(model, args.steps, lr, threads) for lr in trl_lrs}
+    best_lr = max(trl_runs, key=lambda lr: trl_runs[lr]["heldout_acc_after"])
+    trl = trl_runs[best_lr]
     target = trl["heldout_acc_after"]
-    records = run_flywheel(model, args.steps, args.lr, args.eval_every, threads, args.min_lr_ratio)
+    records = run_flywheel(model, args.steps, args.lr, args.eval_every, threads, args.min_lr_ratio, args.k)
     step_time = {r["step"]: r["time/step_s"] for r in records if "time/step_s" in r}
     evals = [(r["step"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r]
     reached = next(((s, a) for s, a in evals if a >= target and s > 0), None)
     fw_time = sum(t for s, t in step_time.items() if reached and s <= reached[0]) if reached else float("nan")
     trl_time = trl["trainer_train_wall_s"]
-    fw_sps = 64 * len(step_time) / sum(step_time.values())
+    steady = [t for s, t in step_time.items() if s > 1]  # as TRL's figure: steps after the first
+    fw_sps = 64 * len(steady) / sum(steady)
     trl_sps = trl["steps_after_first"]["completions_per_s"]
+    mode = ("synchronous" if args.k == 0 else
+            f"{args.k} step off-policy; learner {max(1, threads - 1)} thread(s) + 1 rollout worker process, 1 thread")
+    trl_rows = [f"| TRL GRPOTrainer (peer script, lr {lr:g}, {args.steps} steps) | "
+                f"{r['heldout_acc_after']:.3f}{' (target)' if lr == best_lr else ''} | "
+                f"{r['trainer_train_wall_s']:.1f} s | {r['steps_after_first']['completions_per_s']:.0f} |"
+                for lr, r in trl_runs.items()]
     body = "\n".join([
         f"Machine: {common.machine_line(threads)}. Warm start: {args.sft_steps} SFT steps "
         f"(held-out greedy {evals[0][1]:.3f} by flywheel's eval, {trl['heldout_acc_before']:.3f} by TRL's script). "
-        f"Both: 8 prompts x 8 generations, <= 6 tokens, lr {args.lr:g}, {args.steps} steps max "
-        f"(flywheel: cosine to {args.min_lr_ratio:g} x lr; TRL: linear to 0).", "",
+        f"Both: 8 prompts x 8 generations, <= 6 tokens, {args.steps} steps max "
+        f"(flywheel: lr {args.lr:g}, cosine to {args.min_lr_ratio:g} x lr, {mode}; TRL: linear to 0).", "",
         "| system | held-out greedy after | wall time | samples/s (steady) |", "|---|---|---|---|",
-        f"| TRL GRPOTrainer (peer script, {args.steps} steps) | {target:.3f} (target) | {trl_time:.1f} s | {trl_sps:.0f} |",
-        f"| flywheel rl (synchronous) | {max(a for _, a in evals):.3f} best, "
+        *trl_rows,
+        f"| flywheel rl ({mode}) | {max(a for _, a in evals):.3f} best, "
         f"{'reached target at step %d' % reached[0] if reached else 'target not reached'} | "
         f"{fw_time:.1f} s to target | {fw_sps:.0f} |", "",
         "flywheel evaluations (step: accuracy): " + ", ".join(f"{s}: {a:.3f}" for s, a in evals)])
     last = (f"rl_vs_trl: ratio={trl_time / fw_time:.2f} samples_ratio={fw_sps / trl_sps:.2f} target={target:.3f} "
-            f"flywheel_time_to_target_s={fw_time:.1f} trl_time_s={trl_time:.1f} threads={threads}")
+            f"flywheel_time_to_target_s={fw_time:.1f} trl_time_s={trl_time:.1f} k={args.k} lr={args.lr:g} "
+            f"threads={threads}")
     common.append_report("bench/rl_vs_trl.py: flywheel GRPO vs TRL GRPOTrainer", body, last)
 
 
