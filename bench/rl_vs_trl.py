@@ -58,7 +58,7 @@ def run_trl(model: Path, steps: int, lr: float, threads: int) -> dict:
 
 
 def run_flywheel(model: Path, steps: int, lr: float, eval_every: int, threads: int,
-                 min_lr_ratio: float, k: int) -> list[dict]:
+                 min_lr_ratio: float, k: int, seed: int = 0) -> list[dict]:
     from flywheel.config import RLConfig, validate
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
@@ -66,7 +66,7 @@ def run_flywheel(model: Path, steps: int, lr: float, eval_every: int, threads: i
     out = common.WORK / "flywheel-rl"
     shutil.rmtree(out, ignore_errors=True)
     cfg = validate(dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
-                        train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": 0},
+                        train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": seed},
                         sampling={"temperature": 1.0, "max_tokens": 6},
                         algo={"advantage": "grpo", "eps_low": 0.2, "eps_high": 0.2},
                         optim={"lr": lr, "warmup_steps": 0, "min_lr_ratio": min_lr_ratio, "weight_decay": 0.0},
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--trl-lr", type=float, action="append",
                     help="TRL learning rates to run (default: the peer's 1e-4 and flywheel's); the better run is the target")
     ap.add_argument("--k", type=int, default=1, help="flywheel's max_off_policy_steps (0 = synchronous)")
+    ap.add_argument("--seed", type=int, default=0, help="flywheel's data order and sampling seed")
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--min-lr-ratio", type=float, default=0.0,
@@ -99,7 +100,7 @@ def main() -> None:
     best_lr = max(trl_runs, key=lambda lr: trl_runs[lr]["heldout_acc_after"])
     trl = trl_runs[best_lr]
     target = trl["heldout_acc_after"]
-    records = run_flywheel(model, args.steps, args.lr, args.eval_every, threads, args.min_lr_ratio, args.k)
+    records = run_flywheel(model, args.steps, args.lr, args.eval_every, threads, args.min_lr_ratio, args.k, args.seed)
     step_time = {r["step"]: r["time/step_s"] for r in records if "time/step_s" in r}
     evals = [(r["step"], r["eval/greedy_accuracy"]) for r in records if "eval/greedy_accuracy" in r]
     reached = next(((s, a) for s, a in evals if a >= target and s > 0), None)
@@ -126,7 +127,7 @@ def main() -> None:
         f"{fw_time:.1f} s to target | {fw_sps:.0f} |", "",
         "flywheel evaluations (step: accuracy): " + ", ".join(f"{s}: {a:.3f}" for s, a in evals)])
     last = (f"rl_vs_trl: ratio={trl_time / fw_time:.2f} samples_ratio={fw_sps / trl_sps:.2f} target={target:.3f} "
-            f"flywheel_time_to_target_s={fw_time:.1f} trl_time_s={trl_time:.1f} k={args.k} lr={args.lr:g} "
+            f"flywheel_time_to_target_s={fw_time:.1f} trl_time_s={trl_time:.1f} k={args.k} lr={args.lr:g} seed={args.seed} "
             f"threads={threads}")
     common.append_report("bench/rl_vs_trl.py: flywheel GRPO vs TRL GRPOTrainer", body, last)
 
