@@ -57,7 +57,6 @@ from flywheel.loop.registry_storage import (
     Version,
     VersionNotFound,
     VersionRow,
-    alive,
     aware,
     check_model_folder,
     copy_folder,
@@ -67,6 +66,7 @@ from flywheel.loop.registry_storage import (
 )
 from flywheel.loop.trace_db import SchemaVersionError, open_engine, writing
 from flywheel.loop.trace_tables import MetaRow
+from flywheel.process import pid_alive
 
 
 def default_root() -> Path:
@@ -352,7 +352,7 @@ class Registry:
         for d in self.models.glob(".incoming-*"):
             with contextlib.suppress(ValueError, IndexError):
                 pid = int(d.name.split("-")[1])
-                if not alive(pid):
+                if not pid_alive(pid):
                     shutil.rmtree(d, ignore_errors=True)
 
     def _ensure_schema(self) -> None:

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.process import pid_alive
+
 _counter = itertools.count()
 _JOIN = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo 0 > "$1" || exit 125; shift; n=$((n-1)); done; exec "$@"'
 JOIN_FAILED = 125  # exit status of the join prefix when it cannot enter the cgroup
@@ -147,16 +149,6 @@ def pids_available() -> bool:
     return any("pids" in h.controllers for h in hierarchies())
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove_stale(base: Path) -> None:
     try:
         entries = list(base.iterdir())
@@ -165,7 +157,7 @@ def _remove_stale(base: Path) -> None:
     for d in entries:
         parts = d.name.split("-")
         if len(parts) == 3 and parts[0] == "flywheel" and parts[1].isdigit() and d.is_dir():
-            if int(parts[1]) != os.getpid() and not _pid_alive(int(parts[1])):
+            if int(parts[1]) != os.getpid() and not pid_alive(int(parts[1])):
                 _kill_and_remove(d, version=2 if (d / "cgroup.kill").exists() else 1)
 
 

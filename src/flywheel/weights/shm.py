@@ -57,6 +57,7 @@ import _posixshmem
 import numpy as np
 import torch
 
+from flywheel.process import pid_alive
 from flywheel.weights.base import WeightTransport
 from flywheel.weights.shm_reader import SharedMemoryReader
 
@@ -95,16 +96,6 @@ def _align(n: int) -> int:
 
 def _header_words(buffers: int, slots: int) -> int:
     return FIXED_WORDS + 2 * buffers + 2 * slots
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
 
 
 class SharedMemoryTransport(WeightTransport):
@@ -208,7 +199,7 @@ class SharedMemoryTransport(WeightTransport):
         """Free the slots (and leases) of readers whose process has died. Lock held."""
         for r in range(self.n_slots):
             pid = int(h[self._lease(r) + 1])
-            if pid and pid != os.getpid() and not _alive(pid):
+            if pid and pid != os.getpid() and not pid_alive(pid):
                 h[self._lease(r)], h[self._lease(r) + 1] = -1, 0
 
     def leases(self) -> dict[int, int]:

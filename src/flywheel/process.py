@@ -1,0 +1,18 @@
+"""Facts about local processes that several parts need (shared-memory leases, sandbox
+cgroups, the registry's half-copied folders)."""
+
+from __future__ import annotations
+
+import os
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process `pid` exists in this pid namespace (signal 0 probes without sending;
+    a process of another user answers PermissionError, and is alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
