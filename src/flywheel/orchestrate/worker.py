@@ -16,7 +16,7 @@ import asyncio
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from flywheel.types import Task, TrajectoryGroup
 
@@ -57,7 +57,6 @@ class WorkResult:
     weight_load_s: float  # copying the newest weights in
     tokens: int = 0
     error: str | None = None  # set when the episodes raised; groups is then empty
-    metrics: dict = field(default_factory=dict)
 
 
 def _die_with_parent() -> None:
