@@ -1,5 +1,9 @@
 """RL learns: held-out greedy accuracy on the shared `ab+cd=` task rises by >= 10 points from a
-short SFT warm start, with rollouts one step off-policy in a worker process (seeded)."""
+short SFT warm start, with rollouts one step off-policy in a worker process (seeded).
+
+The warm start is a smaller tiny model than the bench's (hidden 128, 2 layers) after 300 SFT
+steps: ~16 s on 2 cores, held-out greedy ~33 %, and 40 GRPO steps (~6 s) lift it by 20-33
+points across seeds 0-2 (measured 2026-12-01), so the 10-point bar has a wide margin."""
 
 from pathlib import Path
 
@@ -14,10 +18,8 @@ from flywheel.train.sft import run_sft
 
 @pytest.fixture(scope="module")
 def warm_start(tmp_path_factory) -> Path:
-    """The bench's warm start, shorter: the default tiny model after 300 SFT steps of 128
-    pairs (held-out greedy ~25 %)."""
     root = tmp_path_factory.mktemp("warm")
-    model = build_tiny_model(root / "tiny", TinySpec())
+    model = build_tiny_model(root / "tiny", TinySpec(hidden=128, layers=2, heads=2, ffn=512))
     data = write_sft_jsonl(root / "train.jsonl", split_pairs()[0])
     result = run_sft(validate(dict(
         model=str(model), output_dir=str(root / "sft"), data={"train": [str(data)], "format": "prompt_completion"},
@@ -27,14 +29,13 @@ def warm_start(tmp_path_factory) -> Path:
     return result.final_model
 
 
-@pytest.mark.slow
 def test_async_grpo_raises_heldout_accuracy_by_ten_points(warm_start, tmp_path):
     cfg = validate(dict(
         model=str(warm_start), output_dir=str(tmp_path / "rl"), env={"name": "arithmetic"},
-        train={"steps": 20, "groups_per_step": 8, "group_size": 8, "seed": 0},
+        train={"steps": 40, "groups_per_step": 8, "group_size": 8, "seed": 0},
         sampling={"temperature": 1.0, "max_tokens": 6}, optim={"lr": 1e-4},
         eval={"tasks": 200}, log={"progress": False}, threads=2, max_off_policy_steps=1), RLConfig)
     result = run_rl(cfg, log=lambda m: None)
     before, after = result.evals[0]["eval/greedy_accuracy"], result.evals[-1]["eval/greedy_accuracy"]
+    assert 0.05 < before < 0.8, f"the warm start is off its measured ~33 %: {before}"
     assert after >= before + 0.10, (before, after)
-

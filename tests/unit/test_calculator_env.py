@@ -167,7 +167,26 @@ def test_tasks_are_seeded_and_train_differs_from_test(env):
     assert all(len(t.metadata["expression"].split()) == 3 for t in plain.tasks("test", n=30))
 
 
-@pytest.mark.parametrize("kwargs", [{"tool_latency_s": -1}, {"chain_prob": 1.5}, {"max_turns": "x"}])
+def test_bare_prompt_and_max_digits():
+    env = load(chain_prob=0.0, bare_prompt=True, max_digits=2)
+    tasks = env.tasks("test", n=50)
+    for t in tasks:
+        assert t.prompt == [{"role": "user", "content": f"What is {t.metadata['expression']}?"}]
+        assert t.tools == []
+        a, b = (int(x) for x in t.metadata["expression"].split(" * "))
+        assert 1 <= a < 100 and 1 <= b < 100
+    assert any(int(x) >= 10 for t in tasks for x in t.metadata["expression"].split(" * "))
+    # the tool still answers when it is not shown
+    task = tasks[0]
+    call = json.dumps({"name": "calc", "arguments": {"expression": task.metadata["expression"]}})
+    env_ = env.make_env(task)
+    first = asyncio.run(env_.step(f"<tool_call>\n{call}\n</tool_call>"))
+    assert not first.done and first.observation[-1]["content"] == task.answer
+    assert asyncio.run(env_.step(f"It is {task.answer}.")).reward == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{"tool_latency_s": -1}, {"chain_prob": 1.5}, {"max_turns": "x"},
+                                    {"max_digits": 1}, {"bare_prompt": "yes"}])
 def test_bad_settings(kwargs):
     with pytest.raises(ValueError):
         load_env("calculator", **kwargs)

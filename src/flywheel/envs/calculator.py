@@ -4,7 +4,11 @@
 Reward 1 when the last number in the final answer (the assistant turn without tool calls)
 equals the exact value. Weight-0 metrics: `used_tool` (the episode called calc) and
 `answer_format` (the final answer holds a number). `tool_latency_s` makes each calc call
-take that long (asyncio sleep), to model tools that take real time.
+take that long (asyncio sleep), to model tools that take real time. Operands have
+`max_digits - 1` to `max_digits` digits (default 4). `bare_prompt` asks the
+question alone, with no system message and no tool schemas (the calc tool still answers): a
+model fine-tuned on the tool does not need them, and prompts shrink from ~1,000 byte tokens to
+~25, which is what makes multi-turn RL on it fit a CPU test.
 """
 
 from __future__ import annotations
@@ -79,10 +83,15 @@ class CalculatorEnvironment(Environment):
     name = "calculator"
     description = "multi-turn tool use: multiply and chain 3-4-digit numbers with a calc tool"
 
-    def __init__(self, tool_latency_s: float = 0.0, chain_prob: float = 0.5, limits: ToolLimits = ToolLimits(max_turns=6)):
+    def __init__(self, tool_latency_s: float = 0.0, chain_prob: float = 0.5, limits: ToolLimits = ToolLimits(max_turns=6),
+                 bare_prompt: bool = False, max_digits: int = 4):
         if tool_latency_s < 0 or not 0 <= chain_prob <= 1:
             raise ValueError("tool_latency_s must be >= 0 and chain_prob in [0, 1]")
+        if not 2 <= max_digits <= 12:
+            raise ValueError(f"max_digits must be in [2, 12], got {max_digits}")
+        self.max_digits = max_digits
         self.tool_latency_s, self.chain_prob, self.limits = tool_latency_s, chain_prob, limits
+        self.bare_prompt = bare_prompt
         self.calc = Tool.from_function(self._calc_async if tool_latency_s > 0 else self._calc,
                                        name="calc", blocking=False, timeout_s=10.0)
         self.rubric = Rubric([
@@ -115,7 +124,8 @@ class CalculatorEnvironment(Environment):
         return float(final_number(st.final_text) == st.task.answer)
 
     def _problem(self, rng: random.Random) -> str:
-        a, b = rng.randrange(100, 10000), rng.randrange(100, 10000)
+        low, high = 10 ** (self.max_digits - 2), 10 ** self.max_digits  # 4: 3-4 digits; 2: 1-2 digits
+        a, b = rng.randrange(low, high), rng.randrange(low, high)
         expr = f"{a} * {b}"
         if rng.random() < self.chain_prob:
             c, d = rng.randrange(10, 1000), rng.randrange(2, 100)
@@ -130,10 +140,10 @@ class CalculatorEnvironment(Environment):
         out = []
         for i in range(count):
             expr = self._problem(rng)
+            question = {"role": "user", "content": f"What is {expr}?"}
             out.append(Task(id=f"calc-{split}-{seed}-{i}", split=split, answer=_format(evaluate(expr)),
-                            prompt=[{"role": "system", "content": SYSTEM},
-                                    {"role": "user", "content": f"What is {expr}?"}],
-                            tools=[self.calc.schema], metadata={"expression": expr}))
+                            prompt=[question] if self.bare_prompt else [{"role": "system", "content": SYSTEM}, question],
+                            tools=[] if self.bare_prompt else [self.calc.schema], metadata={"expression": expr}))
         return out
 
     def make_env(self, task: Task) -> Env:
@@ -144,6 +154,7 @@ class CalculatorEnvironment(Environment):
 
     def info(self) -> dict:
         return {**super().info(), "tools": [self.calc.schema], "tool_latency_s": self.tool_latency_s,
+                "bare_prompt": self.bare_prompt, "max_digits": self.max_digits,
                 "reward": "1 if the last number of the final answer is exact; metrics used_tool, answer_format"}
 
 
@@ -158,6 +169,10 @@ class ScriptedCalculatorPolicy(Policy):
         return f"Let me compute that.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
 
 
-def load(tool_latency_s: float = 0.0, chain_prob: float = 0.5, max_turns: int = 6) -> CalculatorEnvironment:
+def load(tool_latency_s: float = 0.0, chain_prob: float = 0.5, max_turns: int = 6,
+         bare_prompt: bool = False, max_digits: int = 4) -> CalculatorEnvironment:
+    if not isinstance(bare_prompt, bool):
+        raise ValueError(f"bare_prompt must be true or false, got {bare_prompt!r}")
     return CalculatorEnvironment(tool_latency_s=float(tool_latency_s), chain_prob=float(chain_prob),
-                                 limits=ToolLimits(max_turns=int(max_turns)))
+                                 limits=ToolLimits(max_turns=int(max_turns)), bare_prompt=bare_prompt,
+                                 max_digits=int(max_digits))

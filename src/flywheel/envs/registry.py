@@ -16,6 +16,7 @@ BUILTINS = {
     "calculator": "flywheel.envs.calculator:load",
     "reasoning_gym": "flywheel.envs.reasoning_gym:load",
     "code_repair": "flywheel.envs.code_repair:load",
+    "replay": "flywheel.envs.replay:load",
 }
 
 
