@@ -89,6 +89,8 @@ class SFTConfig(Config):
     log: LogConfig = LogConfig()
     resume: bool = Field(False, description="continue from the newest complete checkpoint")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; null = torch default")
+    max_seconds: float | None = Field(None, gt=0, description=(
+        "stop after the step that passes this many wall-clock seconds (this process) and save the final model"))
     dtype: Literal["float32", "bfloat16"] = "float32"
     device: str = "cpu"
 
@@ -123,6 +125,8 @@ class DPOConfig(Config):
     eval: EvalConfig = EvalConfig()
     resume: bool = False
     threads: int | None = Field(None, ge=1)
+    max_seconds: float | None = Field(None, gt=0, description=(
+        "stop after the step that passes this many wall-clock seconds (this process) and save the final model"))
     device: str = "cpu"
 
 
@@ -189,6 +193,8 @@ class RLConfig(Config):
         "staleness bound k: samples may come from weights up to k versions old (0 = synchronous "
         "on-policy; 1 = generate step s + 1 while step s trains)"))
     rollout: RolloutConfig = RolloutConfig()
+    max_seconds: float | None = Field(None, gt=0, description=(
+        "stop after the step that passes this many wall-clock seconds (this process) and save the final model"))
     max_skipped_steps: int = Field(5, ge=1, description="stop after this many non-finite updates in a row")
     resume: bool = False
     threads: int | None = Field(None, ge=1, description=(

@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from flywheel.envs.registry import list_envs
+from flywheel.files import atomic_write
 from flywheel.envs.replay import task_from_dict
 from flywheel.loop.curation_rules import (
     CurationConfig,
@@ -269,20 +268,6 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
     return Curated(splits["rl"], splits["sft"], splits["dpo"], report)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_curated(curated: Curated, out_dir: str | Path) -> dict[str, Path]:
     """{kind}_{train,heldout}.jsonl and report.json in `out_dir`; returns name -> path
     ("rl_train", ..., "report"). The same Curated gives the same bytes (sorted keys)."""
@@ -294,7 +279,7 @@ def write_curated(curated: Curated, out_dir: str | Path) -> dict[str, Path]:
             items = getattr(getattr(curated, kind), side)
             text = "".join(json.dumps(i.row, sort_keys=True, ensure_ascii=False) + "\n" for i in items)
             paths[f"{kind}_{side}"] = out / f"{kind}_{side}.jsonl"
-            _atomic_write(paths[f"{kind}_{side}"], text.encode())
+            atomic_write(paths[f"{kind}_{side}"], text.encode())
     paths["report"] = out / "report.json"
-    _atomic_write(paths["report"], (json.dumps(curated.report.to_dict(), indent=2, sort_keys=True) + "\n").encode())
+    atomic_write(paths["report"], (json.dumps(curated.report.to_dict(), indent=2, sort_keys=True) + "\n").encode())
     return paths

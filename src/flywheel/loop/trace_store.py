@@ -208,6 +208,11 @@ class TraceStore:
                 return
             last = rows[-1].seq
 
+    def max_seq(self) -> int:
+        """The newest trace's seq (0 when empty): a cursor covering every trace stored so far."""
+        with self.engine.connect() as conn:
+            return int(conn.scalar(select(func.max(_TRACES.c.seq))) or 0)
+
     def count(self, since: datetime | None = None, source: str | None = None,
               with_feedback: bool | None = None) -> int:
         with self.engine.connect() as conn:

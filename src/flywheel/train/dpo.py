@@ -25,7 +25,7 @@ from flywheel.train.progress import StepProgress
 from flywheel.train.rl_losses import dpo_loss
 from flywheel.train.rl_step import token_logprobs
 from flywheel.train.schedule import warmup_cosine
-from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
+from flywheel.train.run_state import Deadline, restore_trainer_state, start_run, trainer_state
 
 
 @dataclass
@@ -80,8 +80,9 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
         save_checkpoint(out, step, model, tokenizer, trainer_state(step, opt, sched, order, cfg),
                         keep=cfg.checkpoint.keep)
 
+    deadline = Deadline(cfg.max_seconds)
     with StepProgress(total, start=step, enabled=cfg.log.progress, description="dpo") as progress:
-        while step < total:
+        while step < total and not deadline.passed():
             t0 = time.perf_counter()
             batch = [pairs[i] for i in order.take(cfg.train.batch_size)]
             model.train()

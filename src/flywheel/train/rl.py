@@ -35,7 +35,7 @@ from flywheel.train.checkpoint import load_state, save_checkpoint, save_model_fo
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import RLStepConfig, rl_step
-from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.train.run_state import Deadline, TrainError, restore_trainer_state, start_run, trainer_state
 from flywheel.train.schedule import warmup_cosine
 
 SHM_RECORD = "rollout-weights.shm"  # name of the run's shared-memory segment, for cleanup after a kill
@@ -204,10 +204,11 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
 
     if step == 0:
         run_eval()
+    deadline = Deadline(cfg.max_seconds)
     skipped_in_row = 0
     with StepProgress(cfg.train.steps, start=step, enabled=cfg.log.progress, description="rl",
                       metric="reward") as progress:
-        while step < cfg.train.steps:
+        while step < cfg.train.steps and not deadline.passed():
             t0 = time.perf_counter()
             roll = feeder.take(step)
             groups = roll.groups

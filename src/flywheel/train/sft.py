@@ -33,7 +33,7 @@ from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.losses import sft_loss
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
-from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.train.run_state import Deadline, TrainError, restore_trainer_state, start_run, trainer_state
 from flywheel.train.schedule import warmup_cosine
 from flywheel.train.sft_data import Example, load_sft_examples
 
@@ -108,9 +108,10 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
             last.update(record)
             log(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in record.items()))
 
+    deadline = Deadline(cfg.max_seconds)
     # ---- the loop
     with StepProgress(total_steps, start=step, enabled=cfg.log.progress) as progress:
-        while step < total_steps:
+        while step < total_steps and not deadline.passed():
             t0 = time.perf_counter()
             batch = [examples[i] for i in order.take(tc.batch_size)]
             n_trained = sum(sum(ex.loss_mask[1:]) for ex in batch)  # tokens that get predicted

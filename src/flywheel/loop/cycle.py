@@ -1,0 +1,364 @@
+"""One flywheel cycle, from the production model to a promoted or rejected candidate.
+
+    started   -> the incumbent (production version) and the trace cursor are fixed
+    curated   -> traces with seq <= cursor curated into RL / SFT / DPO files (curation.py);
+                 held-out RL tasks from traces after the incumbent's own cursor are the
+                 *new-failure* suite (failures of the model now serving)
+    trained   -> SFT -> RL -> DPO (configurable order), each from the previous model
+    evaluated -> incumbent and candidate scored on the regression suites + new failures
+    decided   -> the gate (gate.py)
+    finished  -> candidate registered (idempotent key), promoted or rejected, outcome logged
+
+The state is one JSON file per cycle (`<data_dir>/cycles/<id>/state.json`), replaced
+atomically after each stage, so a SIGKILL anywhere leaves the last finished stage on disk.
+`run_cycle` resumes an unfinished cycle before it starts a new one: training stages resume
+from their checkpoints, evaluation reruns, registration is keyed, and promotion checks the
+registry's history first, so no step is done twice and no trace is lost (traces are only
+read; the cursor only decides which ones a cycle sees).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from flywheel.files import atomic_write
+from flywheel.loop.loop_config import LoopConfig, stage_config
+
+STAGES = ("started", "curated", "trained", "evaluated", "decided", "finished")
+NEW_FAILURES_FILE = "new_failures.jsonl"
+
+
+class CycleError(RuntimeError):
+    """A cycle cannot start or go on; the message says why and what to do."""
+
+
+def _crash_point(name: str) -> None:
+    """No-op; the crash tests replace it to SIGKILL the process at the named step."""
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class CycleState:
+    id: str
+    stage: str
+    started_at: str
+    incumbent: str  # registry version id of the production model at the start
+    incumbent_path: str
+    trace_cursor: int  # this cycle reads traces with seq <= trace_cursor
+    since_cursor: int  # failures after this seq are the incumbent's own ("new")
+    curation: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    new_failures: int = 0
+    stages_run: list[dict[str, Any]] = field(default_factory=list)
+    candidate_path: str | None = None
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)  # "incumbent" / "candidate" -> suite -> acc
+    decision: dict[str, Any] = field(default_factory=dict)
+    version: str | None = None  # the registered candidate
+    outcome: str | None = None  # promoted | rejected | nothing to train
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
+    usd: float = 0.0
+    finished_at: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stage == "finished"
+
+
+class Flywheel:
+    """The loop's state stores, opened from a LoopConfig: traces, registry, ledger, cycles."""
+
+    def __init__(self, cfg: LoopConfig):
+        from flywheel.economics.ledger import Ledger
+        from flywheel.loop.registry import Registry
+        from flywheel.loop.trace_store import TraceStore
+
+        self.cfg = cfg
+        self.root = cfg.root
+        self.cycles_dir = self.root / "cycles"
+        self.cycles_dir.mkdir(parents=True, exist_ok=True)
+        self._stack = ExitStack()
+        self.traces = TraceStore(cfg.trace_url)
+        self._stack.callback(self.traces.close)
+        self.registry = Registry(self.root / "registry")
+        self._stack.callback(self.registry.close)
+        self.ledger = Ledger(self.root / "ledger.jsonl")
+        self.outcomes_path = self.root / "cycles.jsonl"
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def __enter__(self) -> Flywheel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- cycle states
+
+    def states(self) -> list[CycleState]:
+        out = []
+        for path in sorted(self.cycles_dir.glob("c*/state.json"), key=lambda p: int(p.parent.name[1:])):
+            try:
+                out.append(CycleState(**json.loads(path.read_text(encoding="utf-8"))))
+            except (ValueError, TypeError) as e:
+                raise CycleError(f"{path}: unreadable cycle state ({e}); move the folder aside to go on") from None
+        return out
+
+    def save(self, st: CycleState) -> None:
+        folder = self.cycles_dir / st.id
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(folder / "state.json", (json.dumps(asdict(st), indent=2, sort_keys=True) + "\n").encode())
+
+    def folder(self, st: CycleState) -> Path:
+        return self.cycles_dir / st.id
+
+    def since_cursor(self, incumbent: str) -> int:
+        """The trace cursor of the cycle that produced `incumbent` (0 for a model from outside)."""
+        for st in reversed(self.states()):
+            if st.version == incumbent:
+                return st.trace_cursor
+        return 0
+
+    def new_failures_since(self, cursor: int) -> int:
+        """Failed traces (curation's outcome rule) with seq > cursor."""
+        from flywheel.loop.curation_rules import outcome
+
+        return sum(outcome(t, self.cfg.curation) == "fail"
+                   for t in self.traces.iter_traces(after_seq=cursor, with_feedback=True))
+
+
+# ---------------------------------------------------------------------------- the stages
+
+
+def start_cycle(fw: Flywheel) -> CycleState:
+    prod = fw.registry.production()
+    if prod is None:
+        raise CycleError("no production model in the registry: register one and promote it first "
+                         "(flywheel models register DIR, then flywheel models promote v1)")
+    states = fw.states()
+    n = int(states[-1].id[1:]) + 1 if states else 1
+    st = CycleState(id=f"c{n}", stage="started", started_at=_now(), incumbent=prod.id,
+                    incumbent_path=str(prod.path), trace_cursor=fw.traces.max_seq(), since_cursor=fw.since_cursor(prod.id))
+    fw.save(st)
+    return st
+
+
+def _regression_suites(fw: Flywheel):
+    from flywheel.loop.evaluation import suite_from_config
+
+    return [suite_from_config(name, s) for name, s in fw.cfg.eval.suites.items()]
+
+
+def _curate(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
+    from flywheel.loop.curation import curate, write_curated
+
+    t0 = time.perf_counter()
+    traces = itertools.takewhile(lambda t: t.seq <= st.trace_cursor, fw.traces.iter_traces())
+    eval_prompts = [t.prompt for s in _regression_suites(fw) for t in s.tasks]
+    curated = curate(traces, eval_prompts, fw.cfg.curation)
+    folder = fw.folder(st) / "data"
+    files = {k: str(v) for k, v in write_curated(curated, folder).items()}
+    new = [i.row for i in curated.rl.heldout if i.seq > st.since_cursor][:fw.cfg.eval.new_failures_max]
+    files["new_failures"] = str(folder / NEW_FAILURES_FILE)
+    atomic_write(files["new_failures"], "".join(json.dumps(r, sort_keys=True) + "\n" for r in new).encode())
+    st.curation = curated.report.to_dict()
+    st.files, st.new_failures = files, len(new)
+    st.seconds["curate"] = time.perf_counter() - t0
+    items = st.curation["items"]
+    log(f"{st.id}: curated {st.curation['traces']} traces: "
+        + ", ".join(f"{k} {v['train']}+{v['heldout']}" for k, v in items.items())
+        + f" (train+held-out); {len(new)} new failures to gate on")
+    _record_cost(fw, st, "curation", st.seconds["curate"])
+
+
+def _count_lines(path: str) -> int:
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _budget_seconds(fw: Flywheel, st: CycleState) -> float | None:
+    """What is left of the cycle's training budget (seconds, the dollar budget converted at
+    the catalog price of `hardware`); None = unbounded."""
+    from flywheel.economics.catalog import load_catalog
+
+    tm = fw.cfg.train
+    limits = [tm.max_seconds] if tm.max_seconds else []
+    if tm.max_usd:
+        limits.append(tm.max_usd / load_catalog().get(fw.cfg.hardware).usd_per_hour * 3600.0)
+    if not limits:
+        return None
+    spent = sum(s["seconds"] for s in st.stages_run)
+    return max(min(limits) - spent, 0.0)
+
+
+def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
+    from flywheel.train.dpo import run_dpo
+    from flywheel.train.rl import run_rl
+    from flywheel.train.sft import run_sft
+
+    files, folder = st.files, fw.folder(st)
+    current = st.stages_run[-1]["final_model"] if st.stages_run else st.incumbent_path
+    done = {s["stage"] for s in st.stages_run}
+    for stage in fw.cfg.train.order:
+        if stage in done:
+            continue
+        n = _count_lines(files[f"{stage}_train"])
+        budget = _budget_seconds(fw, st)
+        if n < fw.cfg.train.min_examples or budget == 0.0:
+            why = "budget spent" if budget == 0.0 else f"{n} curated examples < min_examples {fw.cfg.train.min_examples}"
+            st.stages_run.append({"stage": stage, "skipped": why, "seconds": 0.0, "final_model": current})
+            fw.save(st)
+            log(f"{st.id}: {stage} skipped ({why})")
+            continue
+        common = dict(model=current, output_dir=str(folder / stage), resume=True, max_seconds=budget)
+        log(f"{st.id}: {stage} on {n} examples from {Path(current).name}")
+        t0 = time.perf_counter()
+        if stage == "sft":
+            result = run_sft(stage_config(fw.cfg, "sft", **common, data={"train": [files["sft_train"]], "format": "chat"}),
+                             log=log)
+        elif stage == "dpo":
+            result = run_dpo(stage_config(fw.cfg, "dpo", **common, data={"train": [files["dpo_train"]]}), log=log)
+        else:
+            test = next((files[k] for k in ("new_failures", "rl_heldout", "rl_train") if _count_lines(files[k])), None)
+            env = {"name": "replay", "settings": {"train": files["rl_train"], "test": test}}
+            result = run_rl(stage_config(fw.cfg, "rl", **common, env=env), log=log)
+        seconds = time.perf_counter() - t0
+        current = str(result.final_model)
+        st.stages_run.append({"stage": stage, "examples": n, "steps": result.steps, "seconds": seconds,
+                              "final_model": current})
+        _record_cost(fw, st, stage, seconds)
+        fw.save(st)
+        _crash_point(f"train:{stage}")
+    ran = [s for s in st.stages_run if "skipped" not in s]
+    st.candidate_path = current if ran else None
+
+
+def _evaluate(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
+    from flywheel.envs.replay import ReplayEnvironment
+    from flywheel.loop.evaluation import Suite, evaluate_model
+
+    suites = _regression_suites(fw)
+    if st.new_failures:
+        env = ReplayEnvironment(Path(st.files["new_failures"]))
+        suites.append(Suite(fw.cfg.gate.new_failures, env, env.tasks("train"), fw.cfg.eval.new_failures_max_tokens))
+    seconds = 0.0
+    for who, path in (("incumbent", st.incumbent_path), ("candidate", st.candidate_path)):
+        result = evaluate_model(path, suites)
+        st.scores[who] = result.scores
+        seconds += result.seconds
+        log(f"{st.id}: {who}: " + ", ".join(f"{k} {v:.3f}" for k, v in result.scores.items()))
+    st.seconds["evaluate"] = seconds
+    _record_cost(fw, st, "eval", seconds)
+
+
+def _decide(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
+    from flywheel.loop.gate import decide
+
+    d = decide(st.scores["incumbent"], st.scores["candidate"], fw.cfg.gate)
+    st.decision = {"promote": d.promote, "reasons": d.reasons, "gain": d.gain, "deltas": d.deltas}
+    log(f"{st.id}: gate: {d.summary()}")
+
+
+def _was_promoted(fw: Flywheel, version: str) -> bool:
+    return any(e.version == version and e.action == "promote" for e in fw.registry.history())
+
+
+def _finish(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
+    reg = fw.registry
+    if st.candidate_path is None:
+        st.outcome = "nothing to train"
+    else:
+        counts = {k: v for k, v in st.curation.get("items", {}).items()}
+        v = reg.register(st.candidate_path, parent=st.incumbent, cycle=st.id, key=f"cycle:{st.id}:{st.started_at}",
+                         data_counts={**counts, "new_failures": st.new_failures},
+                         config={"stages": [s["stage"] for s in st.stages_run if "skipped" not in s]},
+                         eval_scores=st.scores, cost={"usd": st.usd}, notes="; ".join(st.decision["reasons"]))
+        st.version = v.id
+        _crash_point("finish:registered")
+        prod = reg.production()
+        if not st.decision["promote"]:
+            reg.reject(v.id, st.decision["reasons"])
+            st.outcome = "rejected"
+        elif _was_promoted(fw, v.id):
+            st.outcome = "promoted"  # a resumed cycle: the promotion had committed before the kill
+        elif prod is None or prod.id != st.incumbent:
+            reason = (f"production changed during the cycle ({st.incumbent} -> {prod.id if prod else 'none'}); "
+                      f"the gate compared against {st.incumbent}")
+            reg.reject(v.id, [reason])
+            st.decision["reasons"].append(reason)
+            st.outcome = "rejected"
+        else:
+            reg.promote(v.id, reason="gate: " + "; ".join(st.decision["reasons"]))
+            _crash_point("finish:promoted")
+            st.outcome = "promoted"
+        _log_outcome(fw, st)
+    st.finished_at = _now()
+    log(f"{st.id}: {st.outcome}" + (f" ({st.version})" if st.version else ""))
+
+
+def _log_outcome(fw: Flywheel, st: CycleState) -> None:
+    """One line per cycle in cycles.jsonl (what `flywheel economics report --cycles` reads)."""
+    from flywheel.economics.ledger import append_line
+    from flywheel.economics.reports import CycleOutcome
+
+    if fw.outcomes_path.exists() and any(
+            json.loads(line).get("cycle") == st.id for line in fw.outcomes_path.read_text().splitlines() if line.strip()):
+        return
+    name = fw.cfg.gate.new_failures
+    before, after = st.scores["incumbent"].get(name), st.scores["candidate"].get(name)
+    if before is None or after is None:
+        return  # no new-failure score: nothing to put on the intelligence-per-dollar curve
+    outcome = CycleOutcome(cycle=st.id, accuracy_before=before, accuracy_after=after,
+                           promoted=st.outcome == "promoted", reason="; ".join(st.decision["reasons"]),
+                           extra={"version": st.version, "scores": st.scores})
+    append_line(fw.outcomes_path, outcome.model_dump_json())
+
+
+def _record_cost(fw: Flywheel, st: CycleState, stage: str, seconds: float) -> None:
+    rec = fw.ledger.record(stage, hardware=fw.cfg.hardware, seconds=seconds, cycle=st.id)
+    st.usd += rec.usd
+
+
+# ---------------------------------------------------------------------------- driving a cycle
+
+_STEPS: dict[str, tuple[str, Callable]] = {  # stage reached -> (next stage, what gets there)
+    "started": ("curated", _curate),
+    "curated": ("trained", _train),
+    "trained": ("evaluated", _evaluate),
+    "evaluated": ("decided", _decide),
+    "decided": ("finished", _finish),
+}
+
+
+def pending_cycle(fw: Flywheel) -> CycleState | None:
+    states = fw.states()
+    return states[-1] if states and not states[-1].done else None
+
+
+def run_cycle(fw: Flywheel, log: Callable[[str], None] = print) -> CycleState:
+    """Resume the unfinished cycle if there is one, else start one; run it to the end."""
+    st = pending_cycle(fw)
+    if st is not None:
+        log(f"{st.id}: resuming after stage {st.stage!r}")
+    else:
+        st = start_cycle(fw)
+        log(f"{st.id}: started from {st.incumbent} with traces up to #{st.trace_cursor}")
+    while not st.done:
+        nxt, step = _STEPS[st.stage]
+        if st.stage == "trained" and st.candidate_path is None:
+            nxt, step = "finished", _finish  # nothing was trained: nothing to evaluate
+        step(fw, st, log)
+        st.stage = nxt
+        fw.save(st)
+        _crash_point(f"stage:{nxt}")
+    return st

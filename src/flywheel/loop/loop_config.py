@@ -1,0 +1,102 @@
+"""The flywheel's config (`flywheel loop cycle|run CONFIG`): where its state lives, how traces
+are curated, what a cycle trains, which suites the gate reads, and when a cycle starts.
+
+A cycle's training stages take the usual SFT / RL / DPO configs *minus* what the cycle fills
+in (model, output_dir, data files, env, resume); `stage_config` merges and validates them, and
+`check_stages` does it once at load time so a typo fails before any trace is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from flywheel.config import Config, ConfigError, DPOConfig, RLConfig, SFTConfig, deep_merge, validate
+from flywheel.loop.curation_rules import CurationConfig
+from flywheel.loop.evaluation import SuiteConfig
+from flywheel.loop.gate import GateConfig
+
+Stage = Literal["sft", "rl", "dpo"]
+_FILLED = {"sft": ("model", "output_dir", "resume"), "rl": ("model", "output_dir", "resume", "env"),
+           "dpo": ("model", "output_dir", "resume")}
+_CLASSES = {"sft": SFTConfig, "rl": RLConfig, "dpo": DPOConfig}
+
+
+class TrainMix(Config):
+    order: list[Stage] = Field(default_factory=lambda: ["sft", "rl", "dpo"],
+                               description="stages in the order they run; each starts from the previous one's model")
+    min_examples: int = Field(4, ge=1, description="a stage with fewer curated train items is skipped")
+    max_seconds: float | None = Field(None, gt=0, description="wall-clock budget for all stages of a cycle")
+    max_usd: float | None = Field(None, gt=0, description="dollar budget (catalog price of `hardware` x seconds)")
+    sft: dict[str, Any] = Field(default_factory=dict, description="SFTConfig fields (model, output_dir, data.train filled in)")
+    rl: dict[str, Any] = Field(default_factory=dict, description="RLConfig fields (model, output_dir, env filled in)")
+    dpo: dict[str, Any] = Field(default_factory=dict, description="DPOConfig fields (model, output_dir, data.train filled in)")
+
+
+class EvalMix(Config):
+    suites: dict[str, SuiteConfig] = Field(default_factory=dict, description="frozen regression suites by name")
+    new_failures_max_tokens: int = Field(16, ge=1, description="new tokens per turn on the new-failure suite")
+    new_failures_max: int = Field(200, ge=1, description="cap on new-failure tasks played per model")
+
+
+class TriggerConfig(Config):
+    min_new_failures: int = Field(20, ge=1, description="start a cycle when this many failed traces arrived since the last")
+    every_s: float | None = Field(None, gt=0, description="also start one on this schedule (seconds)")
+    poll_s: float = Field(5.0, gt=0, description="how often the daemon looks")
+
+
+class ServeMix(Config):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+
+
+class LoopConfig(Config):
+    data_dir: str = Field("flywheel-data", description="traces.db, registry/, cycles/, ledger.jsonl")
+    traces_url: str | None = Field(None, description="trace store URL; default sqlite:///<data_dir>/traces.db")
+    hardware: str = Field("cpu-2core", description="catalog entry whose price costs this machine's seconds")
+    curation: CurationConfig = Field(default_factory=CurationConfig)
+    train: TrainMix = Field(default_factory=TrainMix)
+    eval: EvalMix = Field(default_factory=EvalMix)
+    gate: GateConfig = Field(default_factory=GateConfig)
+    trigger: TriggerConfig = Field(default_factory=TriggerConfig)
+    serve: ServeMix = Field(default_factory=ServeMix)
+
+    @model_validator(mode="after")
+    def _suite_names(self) -> LoopConfig:
+        if self.gate.new_failures in self.eval.suites:
+            raise ValueError(f"eval.suites: {self.gate.new_failures!r} is the new-failure suite's name; "
+                             "name regression suites otherwise")
+        return self
+
+    @property
+    def root(self) -> Path:
+        return Path(self.data_dir)
+
+    @property
+    def trace_url(self) -> str:
+        return self.traces_url or f"sqlite:///{self.root / 'traces.db'}"
+
+
+def stage_config(cfg: LoopConfig, stage: Stage, **filled: Any):
+    """The stage's config from `cfg.train.<stage>` plus what the cycle fills in; errors name
+    the field as `train.<stage>.<path>`."""
+    base = dict(getattr(cfg.train, stage))
+    for key in _FILLED[stage]:
+        if key in base:
+            raise ConfigError(f"train.{stage}.{key}: set by the cycle; remove it from the loop config")
+    return validate(deep_merge(base, filled), _CLASSES[stage], where=f"train.{stage}")
+
+
+def check_stages(cfg: LoopConfig) -> None:
+    """Validate every stage's config with placeholder paths."""
+    placeholders = {
+        "sft": dict(model="m", output_dir="o", resume=True, data={"train": ["t.jsonl"], "format": "chat"}),
+        "rl": dict(model="m", output_dir="o", resume=True, env={"name": "replay", "settings": {"train": "t.jsonl"}}),
+        "dpo": dict(model="m", output_dir="o", resume=True, data={"train": ["t.jsonl"]}),
+    }
+    for stage in cfg.train.order:
+        stage_config(cfg, stage, **placeholders[stage])
+

@@ -1,0 +1,26 @@
+"""Shared fixtures of the integration tests."""
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def arith_warm_start(tmp_path_factory) -> Path:
+    """A tiny model (hidden 128, 2 layers) after 300 SFT steps on `ab+cd=`: ~16 s on 2 cores,
+    held-out greedy ~33 %, and 40 GRPO steps lift it by 20-33 points (seeds 0-2, measured
+    2026-12-01). Shared by the RL learning test and the flywheel cycle tests."""
+    from flywheel.config import SFTConfig, validate
+    from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
+    from flywheel.models import TinySpec, build_tiny_model
+    from flywheel.train.sft import run_sft
+
+    root = tmp_path_factory.mktemp("arith-warm")
+    model = build_tiny_model(root / "tiny", TinySpec(hidden=128, layers=2, heads=2, ffn=512))
+    data = write_sft_jsonl(root / "train.jsonl", split_pairs()[0])
+    result = run_sft(validate(dict(
+        model=str(model), output_dir=str(root / "sft"), data={"train": [str(data)], "format": "prompt_completion"},
+        train={"steps": 300, "batch_size": 128, "micro_batch_size": 128},
+        optim={"lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 1.0, "weight_decay": 0.01},
+        log={"progress": False}, threads=2), SFTConfig), log=lambda m: None)
+    return result.final_model

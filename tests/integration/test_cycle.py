@@ -1,0 +1,129 @@
+"""A flywheel cycle end to end on the arithmetic task: failed production traces with a
+verifier -> curated RL tasks -> RL from the production model -> gate on new failures and a
+frozen regression suite -> promotion; and SIGKILL at each stage followed by a resume that
+neither promotes twice nor loses a trace nor corrupts the registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flywheel.envs import load_env
+from flywheel.loop.cycle import Flywheel, run_cycle
+from flywheel.loop.loop_config import LoopConfig
+from flywheel.config import validate
+
+
+def _config(data_dir: Path, **gate) -> dict:
+    return {
+        "data_dir": str(data_dir),
+        "curation": {"heldout_fraction": 0.25},
+        "train": {"order": ["sft", "rl"], "rl": {
+            "train": {"steps": 40, "groups_per_step": 8, "group_size": 8, "seed": 0},
+            "sampling": {"temperature": 1.0, "max_tokens": 6}, "optim": {"lr": 1e-4},
+            "eval": {"tasks": 20}, "log": {"progress": False}, "checkpoint": {"every": 10}, "threads": 2}},
+        "eval": {"suites": {"arith": {"env": "arithmetic", "tasks": 100, "max_tokens": 6}},
+                 "new_failures_max_tokens": 6},
+        "gate": {"delta": 0.05, "epsilon": 0.05, **gate},
+    }
+
+
+def _seed_world(cfg: LoopConfig, model: Path, n: int = 160) -> None:
+    """Production model v1 and `n` failed traces on train-split pairs, each with a verifier."""
+    tasks = load_env("arithmetic").tasks("train", n=n, seed=7)
+    with Flywheel(cfg) as fw:
+        fw.registry.promote(fw.registry.register(model).id, "initial")
+        res = fw.traces.add_traces([{
+            "id": f"t{i}", "source": "serve", "messages": [{"role": "user", "content": t.prompt}],
+            "response": {"role": "assistant", "content": "0"}} for i, t in enumerate(tasks)])
+        assert res.added == n
+        for i, t in enumerate(tasks):
+            fw.traces.add_feedback(f"t{i}", {"score": 0.0, "verifier": {"env": "arithmetic", "task": dataclasses.asdict(t)}})
+
+
+@pytest.fixture
+def world(tmp_path, arith_warm_start):
+    cfg = validate(_config(tmp_path / "data"), LoopConfig)
+    _seed_world(cfg, arith_warm_start)
+    return cfg
+
+
+def test_cycle_trains_gates_and_promotes(world):
+    logs = []
+    with Flywheel(world) as fw:
+        st = run_cycle(fw, log=logs.append)
+        assert st.done and st.outcome == "promoted", (st.decision, logs)
+        assert st.curation["items"]["rl"]["train"] + st.curation["items"]["rl"]["heldout"] == 160
+        assert st.new_failures == st.curation["items"]["rl"]["heldout"] >= 20
+        assert [s["stage"] for s in st.stages_run] == ["sft", "rl"]
+        assert "skipped" in st.stages_run[0]  # no corrections, so no SFT examples
+        inc, cand = st.scores["incumbent"], st.scores["candidate"]
+        assert cand["new_failures"] >= inc["new_failures"] + 0.05
+        assert cand["arith"] >= inc["arith"] - 0.05
+        prod = fw.registry.production()
+        assert prod.id == st.version == "v2" and prod.parent == "v1" and prod.cycle == "c1"
+        assert prod.eval_scores["candidate"] == cand
+        assert fw.registry.verify("v2") == []
+        stages = {r.stage for r in fw.ledger.read()}
+        assert {"curation", "rl", "eval"} <= stages
+        outcomes = [json.loads(line) for line in fw.outcomes_path.read_text().splitlines()]
+        assert [(o["cycle"], o["promoted"]) for o in outcomes] == [("c1", True)]
+        # the next cycle starts from v2 and, with no new failures since c1, rejects its candidate
+        assert fw.since_cursor("v2") == st.trace_cursor == 160
+        assert fw.new_failures_since(st.trace_cursor) == 0
+
+
+def test_cycle_rejects_below_delta_and_records_why(tmp_path, arith_warm_start):
+    cfg = validate(_config(tmp_path / "data", delta=0.9), LoopConfig)
+    _seed_world(cfg, arith_warm_start)
+    with Flywheel(cfg) as fw:
+        st = run_cycle(fw, log=lambda m: None)
+        assert st.outcome == "rejected"
+        assert fw.registry.production().id == "v1"
+        v2 = fw.registry.get("v2")
+        assert v2.status == "rejected" and any("< delta 90.0 pts" in r for r in v2.reasons)
+
+
+_CHILD = textwrap.dedent("""
+    import os, signal, sys, yaml
+    from flywheel.config import validate
+    from flywheel.loop import cycle as cycle_module
+    from flywheel.loop import registry as registry_module
+    from flywheel.loop.loop_config import LoopConfig
+    point = sys.argv[2]
+    def crash(name):
+        if name == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+    cycle_module._crash_point = crash
+    registry_module._crash_point = crash
+    cfg = validate(yaml.safe_load(open(sys.argv[1])), LoopConfig)
+    with cycle_module.Flywheel(cfg) as fw:
+        cycle_module.run_cycle(fw, log=lambda m: None)
+    sys.exit(3)  # the kill point was never reached
+""")
+
+
+@pytest.mark.parametrize("point", ["stage:curated", "train:rl", "finish:registered", "promote:logged", "finish:promoted"])
+def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point):
+    path = tmp_path / "loop.yaml"
+    path.write_text(yaml.safe_dump(world.model_dump(mode="json")))
+    child = subprocess.run([sys.executable, "-c", _CHILD, str(path), point], capture_output=True, text=True, timeout=300)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    with Flywheel(world) as fw:
+        assert fw.traces.count() == 160
+        st = run_cycle(fw, log=lambda m: None)
+        assert st.id == "c1" and st.done and st.outcome == "promoted", st.decision
+        history = fw.registry.history()
+        assert [(e.action, e.version) for e in history] == [("promote", "v1"), ("promote", "v2")]
+        assert [v.id for v in fw.registry.list()] == ["v1", "v2"]  # registered once
+        assert fw.registry.verify("v2") == []
+        assert len(fw.outcomes_path.read_text().splitlines()) == 1
+        assert fw.traces.count() == 160
