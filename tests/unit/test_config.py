@@ -20,12 +20,14 @@ from flywheel.config import (
     parse_overrides,
     validate,
 )
+from flywheel.loop.loop_config import LoopConfig, check_stages
 
 REPO = Path(__file__).resolve().parents[2]
 
 # The command named on a config's first line -> the config class that command validates.
 # A new command with configs under configs/ must be registered here.
-COMMAND_CONFIGS: dict[str, type[Config]] = {"sft": SFTConfig, "rl": RLConfig, "dpo": DPOConfig}
+COMMAND_CONFIGS: dict[str, type[Config]] = {"sft": SFTConfig, "rl": RLConfig, "dpo": DPOConfig,
+                                            "loop run": LoopConfig, "loop cycle": LoopConfig}
 
 MINIMAL = "model: runs/tiny\ndata:\n  train: [a.jsonl]\n"
 
@@ -184,7 +186,7 @@ def test_there_are_shipped_configs():
 @pytest.mark.parametrize("path", _shipped_configs(), ids=lambda p: p.name)
 def test_every_shipped_config_validates_for_its_command(path):
     first = path.read_text().splitlines()[0]
-    m = re.match(r"#\s*flywheel\s+(\S+)\s+(\S+)", first)
+    m = re.match(r"#\s*flywheel\s+(loop\s+\S+|\S+)\s+(\S+)", first)
     assert m, f"{path.name}: first line must be '# flywheel <command> configs/{path.name} ...', got {first!r}"
     command, named = m.groups()
     if command not in COMMAND_CONFIGS:
@@ -193,3 +195,5 @@ def test_every_shipped_config_validates_for_its_command(path):
     assert named == f"configs/{path.name}", f"{path.name}: first line runs {named!r}, not this file"
     cfg = load_config(path, COMMAND_CONFIGS[command])
     assert isinstance(cfg, COMMAND_CONFIGS[command])
+    if isinstance(cfg, LoopConfig):
+        check_stages(cfg)  # the stage configs inside it too

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flywheel.cli import data, dpo, economics, env, generate, model, models, rl, sft, traces
+from flywheel.cli import data, dpo, economics, env, generate, loop, model, models, rl, sft, traces
 from flywheel.cli import serve
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
@@ -15,6 +15,7 @@ app.add_typer(env.app, name="env")
 app.add_typer(economics.app, name="economics")
 app.add_typer(traces.app, name="traces")
 app.add_typer(models.app, name="models")
+app.add_typer(loop.app, name="loop")
 app.command("generate")(generate.generate)
 app.command("serve")(serve.serve)
 app.command("sft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sft.sft)

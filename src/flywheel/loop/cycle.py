@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from flywheel.files import atomic_write
 from flywheel.loop.loop_config import LoopConfig, stage_config
+from flywheel.train.stop import stop_requested
 
 STAGES = ("started", "curated", "trained", "evaluated", "decided", "finished")
 NEW_FAILURES_FILE = "new_failures.jsonl"
@@ -233,6 +234,10 @@ def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
             env = {"name": "replay", "settings": {"train": files["rl_train"], "test": test}}
             result = run_rl(stage_config(fw.cfg, "rl", **common, env=env), log=log)
         seconds = time.perf_counter() - t0
+        if stop_requested():  # cut short: not done; a resumed cycle continues from its checkpoint
+            _record_cost(fw, st, stage, seconds)
+            fw.save(st)
+            return
         current = str(result.final_model)
         st.stages_run.append({"stage": stage, "examples": n, "steps": result.steps, "seconds": seconds,
                               "final_model": current})
@@ -346,7 +351,8 @@ def pending_cycle(fw: Flywheel) -> CycleState | None:
 
 
 def run_cycle(fw: Flywheel, log: Callable[[str], None] = print) -> CycleState:
-    """Resume the unfinished cycle if there is one, else start one; run it to the end."""
+    """Resume the unfinished cycle if there is one, else start one; run it to the end, or
+    until a stop is requested (train.run_state.request_stop: the state on disk is resumable)."""
     st = pending_cycle(fw)
     if st is not None:
         log(f"{st.id}: resuming after stage {st.stage!r}")
@@ -354,10 +360,15 @@ def run_cycle(fw: Flywheel, log: Callable[[str], None] = print) -> CycleState:
         st = start_cycle(fw)
         log(f"{st.id}: started from {st.incumbent} with traces up to #{st.trace_cursor}")
     while not st.done:
+        if stop_requested():
+            log(f"{st.id}: stopping after stage {st.stage!r}; `flywheel loop run` resumes it")
+            return st
         nxt, step = _STEPS[st.stage]
         if st.stage == "trained" and st.candidate_path is None:
             nxt, step = "finished", _finish  # nothing was trained: nothing to evaluate
         step(fw, st, log)
+        if stop_requested() and st.stage == "curated":
+            return st  # training was cut short
         st.stage = nxt
         fw.save(st)
         _crash_point(f"stage:{nxt}")

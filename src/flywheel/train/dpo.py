@@ -25,7 +25,8 @@ from flywheel.train.progress import StepProgress
 from flywheel.train.rl_losses import dpo_loss
 from flywheel.train.rl_step import token_logprobs
 from flywheel.train.schedule import warmup_cosine
-from flywheel.train.run_state import Deadline, restore_trainer_state, start_run, trainer_state
+from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
+from flywheel.train.stop import Deadline
 
 
 @dataclass

@@ -35,7 +35,8 @@ from flywheel.train.checkpoint import load_state, save_checkpoint, save_model_fo
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import RLStepConfig, rl_step
-from flywheel.train.run_state import Deadline, TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.train.stop import Deadline
 from flywheel.train.schedule import warmup_cosine
 
 SHM_RECORD = "rollout-weights.shm"  # name of the run's shared-memory segment, for cleanup after a kill

@@ -5,7 +5,6 @@ continue exactly where the last complete checkpoint left it."""
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -61,14 +60,3 @@ def restore_trainer_state(ckpt: Path, optimizer, scheduler, order: DataOrder, lo
     set_rng_state(state["rng"])
     log(f"resumed from {ckpt} (step {state['step']})")
     return state["step"]
-
-
-class Deadline:
-    """A wall-clock budget counted from construction (this process only: a resumed run gets
-    its budget afresh). `None` never passes."""
-
-    def __init__(self, seconds: float | None):
-        self.end = None if seconds is None else time.monotonic() + seconds
-
-    def passed(self) -> bool:
-        return self.end is not None and time.monotonic() >= self.end

@@ -33,7 +33,8 @@ from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.losses import sft_loss
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
-from flywheel.train.run_state import Deadline, TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.train.stop import Deadline
 from flywheel.train.schedule import warmup_cosine
 from flywheel.train.sft_data import Example, load_sft_examples
 

@@ -1,0 +1,112 @@
+"""`flywheel loop run|cycle|status`: the continuous flywheel from the command line."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from flywheel.cli.errors import user_errors
+
+app = typer.Typer(help="The continuous flywheel: serve, take traces, run gated training cycles.",
+                  no_args_is_help=True)
+
+CONFIG_HELP = "loop config YAML (see configs/loop.yaml)"
+
+
+def _load(config: Path, overrides: list[str]):
+    from flywheel.config import load_config
+    from flywheel.loop.loop_config import LoopConfig, check_stages
+
+    cfg = load_config(config, LoopConfig, overrides)
+    check_stages(cfg)
+    return cfg
+
+
+@app.command("cycle", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
+    """Run one cycle now (or finish the unfinished one): curate, train, gate, promote or reject."""
+    from flywheel.loop.cycle import CycleError, Flywheel, run_cycle
+    from flywheel.train.stop import request_stop
+
+    with user_errors():
+        cfg = _load(config, ctx.args)
+        signal.signal(signal.SIGTERM, lambda *_: request_stop())
+        try:
+            with Flywheel(cfg) as fw:
+                st = run_cycle(fw, log=typer.echo)
+        except CycleError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise typer.Exit(2) from None
+    if not st.done:
+        typer.echo(f"{st.id}: stopped after stage {st.stage!r}; run the command again to resume")
+        raise typer.Exit(3)
+    typer.echo(f"{st.id}: {st.outcome}" + (f" {st.version}" if st.version else "") + f", ${st.usd:.4f}")
+
+
+@app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
+    """Serve the production model, take traces and feedback, and run cycles when triggered,
+    until SIGTERM / Ctrl-C (a cycle in progress stops after its current step and resumes next time)."""
+    from flywheel.loop.daemon import LoopDaemon
+
+    with user_errors():
+        cfg = _load(config, ctx.args)
+        daemon = LoopDaemon(cfg, log=lambda m: typer.echo(f"{time.strftime('%H:%M:%S')} {m}"))
+
+        def on_signal(signum, frame):
+            typer.echo(f"{signal.Signals(signum).name}: stopping (a cycle in progress resumes on the next run)")
+            daemon.stop()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        daemon.run()
+    typer.echo("stopped")
+
+
+@app.command("status")
+def status(data_dir: Path = typer.Option(Path("flywheel-data"), "--data-dir", help="the loop's data_dir"),
+           as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """The daemon's state, the production model, and the cycles so far."""
+    from flywheel.loop.daemon import STATUS_FILE
+    from flywheel.process import pid_alive
+
+    status_path = data_dir / STATUS_FILE
+    daemon = json.loads(status_path.read_text()) if status_path.exists() else None
+    if daemon is not None and daemon.get("state") not in ("stopped",) and not pid_alive(daemon["pid"]):
+        daemon["state"] = f"not running (pid {daemon['pid']} gone; last state {daemon['state']!r})"
+    cycles = []
+    for p in sorted((data_dir / "cycles").glob("c*/state.json"), key=lambda p: int(p.parent.name[1:])):
+        st = json.loads(p.read_text())
+        cycles.append({k: st.get(k) for k in ("id", "stage", "outcome", "version", "incumbent", "new_failures",
+                                              "usd", "started_at", "finished_at")}
+                      | {"scores": st.get("scores", {}), "reasons": st.get("decision", {}).get("reasons", [])})
+    production = None
+    if (data_dir / "registry" / "registry.db").exists():
+        from flywheel.loop import Registry
+
+        with Registry(data_dir / "registry") as reg:
+            prod = reg.production()
+            production = prod.id if prod else None
+    if as_json:
+        typer.echo(json.dumps({"daemon": daemon, "production": production, "cycles": cycles}, indent=2))
+        return
+    if daemon is None:
+        typer.echo(f"daemon: never ran with data_dir {data_dir}")
+    else:
+        typer.echo(f"daemon: {daemon['state']} (pid {daemon['pid']}), serving {daemon.get('serving')} "
+                   f"at {daemon.get('url')}; {daemon.get('new_failures', 0)} new failures "
+                   f"[{daemon.get('trigger', '')}]")
+    typer.echo(f"production: {production or 'none'}")
+    for c in cycles:
+        new = {who: s.get("new_failures") for who, s in c["scores"].items()}
+        gate = f" new failures {new.get('incumbent', float('nan')):.3f} -> {new.get('candidate', float('nan')):.3f}" \
+            if all(v is not None for v in new.values()) and new else ""
+        typer.echo(f"  {c['id']}: {c['outcome'] or c['stage']}{' ' + c['version'] if c['version'] else ''} "
+                   f"from {c['incumbent']},{gate} ${c['usd'] or 0:.4f}")
+        if c["reasons"] and c["outcome"] == "rejected":
+            typer.echo("      " + "; ".join(c["reasons"]))

@@ -1,0 +1,149 @@
+"""`flywheel loop run`: serve the production model, take traces and feedback, run cycles.
+
+One process, three activities:
+- serving: the OpenAI-compatible app on `serve.host:port`, following the registry's
+  production version (a promotion switches it without failing requests in flight), recording
+  every response as a trace in the loop's store, and taking POST /v1/traces + feedback;
+- triggering: every `trigger.poll_s` it counts failed traces since the last cycle's cursor;
+  `min_new_failures` of them (or `every_s` since the last cycle) start a cycle;
+- cycles: run on this thread (cycle.py); an unfinished one is resumed first.
+
+`stop()` (the CLI's SIGTERM / SIGINT handler) asks training loops to stop after their step,
+the cycle to stop between stages (its state stays resumable), and the server to drain.
+The daemon writes `<data_dir>/loop-status.json` (atomically) at every change, which
+`flywheel loop status` reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from flywheel.files import atomic_write
+from flywheel.loop.loop_config import LoopConfig
+
+STATUS_FILE = "loop-status.json"
+
+
+@dataclass
+class LoopStatus:
+    pid: int
+    started_at: float
+    state: str = "starting"  # starting | idle | cycle <id> | stopping | stopped
+    url: str | None = None
+    serving: str | None = None  # version id served now
+    cycles_run: int = 0
+    last_cycle: dict[str, Any] = field(default_factory=dict)
+    new_failures: int = 0
+    trigger: str = ""
+    updated_at: float = 0.0
+
+
+class LoopDaemon:
+    def __init__(self, cfg: LoopConfig, log: Callable[[str], None] = print):
+        self.cfg = cfg
+        self.log = log
+        self._stop = threading.Event()
+        self.status = LoopStatus(pid=os.getpid(), started_at=time.time())
+        self.url: str | None = None
+        self.ready = threading.Event()
+
+    def stop(self) -> None:
+        from flywheel.train.stop import request_stop
+
+        self._stop.set()
+        request_stop()
+
+    def _write_status(self, **changes: Any) -> None:
+        for k, v in changes.items():
+            setattr(self.status, k, v)
+        self.status.updated_at = time.time()
+        path = self.cfg.root / STATUS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, (json.dumps(self.status.__dict__, indent=2, sort_keys=True) + "\n").encode())
+
+    def run(self) -> None:
+        from flywheel.loop.cycle import CycleError, Flywheel, pending_cycle, run_cycle
+        from flywheel.train.stop import clear_stop
+
+        clear_stop()
+        with Flywheel(self.cfg) as fw:
+            serving = self._start_serving(fw) if self.cfg.serve.enabled else None
+            try:
+                self.ready.set()
+                last_cycle_at = time.monotonic()
+                while not self._stop.is_set():
+                    states = fw.states()
+                    cursor = states[-1].trace_cursor if states else 0
+                    failures = fw.new_failures_since(cursor)
+                    due = (self.cfg.trigger.every_s is not None
+                           and time.monotonic() - last_cycle_at >= self.cfg.trigger.every_s)
+                    why = ("resuming an unfinished cycle" if pending_cycle(fw) is not None else
+                           f"{failures} new failures >= {self.cfg.trigger.min_new_failures}"
+                           if failures >= self.cfg.trigger.min_new_failures else
+                           "schedule" if due else "")
+                    self._write_status(state="idle", new_failures=failures, serving=self._served(serving),
+                                       trigger=f"min_new_failures={self.cfg.trigger.min_new_failures}"
+                                               + (f", every_s={self.cfg.trigger.every_s:g}" if self.cfg.trigger.every_s else ""))
+                    if why and fw.registry.production() is not None:
+                        self.log(f"cycle: {why}")
+                        self._write_status(state=f"cycle ({why})")
+                        try:
+                            st = run_cycle(fw, log=self.log)
+                        except CycleError as e:
+                            self.log(f"cycle error: {e}")
+                            self._stop.wait(self.cfg.trigger.poll_s)
+                            continue
+                        last_cycle_at = time.monotonic()
+                        if st.done:
+                            self._write_status(cycles_run=self.status.cycles_run + 1, last_cycle={
+                                "id": st.id, "outcome": st.outcome, "version": st.version, "usd": st.usd,
+                                "reasons": st.decision.get("reasons", [])})
+                        if serving is not None:
+                            serving[1].check_now()  # switch now rather than at the next poll
+                        continue
+                    self._stop.wait(self.cfg.trigger.poll_s)
+            finally:
+                self._write_status(state="stopping")
+                if serving is not None:
+                    self._stop_serving(serving)
+                self._write_status(state="stopped")
+
+    # ---- serving
+
+    def _start_serving(self, fw):
+        from flywheel.service import OpenAIService
+        from flywheel.service.app import create_app
+        from flywheel.service.background import BackgroundServer
+        from flywheel.service.production import ProductionFollower, registry_lookup
+        from flywheel.service.traces import TraceStoreSink
+
+        prod = fw.registry.production()
+        if prod is None:
+            raise RuntimeError("no production model in the registry: register one and promote it first "
+                               "(flywheel models register DIR, then flywheel models promote v1)")
+        sink = TraceStoreSink(fw.traces)
+        service = OpenAIService(prod.path, version=prod.id, trace_sink=sink)
+        follower = ProductionFollower(service, registry_lookup(fw.registry), interval_s=1.0).start()
+        server = BackgroundServer(create_app(service, trace_store=fw.traces), host=self.cfg.serve.host,
+                                  port=self.cfg.serve.port or None).start()
+        self.url = server.url + "/v1"
+        self._write_status(url=self.url, serving=prod.id)
+        self.log(f"serving {prod.id} on {self.url}")
+        return server, follower, service, sink
+
+    @staticmethod
+    def _served(serving) -> str | None:
+        return None if serving is None else serving[2].version
+
+    @staticmethod
+    def _stop_serving(serving) -> None:
+        server, follower, service, sink = serving
+        server.stop()  # uvicorn drains requests in flight
+        follower.close()
+        sink.close()
+        service.close()

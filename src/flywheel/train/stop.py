@@ -1,0 +1,34 @@
+"""Stopping training loops early: a wall-clock budget, or a graceful stop asked of the whole
+process (the loop daemon's SIGTERM). Imports nothing heavy, so faces can use it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+_STOP = threading.Event()  # a graceful stop asked of every training loop in this process
+
+
+def request_stop() -> None:
+    """Ask running training loops to stop after their current step (SIGTERM handlers call this).
+    A loop that stops this way still checkpoints and writes its final model."""
+    _STOP.set()
+
+
+def stop_requested() -> bool:
+    return _STOP.is_set()
+
+
+def clear_stop() -> None:
+    _STOP.clear()
+
+
+class Deadline:
+    """A wall-clock budget counted from construction (this process only: a resumed run gets
+    its budget afresh), also passed once a stop is requested. `None` seconds never run out."""
+
+    def __init__(self, seconds: float | None):
+        self.end = None if seconds is None else time.monotonic() + seconds
+
+    def passed(self) -> bool:
+        return _STOP.is_set() or (self.end is not None and time.monotonic() >= self.end)
