@@ -185,8 +185,20 @@ def test_bare_prompt_and_max_digits():
     assert asyncio.run(env_.step(f"It is {task.answer}.")).reward == 1.0
 
 
+def test_operator_and_template_make_other_families():
+    env = load(chain_prob=0.0, operator="-", template="What is {a} minus {b}?", max_digits=3)
+    for t in env.tasks("test", n=30):
+        a, b = (int(x) for x in t.metadata["expression"].split(" - "))
+        assert t.prompt[-1]["content"] == f"What is {a} minus {b}?" and t.answer == str(a - b)
+    default = load(chain_prob=0.0).tasks("test", n=5)
+    assert all(t.prompt[-1]["content"] == f"What is {t.metadata['expression']}?" and " * " in t.prompt[-1]["content"]
+               for t in default)
+
+
 @pytest.mark.parametrize("kwargs", [{"tool_latency_s": -1}, {"chain_prob": 1.5}, {"max_turns": "x"},
-                                    {"max_digits": 1}, {"bare_prompt": "yes"}])
+                                    {"max_digits": 1}, {"bare_prompt": "yes"}, {"operator": "/"},
+                                    {"template": "Compute {x}."}, {"template": "Add {a}."},
+                                    {"template": "Multiply {a} by {b}.", "chain_prob": 0.5}])
 def test_bad_settings(kwargs):
     with pytest.raises(ValueError):
         load_env("calculator", **kwargs)

@@ -162,7 +162,7 @@ def test_duplicates_keep_the_first_trace_by_seq_and_are_counted():
     assert [i.trace_id for i in out.rl.train] == ["t1", "t4"]
     assert [i.trace_id for i in out.sft.train] == ["t2"]
     assert [i.trace_id for i in out.dpo.train] == ["t1"]  # t2's correction against the response "wrong"
-    assert out.report.duplicates == {"rl": 2, "sft": 0, "dpo": 2}  # "wrong" again from t2 and t3
+    assert out.report.duplicates == {"rl": 2, "sft": 0, "dpo": 2, "replay": 0}  # "wrong" again from t2 and t3
 
 
 def test_decontamination_exact_and_ngram():
@@ -178,7 +178,7 @@ def test_decontamination_exact_and_ngram():
     out = curate(traces, evals, ALL_TRAIN)
     assert [i.trace_id for i in out.rl.train] == ["t3"]
     r = out.report
-    assert r.contaminated == {"rl": 4, "sft": 0, "dpo": 0} and r.contaminated_by_reason == {"exact": 2, "ngram": 2}
+    assert r.contaminated == {"rl": 4, "sft": 0, "dpo": 0, "replay": 0} and r.contaminated_by_reason == {"exact": 2, "ngram": 2}
     reasons = {c["trace_id"]: c["reason"] for c in r.contaminated_items}
     assert reasons["t1"] == reasons["t5"] == "exact: same prompt as eval prompt 0"
     assert reasons["t2"] == f"ngram: shares {shared_13.lower()!r} with eval prompt 1"
@@ -248,7 +248,7 @@ def test_write_curated_is_deterministic_and_loads_with_the_sft_and_dpo_loaders(t
                     correction={"role": "assistant", "content": "156"})]
     a = write_curated(curate(traces, cfg=ALL_TRAIN), tmp_path / "a")
     b = write_curated(curate(traces[::-1], cfg=ALL_TRAIN), tmp_path / "b")
-    assert sorted(a) == sorted([f"{k}_{s}" for k in ("rl", "sft", "dpo") for s in ("train", "heldout")] + ["report"])
+    assert sorted(a) == sorted([f"{k}_{s}" for k in ("rl", "sft", "dpo", "replay") for s in ("train", "heldout")] + ["report"])
     assert all(a[k].read_bytes() == b[k].read_bytes() for k in a)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(p.name for p in a.values())  # no temp files
     report = json.loads(a["report"].read_text())
@@ -264,3 +264,33 @@ def test_write_curated_is_deterministic_and_loads_with_the_sft_and_dpo_loaders(t
     pairs, skipped = load_pairs([str(a["dpo_train"])], tok, DPODataConfig(train=["x"]), log=pytest.fail)
     assert len(pairs) == 2 and skipped == 0
     assert tok.decode([i for i, m in zip(pairs[0].chosen_ids, pairs[0].chosen_mask) if m]).startswith("4")
+
+
+def test_passing_traces_become_replay_rows():
+    out = curate([trace(1, "2+2=", "4", score=1.0), trace(2, "3+3=", "7", score=0.0), trace(3, "5+5=", "10")],
+                 cfg=ALL_TRAIN)
+    assert [i.row for i in out.replay.train] == [{"messages": [{"role": "user", "content": "2+2="},
+                                                                {"role": "assistant", "content": "4"}]}]
+    assert out.report.items["replay"] == {"train": 1, "heldout": 0}
+
+
+def test_turns_of_one_episode_land_on_one_side_of_the_split():
+    """Turn 1 (question -> call) corrected, turn 2 (question, call, result -> answer) failed with a
+    verifier: the SFT row and the RL task share the question, so they must share a side."""
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "calc", "arguments": '{"expression": "1+1"}'}}]}
+    fixed = {"role": "assistant", "content": "ok"}
+    traces = []
+    for q in range(60):
+        question = [{"role": "user", "content": f"What is {q} + {q}?"}]
+        traces.append(trace(2 * q + 1, question, None, correction=fixed))
+        traces.append(trace(2 * q + 2, question + [call, {"role": "tool", "tool_call_id": "c", "content": "2"}],
+                            "It is 3.", score=0.0, verifier=verifier(f"{q}+{q}=", str(2 * q))))
+    out = curate(traces, cfg=CurationConfig(heldout_fraction=0.3))
+    side = {}
+    for kind in ("rl", "sft"):
+        for name in ("train", "heldout"):
+            for item in getattr(getattr(out, kind), name):
+                side.setdefault(item.root_hash, set()).add(name)
+    assert len(side) == 60 and all(len(s) == 1 for s in side.values())
+    assert 5 < len(out.rl.heldout) == len(out.sft.heldout) < 40

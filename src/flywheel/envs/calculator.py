@@ -5,7 +5,9 @@ Reward 1 when the last number in the final answer (the assistant turn without to
 equals the exact value. Weight-0 metrics: `used_tool` (the episode called calc) and
 `answer_format` (the final answer holds a number). `tool_latency_s` makes each calc call
 take that long (asyncio sleep), to model tools that take real time. Operands have
-`max_digits - 1` to `max_digits` digits (default 4). `bare_prompt` asks the
+`max_digits - 1` to `max_digits` digits (default 4), joined by `operator` (* + -), and the
+question is `template` filled with {expression} or {a} and {b} ("Multiply {a} by {b}."), so
+one tool serves several task families. `bare_prompt` asks the
 question alone, with no system message and no tool schemas (the calc tool still answers): a
 model fine-tuned on the tool does not need them, and prompts shrink from ~1,000 byte tokens to
 ~25, which is what makes multi-turn RL on it fit a CPU test.
@@ -74,6 +76,27 @@ def _format(value) -> str:
     return str(value)
 
 
+OPERATORS = ("*", "+", "-")
+_TEMPLATE_FIELDS = {"expression", "a", "b"}
+
+
+def _check_template(template: str, chain_prob: float) -> None:
+    """A question template names its numbers as {expression} or {a} and {b}, nothing else."""
+    import string
+
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+    except ValueError as e:
+        raise ValueError(f"template {template!r}: {e}") from None
+    if fields - _TEMPLATE_FIELDS:
+        raise ValueError(f"template {template!r}: unknown field(s) {sorted(fields - _TEMPLATE_FIELDS)}; "
+                         "use {expression}, {a}, {b}")
+    if "expression" not in fields and not {"a", "b"} <= fields:
+        raise ValueError(f"template {template!r} must hold {{expression}}, or both {{a}} and {{b}}")
+    if "expression" not in fields and chain_prob > 0:
+        raise ValueError(f"template {template!r} cannot state chained problems (no {{expression}}); set chain_prob 0")
+
+
 def final_number(text: str) -> str | None:
     found = _NUMBER.findall(text)
     return found[-1].replace(",", "") if found else None
@@ -84,9 +107,14 @@ class CalculatorEnvironment(Environment):
     description = "multi-turn tool use: multiply and chain 3-4-digit numbers with a calc tool"
 
     def __init__(self, tool_latency_s: float = 0.0, chain_prob: float = 0.5, limits: ToolLimits = ToolLimits(max_turns=6),
-                 bare_prompt: bool = False, max_digits: int = 4):
+                 bare_prompt: bool = False, max_digits: int = 4, operator: str = "*",
+                 template: str = "What is {expression}?"):
         if tool_latency_s < 0 or not 0 <= chain_prob <= 1:
             raise ValueError("tool_latency_s must be >= 0 and chain_prob in [0, 1]")
+        if operator not in OPERATORS:
+            raise ValueError(f"operator must be one of {' '.join(OPERATORS)}, got {operator!r}")
+        _check_template(template, chain_prob)
+        self.operator, self.template = operator, template
         if not 2 <= max_digits <= 12:
             raise ValueError(f"max_digits must be in [2, 12], got {max_digits}")
         self.max_digits = max_digits
@@ -123,14 +151,15 @@ class CalculatorEnvironment(Environment):
     def _correct(st: EpisodeState) -> float:
         return float(final_number(st.final_text) == st.task.answer)
 
-    def _problem(self, rng: random.Random) -> str:
+    def _problem(self, rng: random.Random) -> tuple[str, str]:
+        """(expression, question)."""
         low, high = 10 ** (self.max_digits - 2), 10 ** self.max_digits  # 4: 3-4 digits; 2: 1-2 digits
         a, b = rng.randrange(low, high), rng.randrange(low, high)
-        expr = f"{a} * {b}"
+        expr = f"{a} {self.operator} {b}"
         if rng.random() < self.chain_prob:
             c, d = rng.randrange(10, 1000), rng.randrange(2, 100)
             expr = f"({expr} + {c}) * {d}" if rng.random() < 0.5 else f"{expr} - {c} * {d}"
-        return expr
+        return expr, self.template.format(expression=expr, a=a, b=b)
 
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         if split not in ("train", "test"):
@@ -139,8 +168,8 @@ class CalculatorEnvironment(Environment):
         count = n if n is not None else (5000 if split == "train" else 200)
         out = []
         for i in range(count):
-            expr = self._problem(rng)
-            question = {"role": "user", "content": f"What is {expr}?"}
+            expr, text = self._problem(rng)
+            question = {"role": "user", "content": text}
             out.append(Task(id=f"calc-{split}-{seed}-{i}", split=split, answer=_format(evaluate(expr)),
                             prompt=[question] if self.bare_prompt else [{"role": "system", "content": SYSTEM}, question],
                             tools=[] if self.bare_prompt else [self.calc.schema], metadata={"expression": expr}))
@@ -154,7 +183,8 @@ class CalculatorEnvironment(Environment):
 
     def info(self) -> dict:
         return {**super().info(), "tools": [self.calc.schema], "tool_latency_s": self.tool_latency_s,
-                "bare_prompt": self.bare_prompt, "max_digits": self.max_digits,
+                "bare_prompt": self.bare_prompt, "max_digits": self.max_digits, "operator": self.operator,
+                "template": self.template,
                 "reward": "1 if the last number of the final answer is exact; metrics used_tool, answer_format"}
 
 
@@ -170,9 +200,10 @@ class ScriptedCalculatorPolicy(Policy):
 
 
 def load(tool_latency_s: float = 0.0, chain_prob: float = 0.5, max_turns: int = 6,
-         bare_prompt: bool = False, max_digits: int = 4) -> CalculatorEnvironment:
+         bare_prompt: bool = False, max_digits: int = 4, operator: str = "*",
+         template: str = "What is {expression}?") -> CalculatorEnvironment:
     if not isinstance(bare_prompt, bool):
         raise ValueError(f"bare_prompt must be true or false, got {bare_prompt!r}")
     return CalculatorEnvironment(tool_latency_s=float(tool_latency_s), chain_prob=float(chain_prob),
                                  limits=ToolLimits(max_turns=int(max_turns)), bare_prompt=bare_prompt,
-                                 max_digits=int(max_digits))
+                                 max_digits=int(max_digits), operator=str(operator), template=str(template))

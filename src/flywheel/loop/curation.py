@@ -16,8 +16,13 @@ The rules (outcome, normalised prompt, contamination, split) are in curation_rul
   first wins); DPO keeps one pair per (prompt hash, bad response hash).
 - Decontamination: an item whose prompt (for RL also its task's prompt) matches an eval
   prompt is dropped (`EvalIndex`).
-- Held-out split by prompt hash (`choose_heldout`): every item of one prompt hash, of any
-  kind, lands on the same side; a prompt hash belongs to the source of its first trace.
+- Replay: a trace whose outcome is "pass" becomes `{"messages": prompt + [response]}`, the
+  model's own verified answer, which a cycle mixes into SFT so old skills are rehearsed
+  while new ones are learned (deduplicated, decontaminated and split like the rest).
+- Held-out split by the conversation's *opening* (its messages through the first user
+  message; `choose_heldout`): every turn of one episode, and every item of any kind made from
+  it, lands on the same side, so a correction of turn 1 cannot train the task the gate
+  replays from turn 2's failure; an opening belongs to the source of its first trace.
 
 One unusable record is dropped with its trace id and reason and never stops the others.
 """
@@ -39,6 +44,7 @@ from flywheel.loop.curation_rules import (
     Unusable,
     choose_heldout,
     latest,
+    opening,
     outcome,
     prompt_hash,
     response_hash,
@@ -48,7 +54,7 @@ from flywheel.loop.curation_rules import (
 )
 from flywheel.loop.trace_results import StoredTrace, StoredVerifier
 
-KINDS = ("rl", "sft", "dpo")
+KINDS = ("rl", "sft", "dpo", "replay")
 SIDES = ("train", "heldout")
 MAX_LISTED = 100  # dropped / contaminated entries listed in the report (all are counted)
 
@@ -63,6 +69,7 @@ class Item:
     source: str
     prompt_hash: str
     seq: int
+    root_hash: str = ""  # the conversation's opening (through its first user message): the split key
 
 
 @dataclass
@@ -103,6 +110,7 @@ class Curated:
     rl: Split
     sft: Split
     dpo: Split
+    replay: Split
     report: CurationReport
 
 
@@ -114,6 +122,7 @@ class _Seen:
     prompt: list[dict]
     response: dict | None
     hash: str
+    root: str  # hash of the messages through the first user message
     outcome: str
     correction: dict | None
     verifier: StoredVerifier | None
@@ -128,7 +137,7 @@ class _Candidate:
 
 def _read(t: StoredTrace, cfg: CurationConfig) -> _Seen:
     prompt, response = split_conversation(t)
-    return _Seen(t, prompt, response, prompt_hash(prompt), outcome(t, cfg),
+    return _Seen(t, prompt, response, prompt_hash(prompt), prompt_hash(opening(prompt)), outcome(t, cfg),
                  latest(t, "correction"), latest(t, "verifier"))
 
 
@@ -146,7 +155,7 @@ def _rl(s: _Seen) -> _Candidate:
         raise Unusable(f"verifier task: {e}") from None
     row = {"env": v.env, "task": dataclasses.asdict(task), "trace_id": t.id, "source": t.source,
            "prompt_hash": s.hash}
-    return _Candidate(Item("rl", row, t.id, t.source, s.hash, t.seq),
+    return _Candidate(Item("rl", row, t.id, t.source, s.hash, t.seq, s.root),
                       (s.hash, prompt_hash(task.prompt)), (s.prompt, task.prompt))
 
 
@@ -158,7 +167,14 @@ def _sft(s: _Seen) -> _Candidate:
     t = s.trace
     messages = training_messages(s.prompt) + [training_reply(s.correction, "correction")]
     row = _with_tools({"messages": messages}, t.tools)
-    return _Candidate(Item("sft", row, t.id, t.source, s.hash, t.seq), (s.hash,), (s.prompt,))
+    return _Candidate(Item("sft", row, t.id, t.source, s.hash, t.seq, s.root), (s.hash,), (s.prompt,))
+
+
+def _replay(s: _Seen) -> _Candidate:
+    t = s.trace
+    messages = training_messages(s.prompt) + [training_reply(s.response, "response")]
+    row = _with_tools({"messages": messages}, t.tools)
+    return _Candidate(Item("replay", row, t.id, t.source, s.hash, t.seq, s.root), (s.hash,), (s.prompt,))
 
 
 def _dpo(group: list[_Seen], cfg: CurationConfig, report: CurationReport) -> list[_Candidate]:
@@ -189,7 +205,7 @@ def _dpo(group: list[_Seen], cfg: CurationConfig, report: CurationReport) -> lis
             report.drop(t.id, "dpo", str(e) if isinstance(e, Unusable) else f"{type(e).__name__}: {e}")
             continue
         paired.add(bad)
-        out.append(_Candidate(Item("dpo", row, t.id, t.source, s.hash, t.seq), (s.hash,), (s.prompt,)))
+        out.append(_Candidate(Item("dpo", row, t.id, t.source, s.hash, t.seq, s.root), (s.hash,), (s.prompt,)))
     return out
 
 
@@ -214,7 +230,8 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
         report.passes += s.outcome == "pass"
         report.with_correction += s.correction is not None
         for kind, wanted, build in (("rl", s.outcome == "fail" and s.verifier is not None, _rl),
-                                    ("sft", s.correction is not None, _sft)):
+                                    ("sft", s.correction is not None, _sft),
+                                    ("replay", s.outcome == "pass" and s.response is not None, _replay)):
             if not wanted:
                 continue
             report.failures_with_verifier += kind == "rl"
@@ -250,9 +267,9 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
             kept.append(c)
 
     kept.sort(key=lambda c: (c.item.seq, KINDS.index(c.item.kind)))
-    home: dict[str, str] = {}  # prompt hash -> the source of its first trace
+    home: dict[str, str] = {}  # split key -> the source of its first trace
     for c in kept:
-        home.setdefault(c.item.prompt_hash, c.item.source)
+        home.setdefault(c.item.root_hash, c.item.source)
     by_source: dict[str, list[str]] = {}
     for h, source in home.items():
         by_source.setdefault(source, []).append(h)
@@ -262,10 +279,10 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
         report.sources[source] = {"train": len(by_source[source]) - n_held, "heldout": n_held}
     splits = {k: Split() for k in KINDS}
     for c in kept:
-        side = "heldout" if c.item.prompt_hash in held else "train"
+        side = "heldout" if c.item.root_hash in held else "train"
         getattr(splits[c.item.kind], side).append(c.item)
         report.items[c.item.kind][side] += 1
-    return Curated(splits["rl"], splits["sft"], splits["dpo"], report)
+    return Curated(splits["rl"], splits["sft"], splits["dpo"], splits["replay"], report)
 
 
 def write_curated(curated: Curated, out_dir: str | Path) -> dict[str, Path]:

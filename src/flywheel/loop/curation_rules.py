@@ -100,6 +100,15 @@ def latest(trace: StoredTrace, field: str) -> Any:
 # ---------------------------------------------------------------- normalisation
 
 
+def opening(messages: list[dict]) -> list[dict]:
+    """The messages through the first user message: what every turn of one episode (and every
+    retry of one question) shares, so the train / held-out split keeps them on one side."""
+    for i, m in enumerate(messages):
+        if m.get("role") == "user":
+            return messages[:i + 1]
+    return messages
+
+
 def split_conversation(trace: StoredTrace) -> tuple[list[dict], dict | None]:
     """(prompt messages, response message or None); see the module docstring."""
     messages = list(trace.messages)

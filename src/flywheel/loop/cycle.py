@@ -187,6 +187,19 @@ def _count_lines(path: str) -> int:
         return sum(1 for line in f if line.strip())
 
 
+def _sft_mix(files: dict[str, str], n_sft: int, ratio: float, out: Path, seed: str) -> str:
+    """sft_train.jsonl plus up to ratio x n_sft replay rows (a seeded sample), shuffled together."""
+    import random
+
+    rows = Path(files["sft_train"]).read_text(encoding="utf-8").splitlines()
+    replay = Path(files["replay_train"]).read_text(encoding="utf-8").splitlines()
+    rng = random.Random(seed)
+    rows += rng.sample(replay, min(len(replay), int(ratio * n_sft)))
+    rng.shuffle(rows)
+    atomic_write(out, "".join(r + "\n" for r in rows if r.strip()).encode())
+    return str(out)
+
+
 def _budget_seconds(fw: Flywheel, st: CycleState) -> float | None:
     """What is left of the cycle's training budget (seconds, the dollar budget converted at
     the catalog price of `hardware`); None = unbounded."""
@@ -225,8 +238,8 @@ def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
         log(f"{st.id}: {stage} on {n} examples from {Path(current).name}")
         t0 = time.perf_counter()
         if stage == "sft":
-            result = run_sft(stage_config(fw.cfg, "sft", **common, data={"train": [files["sft_train"]], "format": "chat"}),
-                             log=log)
+            data = _sft_mix(files, n, fw.cfg.train.replay_ratio, folder / "data" / "sft_mix.jsonl", st.id)
+            result = run_sft(stage_config(fw.cfg, "sft", **common, data={"train": [data], "format": "chat"}), log=log)
         elif stage == "dpo":
             result = run_dpo(stage_config(fw.cfg, "dpo", **common, data={"train": [files["dpo_train"]]}), log=log)
         else:

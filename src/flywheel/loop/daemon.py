@@ -104,46 +104,26 @@ class LoopDaemon:
                                 "id": st.id, "outcome": st.outcome, "version": st.version, "usd": st.usd,
                                 "reasons": st.decision.get("reasons", [])})
                         if serving is not None:
-                            serving[1].check_now()  # switch now rather than at the next poll
+                            serving.switch_now()  # rather than at the next poll
                         continue
                     self._stop.wait(self.cfg.trigger.poll_s)
             finally:
                 self._write_status(state="stopping")
                 if serving is not None:
-                    self._stop_serving(serving)
+                    serving.close()
                 self._write_status(state="stopped")
 
     # ---- serving
 
     def _start_serving(self, fw):
-        from flywheel.service import OpenAIService
-        from flywheel.service.app import create_app
-        from flywheel.service.background import BackgroundServer
-        from flywheel.service.production import ProductionFollower, registry_lookup
-        from flywheel.service.traces import TraceStoreSink
+        from flywheel.loop.serving import serve_production
 
-        prod = fw.registry.production()
-        if prod is None:
-            raise RuntimeError("no production model in the registry: register one and promote it first "
-                               "(flywheel models register DIR, then flywheel models promote v1)")
-        sink = TraceStoreSink(fw.traces)
-        service = OpenAIService(prod.path, version=prod.id, trace_sink=sink)
-        follower = ProductionFollower(service, registry_lookup(fw.registry), interval_s=1.0).start()
-        server = BackgroundServer(create_app(service, trace_store=fw.traces), host=self.cfg.serve.host,
-                                  port=self.cfg.serve.port or None).start()
-        self.url = server.url + "/v1"
-        self._write_status(url=self.url, serving=prod.id)
-        self.log(f"serving {prod.id} on {self.url}")
-        return server, follower, service, sink
+        serving = serve_production(fw, self.cfg.serve.host, self.cfg.serve.port)
+        self.url = serving.url
+        self._write_status(url=self.url, serving=serving.version)
+        self.log(f"serving {serving.version} on {self.url}")
+        return serving
 
     @staticmethod
     def _served(serving) -> str | None:
-        return None if serving is None else serving[2].version
-
-    @staticmethod
-    def _stop_serving(serving) -> None:
-        server, follower, service, sink = serving
-        server.stop()  # uvicorn drains requests in flight
-        follower.close()
-        sink.close()
-        service.close()
+        return None if serving is None else serving.version

@@ -28,6 +28,8 @@ class TrainMix(Config):
     order: list[Stage] = Field(default_factory=lambda: ["sft", "rl", "dpo"],
                                description="stages in the order they run; each starts from the previous one's model")
     min_examples: int = Field(4, ge=1, description="a stage with fewer curated train items is skipped")
+    replay_ratio: float = Field(1.0, ge=0, description=(
+        "SFT also rehearses the model's own verified answers (curated replay rows): up to this many per SFT example"))
     max_seconds: float | None = Field(None, gt=0, description="wall-clock budget for all stages of a cycle")
     max_usd: float | None = Field(None, gt=0, description="dollar budget (catalog price of `hardware` x seconds)")
     sft: dict[str, Any] = Field(default_factory=dict, description="SFTConfig fields (model, output_dir, data.train filled in)")
