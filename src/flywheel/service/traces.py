@@ -97,7 +97,7 @@ class TraceStoreSink:
             self._queue.append(event)
             self.stats.queued += 1
             self._idle.clear()
-            if len(self._queue) >= self.batch_size:
+            if len(self._queue) in (1, self.batch_size):  # the first starts the flusher's interval; a full batch goes now
                 self._cond.notify()
 
     def flush(self, timeout: float = 30.0) -> bool:
