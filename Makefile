@@ -34,7 +34,7 @@ system-deps:
 	fi
 
 demo: setup
-	OMP_NUM_THREADS=$(THREADS) $(PY) -m flywheel.demo
+	OMP_NUM_THREADS=$(THREADS) $(PY) -m flywheel.demo --threads $(THREADS)
 
 test: setup
 	$(PY) -m pytest -q

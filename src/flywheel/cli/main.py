@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flywheel.cli import data, dpo, economics, env, generate, loop, model, models, rl, sft, traces
+from flywheel.cli import data, demo, dpo, economics, env, generate, loop, model, models, rl, sft, traces
 from flywheel.cli import serve
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
@@ -17,6 +17,7 @@ app.add_typer(traces.app, name="traces")
 app.add_typer(models.app, name="models")
 app.add_typer(loop.app, name="loop")
 app.command("generate")(generate.generate)
+app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 app.command("sft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sft.sft)
 app.command("dpo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(dpo.dpo)

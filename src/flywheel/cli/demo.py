@@ -1,0 +1,23 @@
+"""`flywheel demo`: the flagship demo (flywheel.demo.run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's data dir (recreated)"),
+         weeks: int = typer.Option(3, min=1, max=3), days: int = typer.Option(2, min=1, help="traffic batches + cycles per week"),
+         episodes: int = typer.Option(600, min=1, help="episodes per day"),
+         correction_rate: float = typer.Option(0.3, min=0.0, max=1.0, help="share of failures users correct"),
+         sft_steps: int = typer.Option(300, min=1), rl_steps: int = typer.Option(16, min=0),
+         eval_tasks: int = typer.Option(100, min=1, help="tasks per family suite"),
+         threads: int = typer.Option(2, min=1)) -> None:
+    """A simulated production world drifts week by week; the flywheel serves it, curates its
+    failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""
+    from flywheel.demo.run import main
+
+    main(["--out", str(out), "--weeks", str(weeks), "--days", str(days), "--episodes", str(episodes),
+          "--correction-rate", str(correction_rate), "--sft-steps", str(sft_steps), "--rl-steps", str(rl_steps),
+          "--eval-tasks", str(eval_tasks), "--threads", str(threads)])

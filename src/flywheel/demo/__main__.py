@@ -1,0 +1,3 @@
+from flywheel.demo.run import main
+
+main()

@@ -1,0 +1,255 @@
+"""The flagship demo: a simulated production world drifts week by week and the flywheel keeps
+the served model up with it.
+
+    flywheel demo [--out flywheel-data/demo] [--episodes 600] [--weeks 3] [--days 2]
+
+1. First-time setup (cached): the base model, taught the week-1 family (demo/base.py).
+2. It is registered and promoted (v1) and served over HTTP with trace capture
+   (loop/serving.py); every response becomes a trace.
+3. Each day simulated users (demo/users.py) ask the day's mix of families (demo/world.py),
+   report outcomes with verifiers and sometimes a corrected turn; then a cycle
+   (loop/cycle.py) curates all traces so far, trains SFT (+ replay) and RL from production,
+   scores candidate and incumbent on every family's frozen suite and on the held-out new
+   failures, and the gate promotes or rejects; the server follows the registry.
+4. The end: a table per day and cycle, plots and the economics report under <out>/report,
+   and the last line `demo: new_family_before=X new_family_after=Y old_delta=Z cycles=N`.
+
+new_family_before / after: the mean, over families that arrive after week 1, of the
+production model's greedy success on the family's frozen suite when it arrives and at the
+end; old_delta: the week-1 family's change from start to end, in points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from flywheel.demo.world import ENV, WorldConfig, day_plan
+
+
+@dataclass
+class DayRow:
+    week: int
+    day: int
+    served: str  # version that served the day's traffic
+    episodes: dict[str, int]  # family -> episodes
+    failures: dict[str, int]
+    tokens: int
+    traffic_s: float
+    cycle: str | None = None
+    outcome: str = ""
+    why: str = ""
+    usd: float = 0.0
+    new_before: float | None = None  # new-failure suite, incumbent -> candidate
+    new_after: float | None = None
+    production: dict[str, float] = field(default_factory=dict)  # family suite scores of production after the day
+    ipd: float | None = None
+    serve_usd_per_m: float | None = None
+
+
+def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int, eval_tasks: int, threads: int) -> dict:
+    return {
+        "data_dir": str(out),
+        "curation": {"heldout_fraction": 0.25, "min_heldout": 1},
+        "train": {
+            "order": ["sft", "rl"] if rl_steps else ["sft"], "min_examples": 8, "replay_ratio": 1.0,
+            "sft": {"train": {"steps": sft_steps, "batch_size": 16, "micro_batch_size": 16},
+                    "optim": {"lr": 1e-3, "warmup_steps": 10, "min_lr_ratio": 0.1}, "log": {"progress": False},
+                    "threads": threads},
+            "rl": {"train": {"steps": max(rl_steps, 1), "groups_per_step": 8, "group_size": 8},
+                   "sampling": {"temperature": 1.0, "max_tokens": 120}, "optim": {"lr": 5e-5},
+                   "algo": {"dynamic_sampling": True}, "eval": {"tasks": 16}, "log": {"progress": False},
+                   "threads": threads}},
+        "eval": {"suites": {f.name: {"env": ENV, "settings": f.settings, "tasks": eval_tasks, "max_tokens": 120}
+                            for f in world.families if f.arrives <= world.weeks},
+                 "new_failures_max_tokens": 120, "new_failures_max": 200},
+        "gate": {"delta": 0.05, "epsilon": 0.02},
+    }
+
+
+def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = 300, rl_steps: int = 16, eval_tasks: int = 100,
+             threads: int = 2, base_recipe: dict | None = None, console=None) -> tuple[list[DayRow], dict[str, Any]]:
+    import torch
+    from rich.console import Console
+
+    from flywheel.config import validate
+    from flywheel.demo.base import base_model
+    from flywheel.demo.users import run_day
+    from flywheel.envs import load_env
+    from flywheel.loop.cycle import Flywheel, run_cycle
+    from flywheel.loop.loop_config import LoopConfig
+    from flywheel.loop.serving import serve_production
+
+    console = console or Console()
+    torch.set_num_threads(threads)
+    base = base_model(base_recipe, log=console.print)
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = validate(loop_config(out, world, sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks,
+                               threads=threads), LoopConfig)
+    per_family = world.days_per_week * world.weeks * world.episodes_per_day
+    tasks = {f.name: load_env(ENV, **f.settings).tasks("train", n=per_family, seed=world.seed) for f in world.families}
+    rows: list[DayRow] = []
+    t_start = time.perf_counter()
+    with Flywheel(cfg) as fw:
+        v1 = fw.registry.register(base, notes="demo base model (week-1 family)")
+        fw.registry.promote(v1.id, "demo start")
+        serving = serve_production(fw)
+        console.print(f"serving {v1.id} on {serving.url}")
+        start_scores = _production_scores(fw, cfg)
+        try:
+            for week in range(1, world.weeks + 1):
+                new = world.new(week)
+                console.rule(f"[bold]week {week}[/]: users ask " + ", ".join(f.name for f in world.live(week))
+                             + (f" — [bold red]new: {new.name}[/]" if new else ""))
+                for day in range(1, world.days_per_week + 1):
+                    row = _traffic(fw, serving, world, tasks, week, day, run_day, console)
+                    rows.append(row)
+                    st = run_cycle(fw, log=lambda m: console.print(f"  [dim]{m}[/]"))
+                    serving.switch_now()
+                    _fill_cycle(row, st, cfg, fw)
+                    if not row.production:  # no candidate was evaluated: production did not change
+                        row.production = dict(rows[-2].production) if len(rows) > 1 else dict(start_scores)
+                    console.print(_day_line(row))
+        finally:
+            serving.close()
+        summary = _summary(rows, world, start_scores, time.perf_counter() - t_start)
+        _write_report(fw, out, rows, console)
+    return rows, summary
+
+
+def _production_scores(fw, cfg) -> dict[str, float]:
+    from flywheel.loop.evaluation import evaluate_model, suite_from_config
+
+    prod = fw.registry.production()
+    return evaluate_model(prod.path, [suite_from_config(n, s) for n, s in cfg.eval.suites.items()]).scores
+
+
+def _traffic(fw, serving, world: WorldConfig, tasks, week: int, day: int, run_day, console) -> DayRow:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    plan = day_plan(world, week, day)
+    work = [(family, tasks[family][i]) for family, i in plan]
+    served = serving.version
+    t0 = time.perf_counter()
+    with Progress(TextColumn(f"  day {day}: {len(work)} episodes on {served}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[ok]}"), TimeElapsedColumn(), console=console, transient=True) as bar:
+        job = bar.add_task("traffic", total=len(work), ok="")
+        done = {"ok": 0}
+
+        def tick(ep) -> None:
+            done["ok"] += ep.success
+            bar.update(job, advance=1, ok=f"{done['ok']} solved")
+
+        episodes = asyncio.run(run_day(serving.url, work, world.concurrency, world.correction_rate,
+                                       f"demo/{world.seed}/{week}/{day}/feedback", on_episode=tick))
+    seconds = time.perf_counter() - t0
+    errors = [ep.error for ep in episodes if ep.error]
+    if errors:
+        raise RuntimeError(f"{len(errors)} episodes failed at the HTTP level, e.g. {errors[0]}")
+    counts: dict[str, int] = {}
+    fails: dict[str, int] = {}
+    for ep in episodes:
+        counts[ep.family] = counts.get(ep.family, 0) + 1
+        fails[ep.family] = fails.get(ep.family, 0) + (not ep.success)
+    tokens = sum(ep.completion_tokens for ep in episodes)
+    fw.ledger.record("serve", hardware=fw.cfg.hardware, seconds=seconds, tokens_served=tokens,
+                     extra={"week": week, "day": day, "episodes": len(episodes)})
+    return DayRow(week, day, served, counts, fails, tokens, seconds)
+
+
+def _fill_cycle(row: DayRow, st, cfg, fw) -> None:
+    from flywheel.economics.reports import intelligence_per_dollar
+
+    row.cycle, row.outcome, row.usd = st.id, st.outcome or st.stage, st.usd
+    name = cfg.gate.new_failures
+    inc, cand = st.scores.get("incumbent", {}), st.scores.get("candidate", {})
+    row.new_before, row.new_after = inc.get(name), cand.get(name)
+    reasons = st.decision.get("reasons", [])
+    if st.outcome == "rejected":
+        row.why = next((r for r in reasons if "<" in r or "drops" in r or "no " in r), "; ".join(reasons))
+    elif st.outcome == "nothing to train":
+        row.why = "; ".join(s.get("skipped", "") for s in st.stages_run)
+    else:
+        row.why = reasons[0] if reasons else ""
+    prod = cand if st.outcome == "promoted" else inc
+    row.production = {k: v for k, v in prod.items() if k != name}
+    if st.outcome == "promoted" and row.new_before is not None and row.usd > 0:
+        row.ipd = intelligence_per_dollar(100 * (row.new_after - row.new_before), row.usd).value
+    serve_usd = sum(r.usd for r in fw.ledger.records if r.stage == "serve" and r.extra.get("week") == row.week
+                    and r.extra.get("day") == row.day)
+    row.serve_usd_per_m = serve_usd / row.tokens * 1e6 if row.tokens else None
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _day_line(row: DayRow) -> str:
+    fails = ", ".join(f"{f} {row.failures[f]}/{row.episodes[f]} failed" for f in row.episodes)
+    scores = " ".join(f"{k} {_pct(v)}" for k, v in row.production.items())
+    return (f"  week {row.week} day {row.day}: {fails} ({row.traffic_s:.0f} s) -> {row.cycle} [bold]{row.outcome}[/]"
+            f" (${row.usd:.4f}); production now: {scores}")
+
+
+def _summary(rows: list[DayRow], world: WorldConfig, start: dict[str, float], seconds: float) -> dict[str, Any]:
+    first = world.families[0].name
+    news = [f for f in world.families if 1 < f.arrives <= world.weeks]
+    end = rows[-1].production if rows else start
+    before, after = [], []
+    for f in news:
+        arrival = next(i for i, r in enumerate(rows) if r.week == f.arrives)
+        at_arrival = rows[arrival - 1].production if arrival > 0 else start
+        before.append(at_arrival.get(f.name, start.get(f.name, 0.0)))
+        after.append(end.get(f.name, 0.0))
+    return {"new_family_before": sum(before) / len(before) if before else float("nan"),
+            "new_family_after": sum(after) / len(after) if after else float("nan"),
+            "old_delta": 100 * (end.get(first, 0.0) - start.get(first, 0.0)),
+            "cycles": sum(r.cycle is not None for r in rows),
+            "promoted": sum(r.outcome == "promoted" for r in rows), "seconds": seconds,
+            "per_family": {f.name: {"start": start.get(f.name), "end": end.get(f.name)} for f in world.families
+                           if f.name in end}}
+
+
+def _write_report(fw, out: Path, rows: list[DayRow], console) -> None:
+    from flywheel.demo.report import family_plot, markdown_table
+    from flywheel.economics.reports import read_cycles
+    from flywheel.economics.tables import build_report
+    from flywheel.economics.render import write_report
+
+    report_dir = out / "report"
+    outcomes = read_cycles(fw.outcomes_path) if fw.outcomes_path.exists() else []
+    rep = build_report(fw.ledger.read(), outcomes, sources={"ledger": str(fw.ledger.path)})
+    paths = write_report(rep, report_dir)
+    (report_dir / "families.png").write_bytes(family_plot(rows))
+    table = markdown_table(rows)
+    (report_dir / "demo-table.md").write_text(table + "\n", encoding="utf-8")
+    console.print(table)
+    console.print(f"report: {report_dir / 'index.html'}, {report_dir / 'families.png'}, "
+                  + ", ".join(sorted(p.name for n, p in paths.items() if n.endswith('.png'))))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description="flywheel demo: a drifting world, served, curated, trained, gated")
+    ap.add_argument("--out", default="flywheel-data/demo", help="the demo's data dir (recreated)")
+    ap.add_argument("--weeks", type=int, default=3)
+    ap.add_argument("--days", type=int, default=2, help="traffic batches (each followed by a cycle) per week")
+    ap.add_argument("--episodes", type=int, default=600, help="episodes per day")
+    ap.add_argument("--correction-rate", type=float, default=0.3)
+    ap.add_argument("--sft-steps", type=int, default=300)
+    ap.add_argument("--rl-steps", type=int, default=16)
+    ap.add_argument("--eval-tasks", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args(argv)
+    world = replace(WorldConfig(), weeks=args.weeks, days_per_week=args.days, episodes_per_day=args.episodes,
+                    correction_rate=args.correction_rate)
+    _, s = run_demo(Path(args.out), world, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
+                    eval_tasks=args.eval_tasks, threads=args.threads)
+    print(f"demo took {s['seconds'] / 60:.1f} min; " + ", ".join(
+        f"{k} {_pct(v['start'])} -> {_pct(v['end'])}" for k, v in s["per_family"].items()))
+    print(f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "
+          f"old_delta={s['old_delta']:+.1f} cycles={s['cycles']}")

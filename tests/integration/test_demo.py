@@ -1,0 +1,47 @@
+"""The flagship demo, reduced: a smaller base model, two weeks of one day each, few episodes.
+It checks the machinery end to end (HTTP traffic recorded as traces, feedback, cycles, the
+table, the plots and the last line), not the learning figures, which need the full budget."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("uvicorn")
+
+SMALL_BASE = {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64, "demos": 200, "steps": 60, "batch": 8,
+              "lr": 3e-3, "warmup": 5}
+
+
+def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
+    from flywheel.demo import base as demo_base
+    from flywheel.demo.run import main
+    from flywheel.loop import Registry
+    from flywheel.loop.trace_store import TraceStore
+
+    monkeypatch.setenv("FLYWHEEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(demo_base, "RECIPE", {**SMALL_BASE, "family": demo_base.RECIPE["family"]})
+    out = tmp_path / "demo"
+    main(["--out", str(out), "--weeks", "2", "--days", "1", "--episodes", "24", "--sft-steps", "4",
+          "--rl-steps", "1", "--eval-tasks", "8", "--correction-rate", "1.0"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    m = re.fullmatch(r"demo: new_family_before=(\S+) new_family_after=(\S+) old_delta=(\S+) cycles=2", lines[-1])
+    assert m, lines[-1]
+    assert 0.0 <= float(m.group(1)) <= 1.0 and 0.0 <= float(m.group(2)) <= 1.0
+    # every request became a trace; every episode got an outcome, every failure a correction
+    with TraceStore(f"sqlite:///{out / 'traces.db'}") as store:
+        traces = list(store.iter_traces())
+        assert len(traces) >= 48 and {t.source for t in traces} == {"serve"}
+        outcomes = [f for t in traces for f in t.feedback if f.score is not None]
+        assert len(outcomes) == 48 and all(f.verifier and f.verifier.env == "calculator" for f in outcomes)
+        failed = sum(f.score == 0.0 for f in outcomes)
+        assert sum(f.correction is not None for t in traces for f in t.feedback) == failed
+    with Registry(out / "registry") as reg:
+        assert reg.get("v1").status in ("production", "archived")
+    states = sorted((out / "cycles").glob("c*/state.json"))
+    assert [p.parent.name for p in states] == ["c1", "c2"]
+    report = out / "report"
+    assert (report / "families.png").stat().st_size > 1000 and (report / "index.html").exists()
+    table = (report / "demo-table.md").read_text().splitlines()
+    assert table[0].startswith("| week | day | served | traffic | add failed") and len(table) == 4
