@@ -1,5 +1,7 @@
 """POST /v1/traces and feedback over HTTP: mixed batches, retries, outcomes, bad requests."""
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -7,6 +9,7 @@ from flywheel.loop import TraceStore
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.service import OpenAIService
 from flywheel.service.app import create_app
+from flywheel.service.errors import OpenAIError
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +64,58 @@ def test_bodies_that_are_not_batches_are_clear_errors(client):
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = c.post("/v1/traces", json={"records": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "traces"
+
+
+def test_records_the_fast_json_decoder_would_change_are_judged_as_the_stdlib_reads_them(client):
+    """orjson reads NaN as an error and integers beyond 64 bits as floats: such bodies are
+    decoded by the stdlib instead, so each record is still judged on what it holds."""
+    c, store = client
+    nan = (b'[' + json.dumps(trace(30)).encode()
+           + b', {"messages": [{"role": "user", "content": "x"}], "latency_ms": NaN}]')
+    r = c.post("/v1/traces", content=nan)
+    assert r.status_code == 200
+    assert [x["status"] for x in r.json()["results"]] == ["added", "invalid"]
+    assert "latency_ms" in r.json()["results"][1]["reason"]
+    big = [trace(31, metadata={"n": 123456789012345678901234567890}),
+           trace(32, metadata={"id": "12345678901234567890123"})]  # 20 digits in a string: decoded alike
+    body = c.post("/v1/traces", content=json.dumps(big).encode()).json()
+    assert [x["status"] for x in body["results"]] == ["invalid", "added"]
+    assert "not JSON" in body["results"][0]["reason"]
+    assert store.get(body["results"][1]["id"]).metadata == {"id": "12345678901234567890123"}
+
+
+@pytest.mark.parametrize("raw", [b'{"a": [1, 2.5, "\\u00e9", null, true]}', b'[1e999, -0.0]', b'["\\ud800"]',
+                                 b'[18446744073709551615, 18446744073709551616]', b'"x"'])
+def test_decode_json_gives_what_the_stdlib_gives(raw):
+    from flywheel.service.ingest import decode_json
+
+    assert repr(decode_json(raw)) == repr(json.loads(raw))
+    with pytest.raises(OpenAIError, match="not valid JSON"):
+        decode_json(b'{"a": ')
+
+
+def test_a_large_mixed_batch_reports_every_rejection_and_reads_back(client):
+    c, store = client
+    batch, bad = [], {}
+    for i in range(300):
+        if i % 37 == 5:
+            usage = {"prompt_tokens": "12", "completion_tokens": 1}  # a string count: strict fields refuse it
+            batch.append({"messages": [{"role": "user", "content": "q"}], "usage": usage})
+            bad[i] = "usage.prompt_tokens"
+        elif i % 53 == 7:
+            batch.append({"idempotency_key": f"big{i}", "messages": []})
+            bad[i] = "messages"
+        else:
+            batch.append(trace(1000 + i, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]))
+    body = c.post("/v1/traces", json={"traces": batch}).json()
+    assert body["added"] == 300 - len(bad) and body["rejected"] == len(bad)
+    for row in body["results"]:
+        if row["index"] in bad:
+            assert row["status"] == "invalid" and bad[row["index"]] in row["reason"] and row["id"] is None
+        else:
+            assert row["status"] == "added"
+            stored = store.get(row["id"])
+            assert stored.messages == batch[row["index"]]["messages"] and stored.tools == batch[row["index"]]["tools"]
+    again = c.post("/v1/traces", json={"traces": batch}).json()  # the retry: every valid one a duplicate, same ids
+    assert again["duplicates"] == 300 - len(bad) and again["added"] == 0
+    assert [x["id"] for x in again["results"]] == [x["id"] for x in body["results"]]

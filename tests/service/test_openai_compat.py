@@ -267,32 +267,54 @@ def test_raw_http_errors(live):
 # --------------------------------------------------------------------------- batching
 
 
-def test_concurrent_requests_share_generate_calls(live):
-    service, srv, _, _ = live
-    engine = service.engine
-    calls: list[int] = []
-    original = engine.generate
+def _hold_first_forward(engine, until):
+    """Patch `engine.runner.forward`: its first call waits until `until()` is true (20 s at most)."""
+    original = engine.runner.forward
+    calls = []
 
-    def counting(prompts, params):
-        calls.append(len(prompts))
-        if len(calls) == 1:  # hold the first batch until the other requests are queued behind it
+    def held(*args, **kw):
+        calls.append(1)
+        if len(calls) == 1:
             deadline = time.monotonic() + 20
-            while calls[0] + len(service.scheduler._queue) < 8 and time.monotonic() < deadline:
+            while not until() and time.monotonic() < deadline:
                 time.sleep(0.005)
-        return original(prompts, params)
+        return original(*args, **kw)
 
-    engine.generate = counting
+    engine.runner.forward = held
+    return lambda: delattr(engine.runner, "forward")
+
+
+def test_a_burst_joins_the_running_batch(model_dirs):
+    """Continuous batching: the first prefill is held until all 8 requests of a burst were
+    submitted; those not in the first group join the running batch at its next step, in
+    one prefill, and all 8 decode together."""
+    service = OpenAIService(model_dirs[0], version="v1", window_s=0.005)
+    srv, _ = _serve(service)
+    sched = service.scheduler
+    submitted = []
+    submit = sched.submit
+    sched.submit = lambda *a, **kw: submitted.append(1) or submit(*a, **kw)
+    restore = _hold_first_forward(service.engine, lambda: len(submitted) >= 8)
     try:
         async def burst():
             client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
             return await asyncio.gather(*(client.chat.completions.create(
-                model="flywheel", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=6)
-                for i in range(8)))
+                model="flywheel", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=6,
+                temperature=0) for i in range(8)))
         results = asyncio.run(burst())
     finally:
-        del engine.generate
+        restore()
+        srv.stop()
+        service.close()
+    stats = sched.stats
     assert len(results) == 8 and all(r.choices[0].message.role == "assistant" for r in results)
-    assert sum(calls) == 8 and len(calls) <= 2, calls
+    assert stats.jobs == 8 and stats.batches == 1  # one running batch ...
+    assert stats.prefills == 1 + (stats.joined > 0) and stats.max_rows == 8  # ... the rest joined at once
+    # joining changes nothing for a request: greedy answers are what the engine gives each alone
+    renderer = ChatRenderer(service.engine.tokenizer)
+    for i, r in enumerate(results):
+        prompt = renderer.prompt_ids([{"role": "user", "content": f"question {i}"}])
+        assert r.choices[0].message.content == greedy(service.engine, prompt, 6)[0]
 
 
 # --------------------------------------------------------------------------- versions
@@ -304,14 +326,14 @@ def test_switch_with_requests_in_flight(model_dirs, store, tmp_path):
     srv, client = _serve(service)
     old = service.engine
     started, release = threading.Event(), threading.Event()
-    original = old.generate
+    original = old.runner.forward
 
-    def held(prompts, params):
+    def held(*args, **kw):  # the v1 batch stops at its first forward until released
         started.set()
         assert release.wait(30)
-        return original(prompts, params)
+        return original(*args, **kw)
 
-    old.generate = held
+    old.runner.forward = held
     messages = [{"role": "user", "content": "hello"}]
     ask = lambda: client.chat.completions.create(model="flywheel", messages=messages, max_tokens=6,  # noqa: E731
                                                  temperature=0, logprobs=True)

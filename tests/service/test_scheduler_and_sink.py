@@ -139,3 +139,132 @@ def test_sink_never_blocks_on_a_dead_database():
     assert time.perf_counter() - t0 < 0.05  # enqueueing only
     sink.close()
     assert sink.stats.written == 0 and sink.stats.dropped == 20 and Down.calls >= 2
+
+
+# --------------------------------------------------------------------------- continuous batching
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory):
+    import torch
+
+    from flywheel.inference import LocalEngine
+    from flywheel.models import TinySpec, build_tiny_model
+
+    torch.set_num_threads(1)
+    path = build_tiny_model(tmp_path_factory.mktemp("sched") / "m", TinySpec(hidden=64, layers=2, heads=4, ffn=128))
+    return LocalEngine.from_path(str(path))
+
+
+def _held(engine):
+    """Make the engine's next forward wait at a gate; returns (entered, gate, restore)."""
+    original, entered, gate = engine.runner.forward, threading.Event(), threading.Event()
+
+    def forward(*args, **kw):
+        entered.set()
+        assert gate.wait(20)
+        return original(*args, **kw)
+
+    engine.runner.forward = forward
+    return entered, gate, lambda: delattr(engine.runner, "forward")
+
+
+PROMPTS = [[(7 * i + k) % 250 + 3 for k in range(4 + 3 * i)] for i in range(8)]  # 8 prompts of 4..25 tokens
+
+
+def test_jobs_arriving_during_decoding_join_the_running_batch(tiny_engine):
+    greedy = SamplingParams(temperature=0, max_tokens=10)
+    alone = [tiny_engine.generate([p], greedy)[0][0] for p in PROMPTS]
+    sched = BatchScheduler(tiny_engine, "v1", window_s=0.0)
+    entered, gate, restore = _held(tiny_engine)
+    try:
+        first = sched.submit(PROMPTS[0], greedy)
+        assert entered.wait(20)  # the batch of the first job is prefilling
+        rest = [sched.submit(p, greedy if i % 2 else SamplingParams(n=2, temperature=0, max_tokens=6))
+                for i, p in enumerate(PROMPTS[1:], 1)]
+        gate.set()
+        results = [f.result(20) for f in [first, *rest]]
+    finally:
+        restore()
+        sched.close()
+    s = sched.stats
+    # one running batch; the 7 late jobs joined it at once, in one prefill, and 11 rows decoded together
+    assert (s.batches, s.prefills, s.joined, s.jobs, s.rows, s.max_rows) == (1, 2, 7, 8, 11, 11)
+    assert s.steps <= 11  # one step alone, then the joiners' budget of 10 alongside the first job
+    # joining a batch (other prompt lengths, a shifted cache) changes no greedy answer
+    for i, (r, ref) in enumerate(zip(results, alone)):
+        want = ref if i % 2 or i == 0 else tiny_engine.generate([PROMPTS[i]], SamplingParams(
+            n=2, temperature=0, max_tokens=6))[0][0]
+        for sample in r.samples:
+            assert (sample.token_ids, sample.text, sample.finish_reason) == (want.token_ids, want.text,
+                                                                              want.finish_reason)
+            assert sample.logprobs == pytest.approx(want.logprobs, abs=1e-4)
+        assert r.label == "v1" and len(r.samples) == (2 if i % 2 == 0 and i else 1)
+
+
+def test_continuous_batch_rules_max_rows_seeds_and_refusals(tiny_engine):
+    sampled = SamplingParams(temperature=1.0, max_tokens=8)
+    seeded_alone = []
+    for _ in range(2):
+        tiny_engine.generator.manual_seed(11)
+        seeded_alone.append(tiny_engine.generate([PROMPTS[2]], sampled)[0][0].token_ids)
+    assert seeded_alone[0] == seeded_alone[1]
+    sched = BatchScheduler(tiny_engine, "v1", max_batch=4, window_s=0.0)
+    entered, gate, restore = _held(tiny_engine)
+    try:
+        first = sched.submit(PROMPTS[0], SamplingParams(n=2, temperature=0, max_tokens=12))
+        assert entered.wait(20)
+        bad = sched.submit([10**6], sampled)  # outside the vocabulary: refused alone
+        fits = sched.submit(PROMPTS[1], SamplingParams(n=2, max_tokens=4))  # 2 + 2 rows = max_batch
+        waits = sched.submit(PROMPTS[3], sampled)  # a fifth row: waits for rows to leave
+        seeded = sched.submit(PROMPTS[2], sampled, seed=11)  # runs alone between two steps
+        gate.set()
+        with pytest.raises(ValueError, match="outside the model's vocabulary"):
+            bad.result(20)
+        assert seeded.result(20).samples[0].token_ids == seeded_alone[0]
+        assert len(first.result(20).samples) == 2 and len(fits.result(20).samples) == 2
+        assert len(waits.result(20).samples[0].token_ids) <= 8
+    finally:
+        restore()
+        sched.close()
+    s = sched.stats
+    assert s.max_rows <= 4 and s.seeded == 1 and s.jobs == 4  # the refused job is not served
+
+
+def test_a_switch_drains_the_running_batch_first(tiny_engine, tmp_path):
+    from flywheel.inference import LocalEngine
+    from flywheel.models import TinySpec, build_tiny_model
+
+    new = LocalEngine.from_path(str(build_tiny_model(tmp_path / "v2", TinySpec(hidden=64, layers=2, heads=4,
+                                                                                 ffn=128, seed=1))))
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    sched = BatchScheduler(tiny_engine, "v1", window_s=0.0)
+    entered, gate, restore = _held(tiny_engine)
+    try:
+        running = sched.submit(PROMPTS[0], greedy)
+        assert entered.wait(20)
+        sched.switch(new, "v2")
+        queued = sched.submit(PROMPTS[1], greedy)  # must not join the v1 batch
+        gate.set()
+        assert running.result(20).label == "v1" and running.result(20).engine is tiny_engine
+        assert queued.result(20).label == "v2" and queued.result(20).engine is new
+        assert queued.result(20).samples[0].token_ids == new.generate([PROMPTS[1]], greedy)[0][0].token_ids
+    finally:
+        restore()
+        sched.close()
+    assert sched.stats.joined == 0 and sched.stats.switches == 1 and sched.stats.batches == 2
+
+
+def test_an_idle_scheduler_keeps_collecting_while_jobs_keep_arriving():
+    """Whole-batch admission: a burst spread over more than one window still starts as one batch."""
+    engine = FakeEngine()
+    sched = BatchScheduler(engine, "v1", window_s=1.0, max_wait_s=30.0)
+    try:
+        futures = []
+        for k in range(6):  # 6 jobs 20 ms apart: 100 ms in all, each gap far below the 1 s window
+            futures.append(sched.submit([k], SamplingParams()))
+            time.sleep(0.02)
+        assert [f.result(20).samples[0].token_ids for f in futures] == [[k] for k in range(6)]
+        assert engine.batches == [[[k] for k in range(6)]] and sched.stats.batches == 1
+    finally:
+        sched.close()

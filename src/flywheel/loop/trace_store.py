@@ -2,8 +2,10 @@
 
 Ingestion is batch-first. `add_traces` validates every record on its own (a refused record
 is reported with its index and reason and never holds back the others), then stores all
-the valid ones in ONE write transaction with one executemany INSERT (Core, not one ORM
-object per row), and commits before it returns: an id in the result is durable.
+the valid ones in ONE write transaction (on SQLite: multi-row INSERT statements through
+the driver, see `_SqliteTraceSQL`; elsewhere one Core executemany, never one ORM object
+per row), and commits before it returns: an id in the result is durable. Ids the store
+assigns are time-ordered UUIDs (version 7), so new rows append to the id index.
 
 Idempotency. Every stored trace has a unique key (the client's `idempotency_key`, else its
 id) and the SHA-256 of its content as sent. A record whose key is taken by identical
@@ -15,15 +17,17 @@ index and the whole transaction is retried, when the check sees the winner's row
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
+from operator import itemgetter
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import exists, func, insert, or_, select
+from sqlalchemy import JSON, exists, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
-from flywheel.loop.trace_db import ensure_schema, open_engine, schema_version, writing
+from flywheel.loop.trace_db import Encoded, ensure_schema, open_engine, schema_version, writing
 from flywheel.loop.trace_encoding import NotJSON, feedback_row, trace_row, utc_naive, validate_trace
 from flywheel.loop.trace_results import (
     BatchResult,
@@ -69,6 +73,7 @@ class TraceStore:
             raise
         self.url = self.engine.url.render_as_string(hide_password=True)
         self.default_source = default_source
+        self._sqlite = _SqliteTraceSQL(self.engine) if self.engine.dialect.name == "sqlite" else None
 
     def close(self) -> None:
         self.engine.dispose()
@@ -109,9 +114,12 @@ class TraceStore:
         keys = [row["idempotency_key"] for _, row in pending]
         ids = [row["id"] for _, row in pending]
         for key_chunk, id_chunk in zip(_chunks(keys), _chunks(ids)):
-            found = conn.execute(
-                select(_TRACES.c.id, _TRACES.c.idempotency_key, _TRACES.c.content_hash)
-                .where(or_(_TRACES.c.idempotency_key.in_(key_chunk), _TRACES.c.id.in_(id_chunk))))
+            if self._sqlite is not None:
+                found = self._sqlite.taken(conn, key_chunk, id_chunk)
+            else:
+                found = conn.execute(
+                    select(_TRACES.c.id, _TRACES.c.idempotency_key, _TRACES.c.content_hash)
+                    .where(or_(_TRACES.c.idempotency_key.in_(key_chunk), _TRACES.c.id.in_(id_chunk))))
             for trace_id, key, digest in found:
                 by_key[key] = (trace_id, digest)
                 taken_ids.add(trace_id)
@@ -136,7 +144,10 @@ class TraceStore:
                 rows.append(row)
                 results[index] = RecordResult(index, "added", id=trace_id)
         if rows:
-            conn.execute(insert(_TRACES), rows)  # executemany
+            if self._sqlite is not None:
+                self._sqlite.insert(conn, rows)
+            else:
+                conn.execute(insert(_TRACES), rows)  # executemany
 
     def add_feedback(self, trace_id: str, feedback: FeedbackIn | dict[str, Any]) -> str:
         """Store one outcome of a trace and return its id (the stored one for a retry)."""
@@ -248,6 +259,77 @@ class TraceStore:
                                     .order_by(_FEEDBACK.c.seq)):
                 out.setdefault(row.trace_id, []).append(_stored_feedback(row))
         return out
+
+
+class _SqliteTraceSQL:
+    """The two statements of a trace batch on SQLite, run through the driver directly.
+
+    What SQLAlchemy Core does per row of an executemany (building each parameter dict,
+    running each column's bind processor through its generic machinery) costs as much as
+    SQLite's own insert of a ~2 KB row. Here the INSERT is compiled once by SQLAlchemy (same
+    SQL, same column order) and each row gets the same bind processors (datetime formatting,
+    float coercion); JSON fields are already canonical text (`Encoded`), which is exactly
+    what the JSON processor would return for them.
+
+    Rows go in as multi-row `INSERT ... VALUES (...), (...), ...` statements (as many rows as
+    SQLite's variable limit allows): one statement step per chunk instead of one per row.
+    The driver releases the GIL around each step, and a thread that has to take it back
+    from busy threads waits up to the interpreter's switch interval (5 ms) each time: with
+    concurrent batches (other requests validating), a 500-row executemany can stall that
+    way for a long time while it holds the database's write lock.
+    """
+
+    def __init__(self, engine):
+        dialect = engine.dialect
+        columns = [c for c in _TRACES.columns if c.key != "seq"]
+        compiled = insert(_TRACES).compile(dialect=dialect, column_keys=[c.key for c in columns])
+        head, _, row = str(compiled).partition(" VALUES ")
+        self._insert_head, self._insert_row = head + " VALUES ", row  # "INSERT INTO traces (...)", "(?, ...)"
+        self._insert_sql: dict[int, str] = {}  # rows per statement -> its SQL
+        order = compiled.positiontup
+        self.values = itemgetter(*order)  # a row dict -> its values in the statement's order
+        self.width = len(order)
+        with engine.connect() as conn:
+            dbapi = conn.connection.dbapi_connection
+            limit = dbapi.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if hasattr(dbapi, "getlimit") else 999
+        self.rows_per_statement = max(1, min(500, limit // self.width))
+        by_key = {c.key: c for c in columns}
+        self.processed: list[tuple[int, Any]] = []  # (position, bind processor) of non-JSON columns that have one
+        self.json: list[tuple[int, Any]] = []  # (position, bind processor) of JSON columns
+        for position, key in enumerate(order):
+            col = by_key[key]
+            process = col.type.dialect_impl(dialect).bind_processor(dialect)
+            if isinstance(col.type, JSON):
+                self.json.append((position, process))
+            elif process is not None:
+                self.processed.append((position, process))
+        self.select_sql = ("SELECT id, idempotency_key, content_hash FROM traces "
+                           "WHERE idempotency_key IN ({}) OR id IN ({})")
+
+    def taken(self, conn, keys: list[str], ids: list[str]):
+        sql = self.select_sql.format(",".join("?" * len(keys)), ",".join("?" * len(ids)))
+        return conn.exec_driver_sql(sql, (*keys, *ids)).all()
+
+    def insert(self, conn, rows: list[dict[str, Any]]) -> None:
+        params: list = []
+        get, processed, json_columns = self.values, self.processed, self.json
+        for row in rows:
+            values = list(get(row))
+            for position, process in processed:
+                if values[position] is not None:
+                    values[position] = process(values[position])
+            for position, process in json_columns:
+                value = values[position]
+                if value is not None and type(value) is not Encoded:  # Encoded: what process would return
+                    values[position] = process(value)
+            params.extend(values)
+        width, step = self.width, self.rows_per_statement
+        for start in range(0, len(rows), step):
+            n = min(step, len(rows) - start)
+            sql = self._insert_sql.get(n)
+            if sql is None:
+                sql = self._insert_sql[n] = self._insert_head + ", ".join([self._insert_row] * n)
+            conn.exec_driver_sql(sql, tuple(params[start * width:(start + n) * width]))
 
 
 def _filters(since: datetime | None, source: str | None, with_feedback: bool | None) -> list:

@@ -1,16 +1,17 @@
 """OpenAIService: the OpenAI-compatible serving core, independent of any web framework.
 
 A request body (a dict, as decoded from JSON) is validated, rendered to prompt ids with
-the model's chat template, queued on the `BatchScheduler` (so concurrent requests share
-forward passes) and turned into an OpenAI response dict; every returned choice is handed
-to the trace sink. The FastAPI app (`flywheel.service.app`) only moves bytes.
+the model's chat template, queued on the `BatchScheduler` (continuous batching: a request
+joins the running batch at its next decode step, so concurrent requests share forward
+passes) and turned into an OpenAI response dict; every returned choice is handed to the
+trace sink. The FastAPI app (`flywheel.service.app`) only moves bytes.
 
 Versions: the service serves one model under a stable name (`name`, what clients put in
 `model`) and a version label (the registry's version), reported in every response as
 `system_fingerprint` and in the traces as `model_version`. `switch(model_dir_or_engine,
 label)` loads the new model in the calling thread (never on the request path), then the
-scheduler swaps engines between batches: requests in flight finish on the old version and
-none fails. Versions must share a tokenizer (a fine-tuned descendant does), because a
+scheduler swaps engines once the running batch has drained (nothing joins it meanwhile):
+requests in flight finish on the old version and none fails. Versions must share a tokenizer (a fine-tuned descendant does), because a
 request's prompt may be rendered just before a switch and generated just after.
 """
 
@@ -41,16 +42,18 @@ B = TypeVar("B", bound=BaseModel)
 class OpenAIService:
     def __init__(self, model, *, version: str = "v0", name: str = "flywheel", max_batch: int = 64,
                  window_s: float = 0.002, default_max_tokens: int = 512, trace_sink: TraceSink | None = None,
-                 parser: ToolCallParser | None = None, **load_kw):
+                 parser: ToolCallParser | None = None, continuous: bool = True, **load_kw):
         """model: a model folder or a loaded LocalEngine. default_max_tokens: the budget of a
-        chat request that sets none (clipped to the context left)."""
+        chat request that sets none (clipped to the context left). max_batch, window_s,
+        continuous: the BatchScheduler's (continuous=False: whole batches run to completion)."""
         engine = self._load(model, **load_kw)
         self.name = name
         self.default_max_tokens = default_max_tokens
         self.trace_sink = trace_sink
         self.parser = parser or HermesParser()
         self.created = int(time.time())
-        self.scheduler = BatchScheduler(engine, version, max_batch=max_batch, window_s=window_s)
+        self.scheduler = BatchScheduler(engine, version, max_batch=max_batch, window_s=window_s,
+                                        continuous=continuous)
         self._renderer = _renderer(engine)
 
     # ------------------------------------------------------------------ versions
