@@ -50,13 +50,17 @@ FAMILIES = (
 @dataclass(frozen=True)
 class WorldConfig:
     weeks: int = 3
-    days_per_week: int = 2  # a traffic batch, then a cycle, per day
+    days_per_week: int = 3  # from week 2 on: a traffic batch, then a cycle, per day (week 1 is one baseline day)
     episodes_per_day: int = 600
     new_family_share: float = 0.5  # of a week's traffic, for the family that arrived that week
-    correction_rate: float = 0.3  # failures whose user sends a corrected turn
+    correction_rate: float = 0.5  # failures whose user sends a corrected turn
     concurrency: int = 32  # simulated users at once
     seed: int = 0
     families: tuple[Family, ...] = field(default=FAMILIES)
+
+    def days(self, week: int) -> int:
+        """Week 1 brings nothing new: one day shows the baseline; later weeks get `days_per_week`."""
+        return 1 if week == 1 else self.days_per_week
 
     def live(self, week: int) -> list[Family]:
         return [f for f in self.families if f.arrives <= week]
@@ -82,7 +86,7 @@ def day_plan(cfg: WorldConfig, week: int, day: int) -> list[tuple[str, int]]:
     mix = traffic_mix(cfg, week)
     names = list(mix)
     picks = rng.choices(names, weights=[mix[n] for n in names], k=cfg.episodes_per_day)
-    offset = ((week - 1) * cfg.days_per_week + (day - 1)) * cfg.episodes_per_day
+    offset = (sum(cfg.days(w) for w in range(1, week)) + (day - 1)) * cfg.episodes_per_day
     return [(name, offset + i) for i, name in enumerate(picks)]
 
 
