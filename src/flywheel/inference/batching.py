@@ -42,6 +42,24 @@ run on the new one, and no job fails because of the switch. Each result says whi
 served it. Loading the new weights is the caller's work (do it off the request path); the
 swap itself is one assignment on the worker thread.
 
+Streaming: `submit(..., on_tokens=callback)` reports a job's tokens as they are sampled:
+`callback(label, {sample index: [new token ids]}, whole)`, called on the worker thread
+(keep it cheap and non-blocking; an exception in it is logged and ignored), always before
+the job's future resolves. In continuous mode that is once per decode step, right after
+sampling and before the step's forward, one token per sample row still generating (a
+row's last report holds its stop token, if any), `whole=False`. In whole-batch mode (and
+for seeded jobs, which run alone through `engine.generate`) the engine only returns whole
+results, so the whole completion is reported once, with `whole=True`, right before the
+future resolves. The text, stop strings included, is the caller's to derive (the final
+text is the resolved `Sample.text`).
+
+Aborting: `abort(future)` stops a job whose caller went away (a client that closed its
+stream). A job still queued is cancelled (it never runs; the future is cancelled). A job
+in a continuous batch leaves it at the next step (its rows are freed; the token sampled
+at that step is dropped) and its future resolves with what was generated, rows that were
+still generating having finish_reason "cancelled". A job inside a whole-batch
+`engine.generate` cannot be interrupted: it runs to completion and resolves as usual.
+
 Errors: a job whose prompt the engine would refuse (empty, token ids outside the
 vocabulary, prompt + max_tokens beyond the context) fails alone with the engine's
 ValueError. If a whole batch raises in whole-batch mode, or a joining group's prefill
@@ -56,7 +74,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from flywheel.inference.sampler import Sample, Sampler, SamplingParams
 
@@ -72,6 +90,18 @@ class BatchResult:
     engine: Sampler
 
 
+TokenCallback = Callable[[str, dict[int, list[int]], bool], None]
+"""on_tokens(label, {sample index: token ids sampled since the last report}, whole); see the module doc."""
+
+
+class JobFuture(Future):
+    """A job's future. `aborted` is set by `BatchScheduler.abort` for a job already running."""
+
+    def __init__(self):
+        super().__init__()
+        self.aborted = False
+
+
 @dataclass
 class SchedulerStats:
     batches: int = 0  # whole-batch generate calls + continuous batches started (from idle)
@@ -85,6 +115,10 @@ class SchedulerStats:
     joined: int = 0  # jobs that joined a batch already decoding
     max_rows: int = 0  # most sample rows decoded together
     seeded: int = 0  # seeded jobs run alone
+    # aborting (callers that went away)
+    cancelled: int = 0  # queued jobs cancelled by abort() before they ran
+    aborted: int = 0  # running jobs stopped by abort() (continuous mode), their rows freed
+    live_rows: int = 0  # sample rows in the running continuous batch now
 
 
 @dataclass
@@ -92,7 +126,8 @@ class _Job:
     prompt: list[int]
     params: SamplingParams
     seed: int | None
-    future: Future = field(default_factory=Future)
+    on_tokens: TokenCallback | None = None
+    future: JobFuture = field(default_factory=JobFuture)
 
 
 class BatchScheduler:
@@ -137,15 +172,30 @@ class BatchScheduler:
         with self._cond:
             return (self._next or self._current)[1]
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams, seed: int | None = None) -> Future:
-        """Queue one prompt; the future resolves to a `BatchResult` (or the engine's exception)."""
-        job = _Job(list(prompt), params, seed)
+    def submit(self, prompt: Sequence[int], params: SamplingParams, seed: int | None = None,
+               on_tokens: TokenCallback | None = None) -> JobFuture:
+        """Queue one prompt; the future resolves to a `BatchResult` (or the engine's exception).
+        on_tokens: called with the job's new tokens as they are sampled (see the module doc)."""
+        job = _Job(list(prompt), params, seed, on_tokens)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
             self._queue.append(job)
             self._cond.notify_all()
         return job.future
+
+    def abort(self, future: Future) -> None:
+        """Stop the job of `future` (from `submit`): cancelled if still queued, else it leaves
+        a continuous batch at its next step with what it generated (see the module doc).
+        A finished job, or one inside a whole-batch generate, is left alone."""
+        if future.done():
+            return
+        if future.cancel():
+            with self._cond:
+                self.stats.cancelled += 1
+            return
+        if isinstance(future, JobFuture):
+            future.aborted = True
 
     def switch(self, engine: Sampler, label: str) -> None:
         """Serve `engine` (already loaded) as `label` from the next batch on."""
@@ -225,6 +275,7 @@ class BatchScheduler:
             return
         self._count(batch)
         for job, samples in zip(batch, results):
+            _report(job, label, {i: list(s.token_ids) for i, s in enumerate(samples)}, whole=True)
             job.future.set_result(BatchResult(samples, label, engine))
 
     def _execute_alone(self, engine: Sampler, label: str, job: _Job) -> None:
@@ -234,6 +285,7 @@ class BatchScheduler:
             job.future.set_exception(e)
             return
         self._count([job])
+        _report(job, label, {i: list(s.token_ids) for i, s in enumerate(samples)}, whole=True)
         job.future.set_result(BatchResult(samples, label, engine))
 
     def _count(self, batch: list[_Job]) -> None:
@@ -286,10 +338,10 @@ class BatchScheduler:
 class _Row:
     """Host-side state of one sample row of the running batch."""
 
-    __slots__ = ("job", "stops", "max_new", "strings", "tokens", "logprobs", "finish")
+    __slots__ = ("job", "index", "stops", "max_new", "strings", "tokens", "logprobs", "finish")
 
-    def __init__(self, job: "_Active", stops: frozenset[int], max_new: int, strings: tuple[str, ...]):
-        self.job, self.stops, self.max_new, self.strings = job, stops, max_new, strings
+    def __init__(self, job: "_Active", index: int, stops: frozenset[int], max_new: int, strings: tuple[str, ...]):
+        self.job, self.index, self.stops, self.max_new, self.strings = job, index, stops, max_new, strings
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
         self.finish: tuple[str, int | str | None] | None = None  # (finish_reason, stop_reason)
@@ -395,8 +447,8 @@ class _RunningBatch:
             a = _Active(j, engine.version)
             sp = j.params
             stops = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else frozenset(engine.eos_ids))
-            for _ in range(sp.n):
-                row = _Row(a, stops, sp.max_tokens, tuple(sp.stop))
+            for i in range(sp.n):
+                row = _Row(a, i, stops, sp.max_tokens, tuple(sp.stop))
                 a.rows.append(row)
                 new_rows.append(row)
                 rows_uniq.append(unique[tuple(j.prompt)])
@@ -441,6 +493,7 @@ class _RunningBatch:
             self._settings_changed()
         s = self.stats
         s.prefills += 1
+        s.live_rows = len(self.rows)
         s.max_rows = max(s.max_rows, len(self.rows))
         s.max_batch_jobs = max(s.max_batch_jobs, len({id(r.job) for r in self.rows}))
 
@@ -484,8 +537,9 @@ class _RunningBatch:
     # ---------------------------------------------------------------- stepping
 
     def step(self) -> None:
-        """Sample one token for every row; finished rows leave (their jobs resolve); one
-        decode forward for the rest. A failure fails every job of the batch."""
+        """Sample one token for every row and report it (on_tokens); finished rows leave
+        (their jobs resolve); one decode forward for the rest. A failure fails every job of
+        the batch."""
         try:
             done = self._step()
         except BaseException as e:  # noqa: BLE001
@@ -494,6 +548,7 @@ class _RunningBatch:
                 if not a.job.future.done():
                     a.job.future.set_exception(e)
             self.rows, self.cache, self.logits, self.buf = [], None, None, None
+            self.stats.live_rows = 0
             return
         for a in done:
             self._resolve(a)
@@ -513,10 +568,19 @@ class _RunningBatch:
             toks, lps = tok.tolist(), lp.tolist()
             keep: list[int] = []
             finished: list[_Active] = []
+            reports: dict[int, tuple[_Job, dict[int, list[int]]]] = {}
             for b, row in enumerate(self.rows):
                 t = toks[b]
+                if row.job.job.future.aborted:  # the caller went away: the row leaves, the token is dropped
+                    row.finish = ("cancelled", None)
+                    row.job.left -= 1
+                    if row.job.left == 0:
+                        finished.append(row.job)
+                    continue
                 row.tokens.append(t)
                 row.logprobs.append(lps[b])
+                if row.job.job.on_tokens is not None:
+                    reports.setdefault(id(row.job), (row.job.job, {}))[1][row.index] = [t]
                 if t in row.stops:
                     row.finish = ("stop", t)
                 elif len(row.tokens) >= row.max_new:
@@ -530,6 +594,11 @@ class _RunningBatch:
                 if row.job.left == 0:
                     finished.append(row.job)
             self.stats.steps += 1
+            self.stats.live_rows = len(keep)
+            # reported before the next forward (a client gets its token one forward sooner);
+            # finished jobs resolve after it, while an accelerator runs it
+            for job, tokens in reports.values():
+                _report(job, self.label, tokens)
             if not keep:
                 self.rows, self.cache, self.logits, self.buf = [], None, None, None
                 return finished
@@ -575,8 +644,20 @@ class _RunningBatch:
         s = self.stats
         s.jobs += 1
         s.rows += len(a.rows)
+        if any(r.finish[0] == "cancelled" for r in a.rows):
+            s.aborted += 1
         if not job.future.done():
             job.future.set_result(BatchResult(samples, self.label, engine))
+
+
+def _report(job: _Job, label: str, tokens: dict[int, list[int]], whole: bool = False) -> None:
+    """Hand a job's new tokens to its on_tokens callback; a failing callback fails nothing."""
+    if job.on_tokens is None:
+        return
+    try:
+        job.on_tokens(label, tokens, whole)
+    except Exception:  # noqa: BLE001
+        log.exception("the on_tokens callback of a job failed")
 
 
 def _reseed(engine: Sampler, seed: int) -> None:

@@ -234,7 +234,8 @@ def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
             fw.save(st)
             log(f"{st.id}: {stage} skipped ({why})")
             continue
-        common = dict(model=current, output_dir=str(folder / stage), resume=True, max_seconds=budget)
+        out = folder / stage  # resume only a stage a killed cycle had started
+        common = dict(model=current, output_dir=str(out), resume=out.exists(), max_seconds=budget)
         log(f"{st.id}: {stage} on {n} examples from {Path(current).name}")
         t0 = time.perf_counter()
         if stage == "sft":

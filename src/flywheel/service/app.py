@@ -4,9 +4,13 @@ Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET 
 with a trace store POST /v1/traces and POST /v1/traces/{id}/feedback (service/ingest.py).
 Every error, including unknown routes and bodies that are not JSON, has OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`. A streamed request is answered with
-server-sent events (`data: {chunk}` lines ending with `data: [DONE]`) once its batch has
-finished (see flywheel.service.responses for why); a refused request gets a plain JSON error
-before any event.
+server-sent events as it is generated: `data: {chunk}` lines (a content delta per decode
+step or so, each choice's final chunk with its finish_reason, the usage chunk if asked
+for) ending with `data: [DONE]` (see flywheel.service.core and .responses). A refused
+request gets a plain JSON error before any event; a generation that fails mid-stream ends
+with a `data: {"error": ...}` event and no `[DONE]`. When the client disconnects, its
+stream is closed: the job stops generating (its batch rows are freed) and what it
+generated is traced.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flywheel.service import responses as R
-from flywheel.service.core import OpenAIService
+from flywheel.service.core import EventStream, OpenAIService
 from flywheel.service.errors import OpenAIError
 from flywheel.service.ingest import decode_json
 
@@ -41,6 +45,29 @@ BodyDep = Annotated[Any, Depends(json_body)]
 
 def _headers(version: str) -> dict[str, str]:
     return {"x-flywheel-model-version": version}
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events of an `EventStream`; the stream is closed however the response
+    ends (finished, client gone, server stopping), so an abandoned job stops generating."""
+
+    def __init__(self, stream: EventStream):
+        headers = {**_headers(stream.label), "cache-control": "no-cache", "x-accel-buffering": "no"}
+        super().__init__(self._events(stream), media_type="text/event-stream", headers=headers)
+        self.stream = stream
+
+    @staticmethod
+    async def _events(stream: EventStream):
+        async for chunk in stream.chunks():
+            yield R.sse_event(chunk)
+        if not stream.failed:
+            yield R.SSE_DONE
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.stream.close()
 
 
 def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = False, trace_store=None,
@@ -92,19 +119,15 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     @app.post("/v1/chat/completions")
     async def chat_completions(svc: ServiceDep, body: BodyDep):
         response, req = await svc.chat(body)
-        headers = _headers(response["system_fingerprint"])
         if req.stream:
-            events = R.sse(R.chat_chunks(response, include_usage=req.include_usage))
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        return JSONResponse(response, headers=headers)
+            return EventStreamResponse(response)
+        return JSONResponse(response, headers=_headers(response["system_fingerprint"]))
 
     @app.post("/v1/completions")
     async def completions(svc: ServiceDep, body: BodyDep):
         response, req = await svc.completions(body)
-        headers = _headers(response["system_fingerprint"])
         if req.stream:
-            events = R.sse(R.completion_chunks(response, include_usage=req.include_usage))
-            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-        return JSONResponse(response, headers=headers)
+            return EventStreamResponse(response)
+        return JSONResponse(response, headers=_headers(response["system_fingerprint"]))
 
     return app

@@ -6,6 +6,23 @@ joins the running batch at its next decode step, so concurrent requests share fo
 passes) and turned into an OpenAI response dict; every returned choice is handed to the
 trace sink. The FastAPI app (`flywheel.service.app`) only moves bytes.
 
+Streaming (`stream: true`): `chat`/`completions` return an `EventStream` instead of a
+response. Its job reports its tokens after every decode step (the scheduler's
+`on_tokens`, handed to the event loop with one loop call per step however many streams
+there are), and each choice's text goes out as it is sampled (`responses.TextStream`:
+complete characters only, stop strings and tool calls held back); when the job ends, each
+choice's last chunks carry the rest of its final text, its tool calls and finish_reason,
+then come the usage chunk (`stream_options.include_usage`) and `data: [DONE]`. The
+response is only started once the first tokens came, so a request refused by the engine
+still gets a plain JSON error, and `system_fingerprint` is the version actually serving it.
+Its choices, response and traces are built by the same code as a non-streamed request's,
+so the trace of a streamed request has the same content. A client that goes away
+mid-stream (`EventStream.close`) has its job aborted (its batch rows are freed at the next
+decode step) and what was generated is traced with the finish_reason it had ("cancelled"
+for the rows that were cut). With n > 1 every choice streams under its index; a choice's
+last chunks come when its whole job (all n samples) has ended. In whole-batch mode (an
+engine that cannot step, and seeded requests) a job's text comes as one piece at its end.
+
 Versions: the service serves one model under a stable name (`name`, what clients put in
 `model`) and a version label (the registry's version), reported in every response as
 `system_fingerprint` and in the traces as `model_version`. `switch(model_dir_or_engine,
@@ -19,10 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -37,6 +58,26 @@ from flywheel.service.traces import TraceEvent, TraceSink
 
 log = logging.getLogger(__name__)
 B = TypeVar("B", bound=BaseModel)
+
+
+@dataclass
+class _Chat:
+    """A validated chat request, rendered and ready to run."""
+
+    req: ChatCompletionRequest
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    prompt: list[int]
+    params: SamplingParams
+    t0: float
+
+
+@dataclass
+class _Completion:
+    req: CompletionRequest
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    t0: float
 
 
 class OpenAIService:
@@ -55,6 +96,7 @@ class OpenAIService:
         self.scheduler = BatchScheduler(engine, version, max_batch=max_batch, window_s=window_s,
                                         continuous=continuous)
         self._renderer = _renderer(engine)
+        self._wakers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> _Waker
 
     # ------------------------------------------------------------------ versions
 
@@ -97,8 +139,32 @@ class OpenAIService:
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
                                             "owned_by": "flywheel", "version": self.version}]}
 
-    async def chat(self, body: Any) -> tuple[dict[str, Any], ChatCompletionRequest]:
-        """(chat.completion response, parsed request)."""
+    async def chat(self, body: Any) -> tuple[dict[str, Any] | "EventStream", ChatCompletionRequest]:
+        """(chat.completion response, parsed request); with `stream` set, an `EventStream`
+        of `chat.completion.chunk` objects instead of the response."""
+        c = self._prepare_chat(body)
+        if c.req.stream:
+            return await self._stream_chat(c), c.req
+        result = await self._run(c.prompt, c.params, c.req.seed)
+        choices = self._chat_choices(c, result)
+        response = self._chat_response(c, R.new_id("chatcmpl"), int(time.time()), choices, [result])
+        self._trace(self._chat_events(c, response, [result]))
+        return response, c.req
+
+    async def completions(self, body: Any) -> tuple[dict[str, Any] | "EventStream", CompletionRequest]:
+        """(text_completion response, parsed request); with `stream` set, an `EventStream`."""
+        c = self._prepare_completion(body)
+        if c.req.stream:
+            return await self._stream_completion(c), c.req
+        results = await asyncio.gather(*(self._run(p, sp, c.req.seed) for p, sp in zip(c.prompts, c.params)))
+        choices = [ch for i, r in enumerate(results) for ch in self._completion_choices(c, i, r)]
+        response = self._completion_response(c, R.new_id("cmpl"), int(time.time()), choices, list(results))
+        self._trace(self._completion_events(c, response, list(results)))
+        return response, c.req
+
+    # ------------------------------------------------------------------ requests and responses
+
+    def _prepare_chat(self, body: Any) -> _Chat:
         t0 = time.perf_counter()
         req = _parse(ChatCompletionRequest, body)
         self._check_model(req.model)
@@ -114,59 +180,125 @@ class OpenAIService:
             raise bad("messages", f"cannot render the chat template: {e}") from None
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         params = self._params(req, len(prompt), req.budget, param, clip_default=True)
-        result = await self._run(prompt, params, req.seed)
-        tok = result.engine.tokenizer
-        choices, completion_tokens = [], 0
-        for i, s in enumerate(result.samples):
-            message, finish = R.assistant_message(s.text or "", tools_offered=bool(tools),
-                                                  finish_reason=s.finish_reason, parser=self.parser)
-            lp = R.chat_logprobs(R.token_logprobs(tok, s)) if req.logprobs else None
-            choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
-            completion_tokens += len(s.token_ids)
-        response = {"id": R.new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()),
-                    "model": self.name, "system_fingerprint": result.label, "choices": choices,
-                    "usage": R.usage(len(prompt), completion_tokens)}
-        latency_ms = (time.perf_counter() - t0) * 1000
-        meta = _request_meta(req, "chat.completions", params)
-        self._trace([TraceEvent(
-            trace_id=_trace_id(response["id"], c["index"]), model=self.name, model_version=result.label,
-            messages=messages, tools=tools, response=c["message"],
-            usage=R.usage(len(prompt), len(s.token_ids)), latency_ms=latency_ms,
-            created_at=datetime.now(timezone.utc), finish_reason=c["finish_reason"], metadata=meta)
-            for c, s in zip(choices, result.samples)])
-        return response, req
+        return _Chat(req, messages, tools, prompt, params, t0)
 
-    async def completions(self, body: Any) -> tuple[dict[str, Any], CompletionRequest]:
-        """(text_completion response, parsed request)."""
+    def _chat_choices(self, c: _Chat, result: BatchResult) -> list[dict[str, Any]]:
+        tok = result.engine.tokenizer
+        choices = []
+        for i, s in enumerate(result.samples):
+            message, finish = R.assistant_message(s.text or "", tools_offered=bool(c.tools),
+                                                  finish_reason=s.finish_reason, parser=self.parser)
+            lp = R.chat_logprobs(R.token_logprobs(tok, s)) if c.req.logprobs else None
+            choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
+        return choices
+
+    def _chat_response(self, c: _Chat, rid: str, created: int, choices: list[dict[str, Any]],
+                       results: list[BatchResult]) -> dict[str, Any]:
+        [result] = results
+        return {"id": rid, "object": "chat.completion", "created": created, "model": self.name,
+                "system_fingerprint": result.label, "choices": choices,
+                "usage": R.usage(len(c.prompt), sum(len(s.token_ids) for s in result.samples))}
+
+    def _chat_events(self, c: _Chat, response: dict[str, Any], results: list[BatchResult]) -> list[TraceEvent]:
+        """One trace per choice."""
+        [result] = results
+        latency_ms = (time.perf_counter() - c.t0) * 1000
+        meta = _request_meta(c.req, "chat.completions", c.params)
+        return [TraceEvent(
+            trace_id=_trace_id(response["id"], ch["index"]), model=self.name, model_version=result.label,
+            messages=c.messages, tools=c.tools, response=ch["message"],
+            usage=R.usage(len(c.prompt), len(s.token_ids)), latency_ms=latency_ms,
+            created_at=datetime.now(timezone.utc), finish_reason=ch["finish_reason"], metadata=meta)
+            for ch, s in zip(response["choices"], result.samples)]
+
+    def _prepare_completion(self, body: Any) -> _Completion:
         t0 = time.perf_counter()
         req = _parse(CompletionRequest, body)
         self._check_model(req.model)
         engine = self.engine
         prompts = [self._prompt_ids(engine, p, i) for i, p in enumerate(req.prompts())]
         params = [self._params(req, len(p), req.budget, "max_tokens", clip_default=False) for p in prompts]
-        results = await asyncio.gather(*(self._run(p, sp, req.seed) for p, sp in zip(prompts, params)))
-        choices, events, completion_tokens = [], [], 0
-        rid, now = R.new_id("cmpl"), datetime.now(timezone.utc)
-        latency_ms = (time.perf_counter() - t0) * 1000
-        for i, (prompt, result) in enumerate(zip(prompts, results)):
+        return _Completion(req, prompts, params, t0)
+
+    def _completion_choices(self, c: _Completion, i: int, result: BatchResult) -> list[dict[str, Any]]:
+        """The choices of prompt i: indices i * n + j."""
+        out = []
+        for j, s in enumerate(result.samples):
+            lp = R.completion_logprobs(R.token_logprobs(result.engine.tokenizer, s)) \
+                if c.req.logprobs is not None else None
+            out.append({"index": i * c.req.n + j, "text": s.text or "", "logprobs": lp,
+                        "finish_reason": s.finish_reason})
+        return out
+
+    def _completion_response(self, c: _Completion, rid: str, created: int, choices: list[dict[str, Any]],
+                             results: list[BatchResult | None]) -> dict[str, Any]:
+        """(results: one per prompt; `None` for a job of a stream cut short that never ran)"""
+        ran = [(i, r) for i, r in enumerate(results) if r is not None]
+        return {"id": rid, "object": "text_completion", "created": created, "model": self.name,
+                "system_fingerprint": ran[0][1].label, "choices": choices,
+                "usage": R.usage(sum(len(c.prompts[i]) for i, _ in ran),
+                                 sum(len(s.token_ids) for _, r in ran for s in r.samples))}
+
+    def _completion_events(self, c: _Completion, response: dict[str, Any],
+                           results: list[BatchResult | None]) -> list[TraceEvent]:
+        """One trace per choice (none for a prompt whose job never ran)."""
+        ran = [(i, r) for i, r in enumerate(results) if r is not None]
+        latency_ms = (time.perf_counter() - c.t0) * 1000
+        now = datetime.now(timezone.utc)
+        by_index = {ch["index"]: ch for ch in response["choices"]}
+        events = []
+        for i, result in ran:
+            prompt = c.prompts[i]
             prompt_text = result.engine.tokenizer.decode(prompt, skip_special_tokens=False)
             for j, s in enumerate(result.samples):
-                index = i * req.n + j
-                lp = R.completion_logprobs(R.token_logprobs(result.engine.tokenizer, s)) \
-                    if req.logprobs is not None else None
-                choices.append({"index": index, "text": s.text or "", "logprobs": lp, "finish_reason": s.finish_reason})
-                completion_tokens += len(s.token_ids)
+                ch = by_index[i * c.req.n + j]
                 events.append(TraceEvent(
-                    trace_id=_trace_id(rid, index), model=self.name, model_version=result.label,
+                    trace_id=_trace_id(response["id"], ch["index"]), model=self.name, model_version=result.label,
                     messages=[{"role": "user", "content": prompt_text}], tools=None,
-                    response={"role": "assistant", "content": s.text or ""},
+                    response={"role": "assistant", "content": ch["text"]},
                     usage=R.usage(len(prompt), len(s.token_ids)), latency_ms=latency_ms, created_at=now,
-                    finish_reason=s.finish_reason, metadata=_request_meta(req, "completions", params[i])))
-        response = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": self.name,
-                    "system_fingerprint": results[0].label, "choices": choices,
-                    "usage": R.usage(sum(len(p) for p in prompts), completion_tokens)}
-        self._trace(events)
-        return response, req
+                    finish_reason=ch["finish_reason"], metadata=_request_meta(c.req, "completions", c.params[i])))
+        return events
+
+    # ------------------------------------------------------------------ streaming
+
+    async def _stream_chat(self, c: _Chat) -> "EventStream":
+        decode = R.text_decoder(self.engine.tokenizer)
+        open_tag = getattr(self.parser, "open_tag", None)
+
+        def texts(job: int) -> list[R.TextStream]:
+            return [R.TextStream(decode, stop=c.params.stop, hold=(open_tag,) if c.tools and open_tag else (),
+                                 tools=bool(c.tools), hold_all=bool(c.tools) and not open_tag)
+                    for _ in range(c.params.n)]
+
+        def respond(rid, created, choices, results):
+            response = self._chat_response(c, rid, created, choices, results)
+            return response, self._chat_events(c, response, results)
+
+        stream = EventStream(self, chat=True, rid=R.new_id("chatcmpl"), include_usage=c.req.include_usage,
+                             texts=texts, choices=lambda i, r: self._chat_choices(c, r), respond=respond)
+        await stream.start([(c.prompt, c.params, c.req.seed)])
+        return stream
+
+    async def _stream_completion(self, c: _Completion) -> "EventStream":
+        decode = R.text_decoder(self.engine.tokenizer)
+
+        def respond(rid, created, choices, results):
+            response = self._completion_response(c, rid, created, choices, results)
+            return response, self._completion_events(c, response, results)
+
+        stream = EventStream(self, chat=False, rid=R.new_id("cmpl"), include_usage=c.req.include_usage,
+                             texts=lambda i: [R.TextStream(decode, stop=sp.stop) for sp in [c.params[i]] * c.req.n],
+                             choices=lambda i, r: self._completion_choices(c, i, r), respond=respond)
+        await stream.start([(p, sp, c.req.seed) for p, sp in zip(c.prompts, c.params)])
+        return stream
+
+    def _waker(self) -> "_Waker":
+        loop = asyncio.get_running_loop()
+        waker = self._wakers.get(loop)
+        if waker is None:
+            waker = self._wakers[loop] = _Waker(loop)
+        return waker
 
     # ------------------------------------------------------------------ helpers
 
@@ -204,18 +336,18 @@ class OpenAIService:
         return SamplingParams(n=req.n, temperature=0.0 if greedy else req.temperature,
                               top_p=1.0 if greedy else req.top_p, max_tokens=budget, stop=req.stop_strings)
 
-    async def _run(self, prompt: list[int], params: SamplingParams, seed: int | None) -> BatchResult:
+    def _submit(self, prompt: list[int], params: SamplingParams, seed: int | None, on_tokens=None):
         try:
-            future = self.scheduler.submit(prompt, params, seed)
+            return self.scheduler.submit(prompt, params, seed, on_tokens=on_tokens)
         except RuntimeError as e:  # closed: the server is shutting down
             raise OpenAIError(str(e), status=503, type="server_error") from None
+
+    async def _run(self, prompt: list[int], params: SamplingParams, seed: int | None) -> BatchResult:
+        future = self._submit(prompt, params, seed)
         try:
             return await asyncio.wrap_future(future)
-        except ValueError as e:  # the engine refused the request's values
-            raise OpenAIError(str(e)) from None
         except Exception as e:
-            log.exception("generation failed")
-            raise OpenAIError(f"generation failed: {type(e).__name__}: {e}", status=500, type="server_error") from None
+            raise _generation_error(e) from None
 
     def _trace(self, events: list[TraceEvent]) -> None:
         if self.trace_sink is None:
@@ -225,6 +357,227 @@ class OpenAIService:
                 self.trace_sink(e)
             except Exception:  # a broken sink must never fail a served request
                 log.exception("trace sink failed for %s", e.trace_id)
+
+
+def _generation_error(e: BaseException) -> OpenAIError:
+    if isinstance(e, ValueError):  # the engine refused the request's values
+        return OpenAIError(str(e))
+    log.error("generation failed", exc_info=e)
+    return OpenAIError(f"generation failed: {type(e).__name__}: {e}", status=500, type="server_error")
+
+
+class _Waker:
+    """Wakes event-loop streams from the scheduler's thread: however many streams a decode
+    step reports to, one `call_soon_threadsafe` (a write to the loop's self-pipe)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._due: list[EventStream] = []
+
+    def __call__(self, stream: "EventStream") -> None:
+        with self._lock:
+            first = not self._due
+            self._due.append(stream)
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._run)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                with self._lock:
+                    self._due.clear()
+
+    def _run(self) -> None:
+        with self._lock:
+            due, self._due = self._due, []
+        for stream in dict.fromkeys(due):
+            stream._wake()
+
+
+class _StreamJob:
+    """One scheduler job of a stream and the streamed text of its samples."""
+
+    def __init__(self, texts: list[R.TextStream]):
+        self.texts = texts
+        self.future = None
+        self.reports: deque[tuple[str, dict[int, list[int]], bool]] = deque()
+        self.started = False  # tokens were reported
+        self.result: BatchResult | None = None
+        self.choices: list[dict[str, Any]] | None = None  # set when the job has ended
+
+
+class EventStream:
+    """A streamed request in flight (see the module doc). `label` is the version serving it;
+    iterate `chunks()` for the chunk objects (an error object, then the end, if generation
+    fails mid-stream: `failed` is then set); call `close()` when the client is gone (or at the
+    end: it is idempotent)."""
+
+    def __init__(self, service: OpenAIService, *, chat: bool, rid: str, include_usage: bool,
+                 texts: Callable[[int], list[R.TextStream]],
+                 choices: Callable[[int, BatchResult], list[dict[str, Any]]],
+                 respond: Callable[..., tuple[dict[str, Any], list[TraceEvent]]]):
+        self.service, self.chat, self.rid = service, chat, rid
+        self.created = int(time.time())
+        self.include_usage = include_usage
+        self._texts, self._choices, self._respond = texts, choices, respond
+        self.label: str | None = None
+        self.failed = False
+        self.jobs: list[_StreamJob] = []
+        self._event = asyncio.Event()
+        self._waker = service._waker()
+        self._finished = False  # every job ended and the response was built (or the stream failed)
+        self._closed = False
+        self._traced = False
+
+    # ---------------------------------------------------------------- scheduler side (worker thread)
+
+    def _on_tokens(self, job: _StreamJob):
+        def report(label: str, tokens: dict[int, list[int]], whole: bool) -> None:
+            job.reports.append((label, tokens, whole))
+            self._waker(self)
+        return report
+
+    # ---------------------------------------------------------------- event loop side
+
+    def _wake(self) -> None:
+        self._event.set()
+        if self._closed and not self._traced and all(j.future.done() for j in self.jobs):
+            self._trace_what_ran()
+
+    async def start(self, jobs: list[tuple[list[int], SamplingParams, int | None]]) -> None:
+        """Submit the jobs; return once the first tokens came (or raise the OpenAIError of a
+        job that failed before: the response has not started, so it can still be an error)."""
+        for i, (prompt, params, seed) in enumerate(jobs):
+            job = _StreamJob(self._texts(i))
+            try:
+                job.future = self.service._submit(prompt, params, seed, on_tokens=self._on_tokens(job))
+            except OpenAIError:
+                self._abort()
+                raise
+            job.future.add_done_callback(lambda _f: self._waker(self))
+            self.jobs.append(job)
+        try:
+            while True:
+                for job in self.jobs:
+                    if job.future.done() and not job.future.cancelled() and job.future.exception() is not None:
+                        raise _generation_error(job.future.exception())
+                for job in self.jobs:
+                    if job.reports and self.label is None:
+                        self.label = job.reports[0][0]
+                    elif job.future.done() and self.label is None:
+                        self.label = job.future.result().label
+                if self.label is not None:
+                    return
+                await self._event.wait()
+                self._event.clear()
+        except BaseException:
+            self._abort()
+            self._traced = True  # a request that failed is not traced (as when not streamed)
+            raise
+
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+        mk = R.Chunks("chat.completion.chunk" if self.chat else "text_completion", self.rid, self.created,
+                      self.service.name, self.label, self.include_usage)
+        try:
+            if self.chat:
+                for job in self.jobs:
+                    for k in range(len(job.texts)):
+                        yield mk.chat(self._index(job, k), {"role": "assistant", "content": ""})
+            while True:
+                try:
+                    out = self._pump(mk)
+                except Exception as e:  # noqa: BLE001 - the job failed after the stream started
+                    self.failed = True
+                    self._abort()
+                    self._traced = True
+                    yield _generation_error(e).body()
+                    return
+                for chunk in out:
+                    yield chunk
+                if all(job.choices is not None for job in self.jobs):
+                    break
+                await self._event.wait()
+                self._event.clear()
+            response, events = self._respond(self.rid, self.created,
+                                             [ch for job in self.jobs for ch in job.choices],
+                                             [job.result for job in self.jobs])
+            self._finished = self._traced = True
+            self.service._trace(events)
+            if self.include_usage:
+                yield mk.usage(response["usage"])
+        finally:
+            self.close()
+
+    def _index(self, job: _StreamJob, k: int) -> int:
+        return self.jobs.index(job) * len(job.texts) + k
+
+    def _pump(self, mk: R.Chunks) -> list[dict[str, Any]]:
+        """The chunks that the jobs' reports since the last call make."""
+        out = []
+        for i, job in enumerate(self.jobs):
+            if job.choices is not None:
+                continue
+            done = job.future.done()
+            reports = []
+            while job.reports:
+                reports.append(job.reports.popleft())
+            # a job that ended sends the rest of its text in its last chunks; so does a job of
+            # an engine that only returns whole results (reported whole, right before its end)
+            if not done:
+                for _, tokens, whole in reports:
+                    if whole:
+                        continue
+                    for k, ids in sorted(tokens.items()):
+                        piece = job.texts[k].feed(ids)
+                        if piece:
+                            index = self._index(job, k)
+                            out.append(mk.chat(index, {"content": piece}) if self.chat else mk.text(index, piece))
+                continue
+            job.result = job.future.result()  # raises what generation raised
+            job.choices = self._choices(i, job.result)
+            for choice, text in zip(job.choices, job.texts):
+                if self.chat:
+                    out.extend(mk.chat_end(choice, text.finish(choice["message"].get("content") or "")))
+                else:
+                    out.extend(mk.text_end(choice, text.finish(choice["text"])))
+        return out
+
+    def close(self) -> None:
+        """The client is gone (or the stream ended): abort the jobs still running; what they
+        generated is traced once they have stopped."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._finished:
+            return
+        self._abort()
+        if not self._traced and all(j.future.done() for j in self.jobs):
+            self._trace_what_ran()
+
+    def _abort(self) -> None:
+        for job in self.jobs:
+            if job.future is not None and not job.future.done():
+                self.service.scheduler.abort(job.future)
+
+    def _trace_what_ran(self) -> None:
+        """Trace the jobs of a stream cut short that produced samples (not those cancelled
+        before they ran, nor failed ones)."""
+        self._traced = True
+        results: list[BatchResult | None] = []
+        for job in self.jobs:
+            f = job.future
+            results.append(f.result() if not f.cancelled() and f.exception() is None else None)
+        if not any(r is not None for r in results):
+            return
+        try:
+            choices = []
+            for i, (job, result) in enumerate(zip(self.jobs, results)):
+                if result is not None:
+                    choices.extend(job.choices if job.choices is not None else self._choices(i, result))
+            _, events = self._respond(self.rid, self.created, choices, results)
+        except Exception:  # noqa: BLE001 - tracing must never fail the server
+            log.exception("cannot trace the stream %s", self.rid)
+            return
+        self.service._trace(events)
 
 
 def _parse(model: type[B], body: Any) -> B:

@@ -4,26 +4,41 @@ Tool calls: when tools were offered, the sampled text is parsed with the Hermes 
 (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`). Valid calls become the
 message's `tool_calls` (arguments as a JSON string, as OpenAI sends them) and the text
 around them its `content` (None when empty); finish_reason is then "tool_calls" unless the
-sample was cut by its token budget ("length"). A turn whose calls are all malformed is
-returned as plain text, so nothing the model wrote is lost.
+sample was cut by its token budget ("length") or its caller went away ("cancelled"). A
+turn whose calls are all malformed is returned as plain text, so nothing the model wrote
+is lost.
 
-Streaming (`chat_chunks`, `completion_chunks`): the chunks are cut from a finished
-response. The engine runs a batch to completion before any token leaves it, so a stream
-carries the whole completion in pieces right after its batch ends (time to first token =
-time to the last); the wire format is OpenAI's, and chunks reassemble to exactly the
-non-streamed text. True token streaming needs a per-step callback in LocalEngine.
+Streaming (`TextStream`, `Chunks`): a streamed choice's content is sent as it is sampled,
+one piece per decode step or so. `TextStream` turns a sample row's token ids into text
+pieces that are safe to send, i.e. certain to be a prefix of the final text (the
+non-streamed text of the same request, exactly):
+  - only complete characters: decoding is incremental over the token ids, and text whose
+    decoding ends in U+FFFD (a UTF-8 sequence split across tokens) waits for the next token;
+  - stop strings: text that contains a stop string, or ends with what could be the start of
+    one, is held back from there until it is known not to be one (the final text is cut
+    before the first stop string);
+  - tool calls (tools offered): everything from the first `<tool_call>` tag on (the
+    parser's `open_tag`; a parser without one: the whole content) is held back, and the
+    choice's last chunks carry the rest of the content, then the parsed `delta.tool_calls`
+    (one chunk with index, id, type and function name, one with the arguments), as OpenAI
+    streams them. Since a message with tool calls has its content stripped, trailing
+    whitespace is also held until text follows it, and a turn that starts with whitespace
+    is held back to its end.
+When a choice ends, its last chunks carry whatever of the final text was not sent yet
+(`TextStream.finish`), so the content of a stream reassembles to the non-streamed one.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from flywheel.envs.parsing import HermesParser, ToolCallParser
 from flywheel.inference.sampler import Sample
 
-CHUNK_CHARS = 16  # characters of content per streamed chunk
+log = logging.getLogger(__name__)
 
 
 def new_id(prefix: str) -> str:
@@ -40,7 +55,7 @@ def assistant_message(text: str, *, tools_offered: bool, finish_reason: str,
                       "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
                      for c in parsed.tool_calls]
             message = {"role": "assistant", "content": parsed.content or None, "tool_calls": calls}
-            return message, ("length" if finish_reason == "length" else "tool_calls")
+            return message, (finish_reason if finish_reason in ("length", "cancelled") else "tool_calls")
     return {"role": "assistant", "content": text}, finish_reason
 
 
@@ -74,60 +89,124 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 # ---------------------------------------------------------------------------- streaming
 
 
-def _pieces(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
-    for start in range(0, len(text), size):
-        yield text[start:start + size]
+def text_decoder(tokenizer) -> Callable[[list[int]], str]:
+    """ids -> text as `LocalEngine` decodes a sample's text (special tokens skipped)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
 
 
-def chat_chunks(response: dict[str, Any], include_usage: bool = False) -> Iterator[dict[str, Any]]:
-    """The `chat.completion.chunk` objects of a finished chat completion, choice by choice."""
-    head = {"id": response["id"], "object": "chat.completion.chunk", "created": response["created"],
-            "model": response["model"], "system_fingerprint": response.get("system_fingerprint")}
+class TextStream:
+    """One streamed sample row: `feed` token ids as they are sampled, get the text that is
+    safe to send now; `finish` with the final text, get the rest (see the module doc).
 
-    def chunk(index: int, delta: dict, finish: str | None = None, logprobs=None) -> dict[str, Any]:
-        out = {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]}
-        if include_usage:
+    stop: the request's stop strings. hold: strings from whose first occurrence on the text
+    is held to the end (the tool-call tag). tools: a tool-call turn (whitespace rules).
+    hold_all: send nothing before the end."""
+
+    def __init__(self, decode: Callable[[list[int]], str], *, stop: Sequence[str] = (), hold: Sequence[str] = (),
+                 tools: bool = False, hold_all: bool = False):
+        self.decode = decode
+        self.watch = tuple(stop) + tuple(hold)
+        self.tools, self.hold_all = tools, hold_all
+        self.ids: list[int] = []
+        self.text = ""  # complete characters decoded so far
+        self.sent = ""  # the text sent so far
+        self._prefix = self._read = 0  # ids[_prefix:_read] decode to the end of `text`
+
+    def feed(self, ids: Iterable[int]) -> str:
+        self.ids.extend(ids)
+        # incremental: decode only the last piece; its text before _read is already in `text`
+        before = self.decode(self.ids[self._prefix:self._read])
+        after = self.decode(self.ids[self._prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before):]
+            self._prefix, self._read = self._read, len(self.ids)
+        if self.hold_all:
+            return ""
+        safe = self._safe()
+        if len(safe) > len(self.sent) and safe.startswith(self.sent):
+            piece, self.sent = safe[len(self.sent):], safe
+            return piece
+        return ""
+
+    def _safe(self) -> str:
+        text, start = self.text, len(self.sent)  # nothing sent overlaps a watched string
+        if self.tools and text[:1].isspace():
+            return ""  # stripped if the turn holds a tool call, kept if not: unknown until the end
+        cut = len(text)
+        for s in self.watch:
+            at = text.find(s, start)
+            if at >= 0:
+                cut = min(cut, at)
+                continue
+            for k in range(min(len(s) - 1, len(text) - start), 0, -1):
+                if text.endswith(s[:k]):  # could be the start of `s`
+                    cut = min(cut, len(text) - k)
+                    break
+        safe = text[:cut]
+        return safe.rstrip() if self.tools else safe
+
+    def finish(self, final: str) -> str:
+        """The part of the final text not sent yet."""
+        if not final.startswith(self.sent):  # a tokenizer whose decoding is not prefix-stable
+            log.error("streamed text %r is not a prefix of the final text %r", self.sent[-40:], final[:80])
+        rest, self.sent = final[len(self.sent):], final
+        return rest
+
+
+class Chunks:
+    """The chunk objects of one streamed response (`chat.completion.chunk` or streamed
+    `text_completion`); with include_usage every chunk has `usage: null` and `usage()` makes
+    the last one."""
+
+    def __init__(self, kind: str, rid: str, created: int, model: str, fingerprint: str | None,
+                 include_usage: bool = False):
+        self.head = {"id": rid, "object": kind, "created": created, "model": model,
+                     "system_fingerprint": fingerprint}
+        self.include_usage = include_usage
+
+    def _wrap(self, choice: dict[str, Any]) -> dict[str, Any]:
+        out = {**self.head, "choices": [choice]}
+        if self.include_usage:
             out["usage"] = None
         return out
 
-    for choice in response["choices"]:
+    def chat(self, index: int, delta: dict[str, Any], finish: str | None = None, logprobs=None) -> dict[str, Any]:
+        return self._wrap({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+
+    def text(self, index: int, text: str, finish: str | None = None, logprobs=None) -> dict[str, Any]:
+        return self._wrap({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish})
+
+    def usage(self, usage: dict[str, int]) -> dict[str, Any]:
+        return {**self.head, "choices": [], "usage": usage}
+
+    def chat_end(self, choice: dict[str, Any], rest: str) -> Iterator[dict[str, Any]]:
+        """The last chunks of a chat choice: the rest of its content, its tool calls, its
+        logprobs, its finish_reason."""
         i, message = choice["index"], choice["message"]
-        yield chunk(i, {"role": "assistant", "content": ""})
-        for piece in _pieces(message.get("content") or ""):
-            yield chunk(i, {"content": piece})
+        if rest:
+            yield self.chat(i, {"content": rest})
         for k, call in enumerate(message.get("tool_calls") or []):
-            yield chunk(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
-                                            "function": {"name": call["function"]["name"], "arguments": ""}}]})
-            for piece in _pieces(call["function"]["arguments"]):
-                yield chunk(i, {"tool_calls": [{"index": k, "function": {"arguments": piece}}]})
+            fn = call["function"]
+            yield self.chat(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                                "function": {"name": fn["name"], "arguments": ""}}]})
+            if fn["arguments"]:
+                yield self.chat(i, {"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]})
         if choice.get("logprobs"):
-            yield chunk(i, {}, logprobs=choice["logprobs"])
-        yield chunk(i, {}, choice["finish_reason"])
-    if include_usage:
-        yield {**head, "choices": [], "usage": response["usage"]}
+            yield self.chat(i, {}, logprobs=choice["logprobs"])
+        yield self.chat(i, {}, choice["finish_reason"])
+
+    def text_end(self, choice: dict[str, Any], rest: str) -> Iterator[dict[str, Any]]:
+        if rest:
+            yield self.text(choice["index"], rest)
+        yield self.text(choice["index"], "", choice["finish_reason"], choice.get("logprobs"))
 
 
-def completion_chunks(response: dict[str, Any], include_usage: bool = False) -> Iterator[dict[str, Any]]:
-    """The streamed `text_completion` objects of a finished completion."""
-    head = {"id": response["id"], "object": "text_completion", "created": response["created"],
-            "model": response["model"], "system_fingerprint": response.get("system_fingerprint")}
-
-    def chunk(index: int, text: str, finish: str | None = None, logprobs=None) -> dict[str, Any]:
-        out = {**head, "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}]}
-        if include_usage:
-            out["usage"] = None
-        return out
-
-    for choice in response["choices"]:
-        for piece in _pieces(choice["text"]):
-            yield chunk(choice["index"], piece)
-        yield chunk(choice["index"], "", choice["finish_reason"], choice.get("logprobs"))
-    if include_usage:
-        yield {**head, "choices": [], "usage": response["usage"]}
+SSE_DONE = "data: [DONE]\n\n"
 
 
-def sse(chunks: Iterator[dict[str, Any]]) -> Iterator[str]:
-    """Server-sent events: one `data:` line per chunk, then `data: [DONE]`."""
-    for c in chunks:
-        yield f"data: {json.dumps(c, ensure_ascii=False)}\n\n"
-    yield "data: [DONE]\n\n"
+def sse_event(chunk: dict[str, Any]) -> str:
+    """One server-sent event: a `data:` line."""
+    return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
