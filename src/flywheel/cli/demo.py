@@ -11,8 +11,8 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
          weeks: int = typer.Option(3, min=1, max=3), days: int = typer.Option(3, min=1, help="traffic batches + cycles per week from week 2"),
          episodes: int = typer.Option(600, min=1, help="episodes per day"),
          correction_rate: float = typer.Option(0.5, min=0.0, max=1.0, help="share of failures users correct"),
-         sft_steps: int = typer.Option(300, min=1), rl_steps: int = typer.Option(16, min=0),
-         eval_tasks: int = typer.Option(100, min=1, help="tasks per family suite"),
+         sft_steps: int = typer.Option(300, min=1), rl_steps: int = typer.Option(40, min=0),
+         eval_tasks: int = typer.Option(200, min=1, help="tasks per family suite"),
          threads: int = typer.Option(2, min=1)) -> None:
     """A simulated production world drifts week by week; the flywheel serves it, curates its
     failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""

@@ -73,7 +73,7 @@ def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int,
     }
 
 
-def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = 300, rl_steps: int = 16, eval_tasks: int = 100,
+def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = 300, rl_steps: int = 40, eval_tasks: int = 200,
              threads: int = 2, base_recipe: dict | None = None, console=None) -> tuple[list[DayRow], dict[str, Any]]:
     import torch
     from rich.console import Console
@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--episodes", type=int, default=600, help="episodes per day")
     ap.add_argument("--correction-rate", type=float, default=0.5, help="share of failures whose user sends a fix")
     ap.add_argument("--sft-steps", type=int, default=300)
-    ap.add_argument("--rl-steps", type=int, default=16)
-    ap.add_argument("--eval-tasks", type=int, default=100)
+    ap.add_argument("--rl-steps", type=int, default=40)
+    ap.add_argument("--eval-tasks", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     world = replace(WorldConfig(), weeks=args.weeks, days_per_week=args.days, episodes_per_day=args.episodes,
