@@ -53,19 +53,23 @@ class DayRow:
     serve_usd_per_m: float | None = None
 
 
-def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int, eval_tasks: int, threads: int) -> dict:
+def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int, eval_tasks: int, threads: int,
+                replay_ratio: float = 1.0, dpo_steps: int = 0) -> dict:
     return {
         "data_dir": str(out),
         "curation": {"heldout_fraction": 0.25, "min_heldout": 1},
         "train": {
-            "order": ["sft", "rl"] if rl_steps else ["sft"], "min_examples": 8, "replay_ratio": 1.0,
+            "order": ["sft"] + (["dpo"] if dpo_steps else []) + (["rl"] if rl_steps else []), "min_examples": 8,
+            "replay_ratio": replay_ratio,
             "sft": {"train": {"steps": sft_steps, "batch_size": 16, "micro_batch_size": 16},
                     "optim": {"lr": 1e-3, "warmup_steps": 10, "min_lr_ratio": 0.1}, "log": {"progress": False},
                     "threads": threads},
             "rl": {"train": {"steps": max(rl_steps, 1), "groups_per_step": 8, "group_size": 8},
                    "sampling": {"temperature": 1.0, "max_tokens": 120}, "optim": {"lr": 5e-5},
                    "algo": {"dynamic_sampling": True}, "eval": {"tasks": 16}, "log": {"progress": False},
-                   "threads": threads}},
+                   "threads": threads},
+            "dpo": {"train": {"steps": max(dpo_steps, 1), "batch_size": 16}, "beta": 0.1, "optim": {"lr": 1e-4},
+                    "log": {"progress": False}, "threads": threads}},
         "eval": {"suites": {f.name: {"env": ENV, "settings": f.settings, "tasks": eval_tasks, "max_tokens": 120}
                             for f in world.families if f.arrives <= world.weeks},
                  "new_failures_max_tokens": 120, "new_failures_max": 200},
@@ -74,7 +78,8 @@ def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int,
 
 
 def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = 300, rl_steps: int = 40, eval_tasks: int = 200,
-             threads: int = 2, base_recipe: dict | None = None, console=None) -> tuple[list[DayRow], dict[str, Any]]:
+             threads: int = 2, replay_ratio: float = 1.0, dpo_steps: int = 0, base_recipe: dict | None = None,
+             console=None) -> tuple[list[DayRow], dict[str, Any]]:
     import torch
     from rich.console import Console
 
@@ -91,7 +96,7 @@ def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = 300, rl_steps: i
     base = base_model(base_recipe, log=console.print)
     shutil.rmtree(out, ignore_errors=True)
     cfg = validate(loop_config(out, world, sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks,
-                               threads=threads), LoopConfig)
+                               threads=threads, replay_ratio=replay_ratio, dpo_steps=dpo_steps), LoopConfig)
     per_family = sum(world.days(w) for w in range(1, world.weeks + 1)) * world.episodes_per_day
     tasks = {f.name: load_env(ENV, **f.settings).tasks("train", n=per_family, seed=world.seed) for f in world.families}
     rows: list[DayRow] = []
@@ -244,12 +249,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--rl-steps", type=int, default=40)
     ap.add_argument("--eval-tasks", type=int, default=200)
+    ap.add_argument("--replay-ratio", type=float, default=1.0,
+                    help="verified answers of earlier families rehearsed per SFT example")
+    ap.add_argument("--dpo-steps", type=int, default=0, help="DPO on (correction, failed answer) pairs after SFT; 0 = off")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     world = replace(WorldConfig(), weeks=args.weeks, days_per_week=args.days, episodes_per_day=args.episodes,
                     correction_rate=args.correction_rate)
     _, s = run_demo(Path(args.out), world, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
-                    eval_tasks=args.eval_tasks, threads=args.threads)
+                    eval_tasks=args.eval_tasks, threads=args.threads, replay_ratio=args.replay_ratio,
+                    dpo_steps=args.dpo_steps)
     print(f"demo took {s['seconds'] / 60:.1f} min; " + ", ".join(
         f"{k} {_pct(v['start'])} -> {_pct(v['end'])}" for k, v in s["per_family"].items()))
     print(f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "
