@@ -127,3 +127,27 @@ def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point):
         assert fw.registry.verify("v2") == []
         assert len(fw.outcomes_path.read_text().splitlines()) == 1
         assert fw.traces.count() == 160
+
+
+def test_loop_cycle_command(world, tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text(yaml.safe_dump(world.model_dump(mode="json")))
+    done = subprocess.run([sys.executable, "-m", "flywheel.cli.main", "loop", "cycle", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("c1: promoted v2, $")
+    status = subprocess.run([sys.executable, "-m", "flywheel.cli.main", "loop", "status", "--data-dir",
+                             world.data_dir], capture_output=True, text=True, check=True).stdout
+    assert "production: v2" in status and "c1: promoted v2 from v1" in status
+
+
+def test_loop_config_errors_name_the_field(tmp_path):
+    path = tmp_path / "loop.yaml"
+    path.write_text("train:\n  rl:\n    optim: {lr: -1}\n")
+    done = subprocess.run([sys.executable, "-m", "flywheel.cli.main", "loop", "cycle", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "train.rl" in done.stderr and "optim.lr" in done.stderr, done.stderr
+    path.write_text("train:\n  rl:\n    model: x\n")
+    done = subprocess.run([sys.executable, "-m", "flywheel.cli.main", "loop", "cycle", str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "train.rl.model: set by the cycle" in done.stderr, done.stderr
