@@ -13,6 +13,8 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
          correction_rate: float = typer.Option(0.5, min=0.0, max=1.0, help="share of failures users correct"),
          sft_steps: int = typer.Option(300, min=1), rl_steps: int = typer.Option(40, min=0),
          eval_tasks: int = typer.Option(200, min=1, help="tasks per family suite"),
+         replay_ratio: float = typer.Option(0.5, min=0.0, help="verified earlier answers rehearsed per SFT example"),
+         dpo_steps: int = typer.Option(0, min=0, help="DPO steps on correction vs failed-answer pairs; 0 = off"),
          threads: int = typer.Option(2, min=1)) -> None:
     """A simulated production world drifts week by week; the flywheel serves it, curates its
     failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""
@@ -20,4 +22,5 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
 
     main(["--out", str(out), "--weeks", str(weeks), "--days", str(days), "--episodes", str(episodes),
           "--correction-rate", str(correction_rate), "--sft-steps", str(sft_steps), "--rl-steps", str(rl_steps),
-          "--eval-tasks", str(eval_tasks), "--threads", str(threads)])
+          "--eval-tasks", str(eval_tasks), "--replay-ratio", str(replay_ratio), "--dpo-steps", str(dpo_steps),
+          "--threads", str(threads)])

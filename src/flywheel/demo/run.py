@@ -78,7 +78,7 @@ def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int,
 
 
 def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = 300, rl_steps: int = 40, eval_tasks: int = 200,
-             threads: int = 2, replay_ratio: float = 1.0, dpo_steps: int = 0, base_recipe: dict | None = None,
+             threads: int = 2, replay_ratio: float = 0.5, dpo_steps: int = 0, base_recipe: dict | None = None,
              console=None) -> tuple[list[DayRow], dict[str, Any]]:
     import torch
     from rich.console import Console
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sft-steps", type=int, default=300)
     ap.add_argument("--rl-steps", type=int, default=40)
     ap.add_argument("--eval-tasks", type=int, default=200)
-    ap.add_argument("--replay-ratio", type=float, default=1.0,
+    ap.add_argument("--replay-ratio", type=float, default=0.5,
                     help="verified answers of earlier families rehearsed per SFT example")
     ap.add_argument("--dpo-steps", type=int, default=0, help="DPO on (correction, failed answer) pairs after SFT; 0 = off")
     ap.add_argument("--threads", type=int, default=2)
