@@ -1,8 +1,11 @@
 """The continuous flywheel: traces, curation, cycles, gates, registry, promotion.
 
-Traces so far: `TraceStore` (SQLite WAL by default, any SQLAlchemy URL), the incoming shapes
+Traces: `TraceStore` (SQLite WAL by default, any SQLAlchemy URL), the incoming shapes
 `TraceIn` / `FeedbackIn`, and `import_jsonl`. Models: `Registry` (versions with lineage, one
 production version, promote / rollback / reject with history, `production_marker()`).
+The rest is imported from its module: `curation` (traces -> RL / SFT / DPO / replay items),
+`gate` (the promotion rule), `evaluation` (suites), `cycle` (one resumable cycle),
+`serving` (serve the production version), `daemon` (`flywheel loop run`), `loop_config`.
 """
 
 from flywheel.loop.registry import Registry, default_root
