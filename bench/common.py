@@ -59,6 +59,14 @@ def warm_model(steps: int = 200) -> Path:
     return final
 
 
+def fill_sizes(args, smoke: dict, full: dict):
+    """Sizes the command line left unset (None) take the smoke or the full value (`--smoke`)."""
+    for k, v in (smoke if args.smoke else full).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
+
+
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     times = []
     for _ in range(repeats):

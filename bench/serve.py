@@ -34,7 +34,6 @@ import asyncio
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -50,17 +49,13 @@ WORDS = ("agent tool call model weights batch token cache request server trace r
          "gradient sample prompt answer search file code test deploy metric latency queue").split()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def flywheel_server(model: Path, workdir: Path, *, threads: int, traces_db: str | None, extra: tuple = ()):
     """`flywheel serve` in a subprocess on a free loopback port; yields its base URL. The
     process is stopped (SIGTERM, then SIGKILL) on the way out, error or not."""
     import httpx
+
+    from flywheel.service.background import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "flywheel.cli.main", "serve", "--model", str(model), "--host", "127.0.0.1",
@@ -166,10 +161,7 @@ def main() -> None:
     ap.add_argument("--no-traces", action="store_true", help="serve without trace capture")
     ap.add_argument("--smoke", action="store_true",
                     help=f"small sizes where not given ({smoke}); print, append nothing to docs/benchmarks.md")
-    args = ap.parse_args()
-    for k, v in (smoke if args.smoke else full).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    args = common.fill_sizes(ap.parse_args(), smoke, full)
     threads = common.set_threads(args.threads)  # what the report states; the server sets its own
     model = args.model or common.tiny_model()
     bodies = request_bodies(args.requests, args.max_tokens, args.temperature, args.prompt_words)

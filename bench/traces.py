@@ -139,10 +139,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server (it serves no model here)")
     ap.add_argument("--smoke", action="store_true",
                     help=f"small sizes where not given ({smoke}); print, append nothing to docs/benchmarks.md")
-    args = ap.parse_args()
-    for k, v in (smoke if args.smoke else full).items():
-        if getattr(args, k) is None:
-            setattr(args, k, v)
+    args = common.fill_sizes(ap.parse_args(), smoke, full)
     posters = [int(p) for p in args.posters.split(",")]
     threads = common.set_threads(args.threads)
     model = common.tiny_model()

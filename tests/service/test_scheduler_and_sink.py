@@ -123,6 +123,24 @@ def test_sink_writes_in_batches_off_the_caller(tmp_path):
         assert store.get("t7").model_version == "v1" and store.get("t7").metadata["finish_reason"] == "stop"
 
 
+def test_a_partial_batch_is_written_after_the_interval(tmp_path):
+    """Without a flush, a partial batch is written `interval_s` after its first event: a client
+    may post feedback on a served trace moments after the response (regression: the flusher
+    slept until a full batch of 256 arrived, so feedback on a quiet server got 404s)."""
+    with TraceStore(f"sqlite:///{tmp_path / 't.db'}") as store:
+        sink = TraceStoreSink(store, batch_size=256, interval_s=0.05)
+        try:
+            for round_ in range(2):  # also after the flusher went idle again
+                for i in range(3):
+                    sink(_event(10 * round_ + i))
+                deadline = time.monotonic() + 10
+                while store.count() < 3 * (round_ + 1) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert store.count() == 3 * (round_ + 1)
+        finally:
+            sink.close()
+
+
 def test_sink_never_blocks_on_a_dead_database():
     class Down:
         calls = 0

@@ -72,6 +72,7 @@ def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)
 def status(data_dir: Path = typer.Option(Path("flywheel-data"), "--data-dir", help="the loop's data_dir"),
            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """The daemon's state, the production model, and the cycles so far."""
+    from flywheel.loop.cycle import CycleError, read_states
     from flywheel.loop.daemon import STATUS_FILE
     from flywheel.process import pid_alive
 
@@ -79,12 +80,14 @@ def status(data_dir: Path = typer.Option(Path("flywheel-data"), "--data-dir", he
     daemon = json.loads(status_path.read_text()) if status_path.exists() else None
     if daemon is not None and daemon.get("state") not in ("stopped",) and not pid_alive(daemon["pid"]):
         daemon["state"] = f"not running (pid {daemon['pid']} gone; last state {daemon['state']!r})"
-    cycles = []
-    for p in sorted((data_dir / "cycles").glob("c*/state.json"), key=lambda p: int(p.parent.name[1:])):
-        st = json.loads(p.read_text())
-        cycles.append({k: st.get(k) for k in ("id", "stage", "outcome", "version", "incumbent", "new_failures",
-                                              "usd", "started_at", "finished_at")}
-                      | {"scores": st.get("scores", {}), "reasons": st.get("decision", {}).get("reasons", [])})
+    try:
+        states = read_states(data_dir / "cycles")
+    except CycleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    cycles = [{k: getattr(st, k) for k in ("id", "stage", "outcome", "version", "incumbent", "new_failures",
+                                            "usd", "started_at", "finished_at")}
+              | {"scores": st.scores, "reasons": st.decision.get("reasons", [])} for st in states]
     production = None
     if (data_dir / "registry" / "registry.db").exists():
         from flywheel.loop import Registry

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 
-def _pct(x: float | None) -> str:
+def pct(x: float | None) -> str:
+    """0.873 -> '87%'; None -> '-'."""
     return "-" if x is None else f"{100 * x:.0f}%"
 
 
@@ -20,11 +21,11 @@ def markdown_table(rows: Sequence) -> str:
             + ["points/$", "serve $/1M tok"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        fails = [_pct(r.failures[f] / r.episodes[f]) if r.episodes.get(f) else "-" for f in families]
-        new = f"{_pct(r.new_before)} -> {_pct(r.new_after)}" if r.new_before is not None else "-"
+        fails = [pct(r.failures[f] / r.episodes[f]) if r.episodes.get(f) else "-" for f in families]
+        new = f"{pct(r.new_before)} -> {pct(r.new_after)}" if r.new_before is not None else "-"
         cells = ([str(r.week), str(r.day), r.served, str(sum(r.episodes.values()))] + fails
                  + [r.cycle or "-", r.outcome, r.why.replace("|", "/"), f"{r.usd:.4f}", new]
-                 + [_pct(r.production.get(s)) for s in suites]
+                 + [pct(r.production.get(s)) for s in suites]
                  + ["-" if r.ipd is None else f"{r.ipd:,.0f}",
                     "-" if r.serve_usd_per_m is None else f"{r.serve_usd_per_m:.3f}"])
         lines.append("| " + " | ".join(cells) + " |")

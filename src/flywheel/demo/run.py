@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from flywheel.demo.report import pct
 from flywheel.demo.world import ENV, WorldConfig, day_plan
 
 
@@ -191,13 +192,9 @@ def _fill_cycle(row: DayRow, st, cfg, fw) -> None:
     row.serve_usd_per_m = serve_usd / row.tokens * 1e6 if row.tokens else None
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.0f}%"
-
-
 def _day_line(row: DayRow) -> str:
     fails = ", ".join(f"{f} {row.failures[f]}/{row.episodes[f]} failed" for f in row.episodes)
-    scores = " ".join(f"{k} {_pct(v)}" for k, v in row.production.items())
+    scores = " ".join(f"{k} {pct(v)}" for k, v in row.production.items())
     return (f"  week {row.week} day {row.day}: {fails} ({row.traffic_s:.0f} s) -> {row.cycle} [bold]{row.outcome}[/]"
             f" (${row.usd:.4f}); production now: {scores}")
 
@@ -260,6 +257,6 @@ def main(argv: list[str] | None = None) -> None:
                     eval_tasks=args.eval_tasks, threads=args.threads, replay_ratio=args.replay_ratio,
                     dpo_steps=args.dpo_steps)
     print(f"demo took {s['seconds'] / 60:.1f} min; " + ", ".join(
-        f"{k} {_pct(v['start'])} -> {_pct(v['end'])}" for k, v in s["per_family"].items()))
+        f"{k} {pct(v['start'])} -> {pct(v['end'])}" for k, v in s["per_family"].items()))
     print(f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "
           f"old_delta={s['old_delta']:+.1f} cycles={s['cycles']}")

@@ -75,6 +75,17 @@ class CycleState:
         return self.stage == "finished"
 
 
+def read_states(cycles_dir: Path) -> list[CycleState]:
+    """Every cycle's state under `cycles_dir`, in cycle order (c1, c2, ... c10)."""
+    out = []
+    for path in sorted(Path(cycles_dir).glob("c*/state.json"), key=lambda p: int(p.parent.name[1:])):
+        try:
+            out.append(CycleState(**json.loads(path.read_text(encoding="utf-8"))))
+        except (ValueError, TypeError) as e:
+            raise CycleError(f"{path}: unreadable cycle state ({e}); move the folder aside to go on") from None
+    return out
+
+
 class Flywheel:
     """The loop's state stores, opened from a LoopConfig: traces, registry, ledger, cycles."""
 
@@ -107,13 +118,7 @@ class Flywheel:
     # ---- cycle states
 
     def states(self) -> list[CycleState]:
-        out = []
-        for path in sorted(self.cycles_dir.glob("c*/state.json"), key=lambda p: int(p.parent.name[1:])):
-            try:
-                out.append(CycleState(**json.loads(path.read_text(encoding="utf-8"))))
-            except (ValueError, TypeError) as e:
-                raise CycleError(f"{path}: unreadable cycle state ({e}); move the folder aside to go on") from None
-        return out
+        return read_states(self.cycles_dir)
 
     def save(self, st: CycleState) -> None:
         folder = self.cycles_dir / st.id
