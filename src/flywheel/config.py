@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, Sequence, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 C = TypeVar("C", bound="Config")
 
@@ -159,7 +159,17 @@ class RLTrainConfig(Config):
     steps: int = Field(100, ge=1)
     groups_per_step: int = Field(8, ge=1, description="tasks per step")
     group_size: int = Field(8, ge=2, description="attempts per task (GRPO group)")
+    minibatches: int = Field(1, ge=1, description=(
+        "optimizer updates per step, each on groups_per_step / minibatches whole groups "
+        "(PPO minibatches; more updates per sample)"))
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self):
+        if self.minibatches > self.groups_per_step:
+            raise ValueError(f"minibatches={self.minibatches} exceeds groups_per_step={self.groups_per_step}: "
+                             "each minibatch needs at least one whole group")
+        return self
 
 
 class RLEvalConfig(Config):

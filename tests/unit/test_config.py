@@ -143,6 +143,12 @@ def test_out_of_bounds_and_bad_choice_name_their_fields():
     assert lines[2] == "  dtype: Input should be 'float32' or 'bfloat16' (got 'float64')"
 
 
+def test_rl_minibatches_beyond_the_groups_of_a_step_are_named():
+    msg = error_of(load_config, None, RLConfig, ["model=m", "env.name=arithmetic", "train.groups_per_step=4",
+                                                 "train.minibatches=8"])
+    assert "train:" in msg and "minibatches=8 exceeds groups_per_step=4" in msg
+
+
 def test_missing_required_fields_are_named(tmp_path):
     msg = error_of(load_config, write(tmp_path, ""), SFTConfig)
     assert msg.splitlines()[1:] == ["  model: Field required (got {})", "  data: Field required (got {})"]

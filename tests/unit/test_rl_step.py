@@ -3,7 +3,7 @@
 import torch
 
 from flywheel.models import TinySpec, build_tiny_model, load
-from flywheel.train.rl_step import RLStepConfig, assign_advantages, rl_step, token_logprobs
+from flywheel.train.rl_step import RLStepConfig, assign_advantages, rl_step, split_groups, token_logprobs
 from flywheel.types import Trajectory, TrajectoryGroup
 
 
@@ -50,3 +50,36 @@ def test_non_finite_loss_skips_the_update(tmp_path):
     metrics = rl_step(model, opt, [group], RLStepConfig(), pad_id=tok.pad_token_id)
     assert metrics["skipped"] == 1.0
     assert all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
+
+
+def test_split_groups_keeps_groups_whole_and_near_equal():
+    assert split_groups(list(range(8)), 3) == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    assert split_groups(list(range(8)), 1) == [list(range(8))]
+    assert split_groups([0, 1], 4) == [[0], [1]]  # never an empty minibatch
+
+
+class CountingAdamW(torch.optim.AdamW):
+    calls = 0
+
+    def step(self, closure=None):
+        CountingAdamW.calls += 1
+        return super().step(closure)
+
+
+def test_minibatches_make_one_update_each_and_sum_what_they_trained(tmp_path):
+    model, tok = load(build_tiny_model(tmp_path, TinySpec(hidden=64, layers=2, heads=4, ffn=128)))
+    opt = CountingAdamW(model.parameters(), lr=1e-3)
+    groups = [make_group([1, 2, k], [3, 258], [4, 5, 258]) for k in range(3)]
+    metrics = rl_step(model, opt, groups, RLStepConfig(minibatches=2), pad_id=tok.pad_token_id)
+    assert CountingAdamW.calls == 2  # groups 0-1, then group 2
+    assert metrics["groups"] == 3.0 and metrics["skipped"] == 0.0 and metrics["skipped_minibatches"] == 0.0
+    assert metrics["trained_tokens"] == 3 * (2 + 3)  # every completion token of every group, once
+    assert metrics["reward_mean"] == 0.5
+
+
+def test_a_non_finite_minibatch_is_skipped_alone(tmp_path):
+    model, tok = load(build_tiny_model(tmp_path, TinySpec(hidden=64, layers=2, heads=4, ffn=128)))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    groups = [make_group([1, 2], [3], [4]), make_group([1, 2], [3], [4], behavior=float("nan"))]
+    metrics = rl_step(model, opt, groups, RLStepConfig(minibatches=2), pad_id=tok.pad_token_id)
+    assert metrics["skipped"] == 0.0 and metrics["skipped_minibatches"] == 1.0

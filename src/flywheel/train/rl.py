@@ -51,7 +51,8 @@ class RLResult:
 
 
 def evaluate(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
-    """Greedy accuracy (reward == 1) and pass@k on the held-out split."""
+    """Greedy accuracy (reward == 1), the mean of each episode metric the environment reports
+    (greedy), and pass@k on the held-out split."""
     from flywheel.inference import SamplingParams
     from flywheel.rollout.episodes import play_groups
 
@@ -59,6 +60,8 @@ def evaluate(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
     greedy = asyncio.run(play_groups(env, tasks, 1, engine, SamplingParams(
         temperature=0.0, max_tokens=cfg.sampling.max_tokens), renderer))
     out = {"eval/greedy_accuracy": sum(g.trajectories[0].reward >= 1.0 for g in greedy) / len(tasks)}
+    for name in sorted({k for g in greedy for k in g.trajectories[0].metrics}):  # e.g. calculator's used_tool
+        out[f"eval/{name}"] = sum(g.trajectories[0].metrics.get(name, 0.0) for g in greedy) / len(tasks)
     if cfg.eval.pass_k > 1:
         k = cfg.eval.pass_k
         sampled = asyncio.run(play_groups(env, tasks, k, engine, _params(cfg), renderer))
@@ -182,7 +185,8 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     algo = RLStepConfig(advantage=cfg.algo.advantage, eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high,
                         aggregation=cfg.algo.aggregation, max_tokens=cfg.sampling.max_tokens,
                         dynamic_sampling=cfg.algo.dynamic_sampling, is_cap=cfg.algo.is_cap,
-                        kl_beta=cfg.algo.kl_beta, grad_clip=cfg.optim.grad_clip)
+                        kl_beta=cfg.algo.kl_beta, grad_clip=cfg.optim.grad_clip,
+                        minibatches=cfg.train.minibatches)
     metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
     stack.callback(metrics_out.close)
     rollouts_log = stack.enter_context(open(out / "rollouts.jsonl", "a", encoding="utf-8"))

@@ -6,10 +6,12 @@ The forward runs the tokens that rows share (a group's prompt, duplicate complet
 projects logits only where the next token is a loss token (train/shared_prefix.py); the N
 per-position results are scattered back to (B, T - 1) with zeros elsewhere (every consumer
 masks them).
-The proximal policy is the learner's own weights before this update (one update per batch,
-so the PPO ratio starts at 1); the sampler's logprobs are the behaviour policy, corrected by
-truncated importance sampling (train/rl_losses.py) — the decoupled form AReaL and prime-rl
-use for asynchronous training.
+A step may split its groups into `minibatches` (whole groups each) with one optimizer update
+per minibatch, as PPO's minibatches or TRL's steps_per_generation: more updates per sample.
+The proximal policy of each update is the learner's weights just before it (the PPO ratio
+starts at 1); the sampler's logprobs are the behaviour policy, corrected by truncated
+importance sampling (train/rl_losses.py) — the decoupled form AReaL and prime-rl use for
+asynchronous training — so a later minibatch's drift from the sampler is what the cap bounds.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class RLStepConfig:
     is_cap: float = 2.0
     kl_beta: float = 0.0
     grad_clip: float | None = 1.0
+    minibatches: int = 1  # optimizer updates per step, each on len(groups) / minibatches whole groups
     # compute the tokens trajectories share (the group's prompt, duplicate completions) once:
     # same numbers as the plain forward up to float noise (train/shared_prefix.py)
     shared_prefix: bool = True
@@ -115,13 +118,42 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> 
     return total
 
 
+def split_groups(groups: list, parts: int) -> list[list]:
+    """Contiguous, near-equal chunks of whole groups: 8 groups in 3 parts -> sizes 3, 3, 2."""
+    parts = max(1, min(parts, len(groups)))
+    size, extra = divmod(len(groups), parts)
+    chunks, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        chunks.append(groups[start:end])
+        start = end
+    return chunks
+
+
 def rl_step(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int,
             ref_model=None) -> dict[str, float]:
-    """Advantages, loss, backward, clip and optimizer step. Returns metrics; a non-finite
-    loss or gradient skips the update (metrics["skipped"] = 1)."""
+    """Advantages, then per minibatch: loss, backward, clip and optimizer step. Returns metrics
+    (means over the minibatches; groups and trained_tokens summed); a non-finite loss or
+    gradient skips that update, and metrics["skipped"] = 1 when every update was skipped."""
     groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
     if not groups:
         return {"skipped": 1.0, "groups": 0.0}
+    parts = [update(model, optimizer, chunk, cfg, pad_id, ref_model)
+             for chunk in split_groups(groups, cfg.minibatches)]
+    done = [m for m in parts if not m["skipped"]]
+    if not done:
+        return parts[-1]
+    merged = {k: sum(m[k] for m in done) / len(done) for k in done[0]}
+    trajs = [t for g in groups for t in g.trajectories]
+    merged.update(groups=float(len(groups)), trained_tokens=sum(m["trained_tokens"] for m in done),
+                  reward_mean=sum(t.reward for t in trajs) / len(trajs),
+                  skipped=0.0, skipped_minibatches=float(len(parts) - len(done)))
+    return merged
+
+
+def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int,
+           ref_model=None) -> dict[str, float]:
+    """One optimizer update on groups whose advantages are assigned."""
     device = next(model.parameters()).device
     batch = pack(groups, pad_id, device)
     use_ref = ref_model is not None and bool(cfg.kl_beta)
