@@ -183,8 +183,8 @@ class RolloutConfig(Config):
         "rollout worker processes; 0 = generate in the learner's process (synchronous only); "
         "default: 1 when max_off_policy_steps > 0, else 0"))
     threads: int | None = Field(None, ge=1, description=(
-        "torch threads per worker; default 1 when asynchronous (small-batch decoding is bound by "
-        "op dispatch, not arithmetic), else the learner's"))
+        "torch threads per worker (synchronous: while the learner's process generates); default 1 "
+        "when asynchronous (small-batch decoding is bound by op dispatch, not arithmetic), else the learner's"))
     max_restarts: int = Field(3, ge=0, description="crashed workers restarted before the run stops")
 
 

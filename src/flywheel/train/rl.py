@@ -129,7 +129,8 @@ def _rollout_source(cfg: RLConfig, model, tokenizer, env, renderer, n_workers: i
 
     engine = LocalEngine(copy.deepcopy(model), tokenizer, seed=cfg.train.seed)
     if n_workers == 0:
-        return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer), engine
+        return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer,
+                                 threads=cfg.rollout.threads), engine
     out = Path(cfg.output_dir)
     transport = SharedMemoryTransport.create(dict(model.named_parameters()),
                                              name=_shared_memory_name(out, log))
