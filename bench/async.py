@@ -1,17 +1,20 @@
 """Asynchronous (one step off-policy) vs synchronous RL, same run, same model, same batch shape.
 
 The peer is flywheel itself with `max_off_policy_steps=0` (generation in the learner's process,
-then the update); the candidate is `max_off_policy_steps=1` with one rollout worker process
-generating step s + 1 while step s trains. Measured: steady-state samples/s, the median over
-steps after the first `--skip` of each run (start-up and the first evaluation excluded),
-runs interleaved sync / async `--repeats` times.
+then the update), at its better generation thread count (1 or all: small-batch decoding is
+bound by op dispatch, so one thread is often faster). The candidate is `max_off_policy_steps=1`:
+rollout worker processes (1 thread each) generate step s + 1 while step s trains, the learner
+on the cores left. Measured: steady-state samples/s, the median over steps after the first
+`--skip` of each run (start-up and the first evaluation excluded), the variants interleaved
+`--repeats` times; ratio = the better async variant / the better sync variant.
 
 Two workloads:
-  - calculator: multi-turn tool use where every `calc` call takes `--tool-latency-s` (a tool
-    that takes real time); the warm start is an SFT on the environment's scripted demos, so
-    the policy does call the tool. Here the worker waits on tools while the learner trains.
-  - arithmetic: the shared `ab+cd=` task, one turn, no tools. On 2 cores generation is a
-    small share of a step there, so little is expected.
+  - calculator: multi-turn tool use (bare prompts, "What is a + b?" with 2-3 digit numbers, the
+    calc tool) where every call takes `--tool-latency-s`; the policy is the demo's base model
+    (flywheel.demo.base, cached), which calls the tool in nearly every episode. A synchronous
+    step decodes on one core while the other idles, and waits on the tools; two workers fill
+    both cores and each other's tool waits, while the learner trains.
+  - arithmetic: the shared `ab+cd=` task, one turn, no tools.
 """
 
 from __future__ import annotations
@@ -25,21 +28,34 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+CALCULATOR = {"chain_prob": 0.0, "bare_prompt": True, "max_turns": 3, "operator": "+",
+              "template": "What is {a} + {b}?", "max_digits": 3}
 
-def run(model: Path, env: dict, k: int, steps: int, groups: int, group_size: int, max_tokens: int,
-        threads: int) -> list[dict]:
+
+def variants(threads: int) -> dict[str, dict]:
+    """name -> (k, rollout workers, learner threads, generation threads per process)."""
+    out = {"sync, generation 1 thread": dict(k=0, workers=0, learner=threads, gen=1)}
+    if threads > 1:
+        out[f"sync, generation {threads} threads"] = dict(k=0, workers=0, learner=threads, gen=threads)
+    learner = max(1, threads - 1)
+    out[f"async, 1 worker + learner {learner} thread(s)"] = dict(k=1, workers=1, learner=learner, gen=1)
+    out[f"async, 2 workers + learner {learner} thread(s)"] = dict(k=1, workers=2, learner=learner, gen=1)
+    return out
+
+
+def run(model: Path, env: dict, v: dict, steps: int, groups: int, group_size: int, max_tokens: int) -> list[dict]:
     from flywheel.config import RLConfig, validate
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
 
-    out = common.WORK / f"async-k{k}"
+    out = common.WORK / f"async-k{v['k']}-w{v['workers']}"
     shutil.rmtree(out, ignore_errors=True)
     cfg = validate(dict(model=str(model), output_dir=str(out), env=env,
                         train={"steps": steps, "groups_per_step": groups, "group_size": group_size},
                         sampling={"temperature": 1.0, "max_tokens": max_tokens},
                         optim={"lr": 1e-5}, eval={"tasks": 1}, checkpoint={"every": 0},
-                        log={"progress": False}, max_off_policy_steps=k, rollout={"threads": 1},
-                        threads=threads if k == 0 else max(1, threads - 1)), RLConfig)  # the same thread budget
+                        log={"progress": False}, max_off_policy_steps=v["k"],
+                        rollout={"threads": v["gen"], "workers": v["workers"]}, threads=v["learner"]), RLConfig)
     run_rl(cfg, log=lambda m: None)
     return [r for r in read_metrics(out / "metrics.jsonl") if "time/step_s" in r]
 
@@ -61,64 +77,82 @@ def calculator_rl(model: Path, steps: int, threads: int) -> tuple[float, float]:
 
 def measure(name: str, model: Path, env: dict, args, groups: int, group_size: int, max_tokens: int,
             threads: int) -> dict:
-    sps = {0: [], 1: []}
-    split = {0: [], 1: []}
+    runs = variants(threads)
+    sps: dict[str, list[float]] = {n: [] for n in runs}
+    split: dict[str, dict] = {}
     for _ in range(args.repeats):
-        for k in (0, 1):
-            records = run(model, env, k, args.steps, groups, group_size, max_tokens, threads)[args.skip:]
-            sps[k].append(statistics.median(r["samples_per_s"] for r in records))
-            split[k].append({key: statistics.median(r.get(key, 0.0) for r in records)
-                             for key in ("time/rollout_wait_s", "time/train_s", "rollout/generate_s",
-                                         "staleness_mean", "reward_mean")})
-    med = {k: statistics.median(v) for k, v in sps.items()}
-    return {"name": name, "sync": med[0], "async": med[1], "ratio": med[1] / med[0], "runs": sps,
-            "split": {k: split[k][-1] for k in split}}
+        for n, v in runs.items():
+            records = run(model, env, v, args.steps, groups, group_size, max_tokens)[args.skip:]
+            sps[n].append(statistics.median(r["samples_per_s"] for r in records))
+            split[n] = {key: statistics.median(r.get(key, 0.0) for r in records)
+                        for key in ("time/rollout_wait_s", "time/train_s", "rollout/generate_s", "reward_mean")}
+    med = {n: statistics.median(v) for n, v in sps.items()}
+    best_sync = max((n for n in med if n.startswith("sync")), key=med.get)
+    best_async = max((n for n in med if n.startswith("async")), key=med.get)
+    return {"name": name, "med": med, "runs": sps, "split": split, "best_sync": best_sync,
+            "best_async": best_async, "ratio": med[best_async] / med[best_sync]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--skip", type=int, default=4, help="first steps of each run left out of the median")
     ap.add_argument("--tool-latency-s", type=float, default=0.02)
+    ap.add_argument("--groups", type=int, default=8, help="calculator tasks per step (x 8 attempts)")
     ap.add_argument("--calculator-demos", type=int, default=4000)
-    ap.add_argument("--calculator-rl-steps", type=int, default=100)
+    ap.add_argument("--calculator-rl-steps", type=int, default=60,
+                    help="GRPO steps of the held-out success report (configs/calculator_grpo.yaml); 0 = skip")
     args = ap.parse_args()
     threads = common.set_threads(args.threads)
+    from flywheel.demo.base import base_model
     from flywheel.train.warm_starts import calculator_warm_start
 
-    calc_model = calculator_warm_start(common.WORK / "calculator", args.calculator_demos)
     results = [
-        measure("calculator", calc_model, {"name": "calculator", "settings": {"tool_latency_s": args.tool_latency_s,
-                                                                "chain_prob": 0.0}},
-                args, groups=4, group_size=8, max_tokens=128, threads=threads),
+        measure("calculator", base_model(), {"name": "calculator", "settings": {
+            **CALCULATOR, "tool_latency_s": args.tool_latency_s}},
+                args, groups=args.groups, group_size=8, max_tokens=128, threads=threads),
         measure("arithmetic", common.warm_model(), {"name": "arithmetic"}, args, groups=8, group_size=8,
                 max_tokens=6, threads=threads),
     ]
-    rows = ["| workload | sync samples/s | async (k=1) samples/s | ratio | sync: wait / train s | "
-            "async: wait / train / worker generate s | reward |", "|---|---|---|---|---|---|---|"]
+    names = list(results[0]["med"])
+    rows = ["| workload | " + " | ".join(f"{n} samples/s" for n in names) + " | ratio |",
+            "|---|" + "---|" * (len(names) + 1)]
     for r in results:
-        s0, s1 = r["split"][0], r["split"][1]
-        rows.append(f"| {r['name']} | {r['sync']:.1f} | {r['async']:.1f} | {r['ratio']:.2f} | "
-                    f"{s0['time/rollout_wait_s']:.3f} / {s0['time/train_s']:.3f} | "
-                    f"{s1['time/rollout_wait_s']:.3f} / {s1['time/train_s']:.3f} / {s1['rollout/generate_s']:.3f} | "
-                    f"{s1['reward_mean']:.2f} |")
+        cells = [f"**{r['med'][n]:.1f}**" if n in (r["best_sync"], r["best_async"]) else f"{r['med'][n]:.1f}"
+                 for n in names]
+        rows.append(f"| {r['name']} | " + " | ".join(cells) + f" | {r['ratio']:.2f} |")
+    split_rows = ["| workload | variant | learner waits s | learner trains s | generation s (per item) | reward |",
+                  "|---|---|---|---|---|---|"]
+    for r in results:
+        for n in names:
+            sp = r["split"][n]
+            split_rows.append(f"| {r['name']} | {n} | {sp['time/rollout_wait_s']:.3f} | {sp['time/train_s']:.3f} | "
+                              f"{sp['rollout/generate_s']:.3f} | {sp['reward_mean']:.2f} |")
     calc, arith = results
-    rl_before, rl_after = calculator_rl(calc_model, args.calculator_rl_steps, threads)
+    rl_line, rl_before, rl_after = "", float("nan"), float("nan")
+    if args.calculator_rl_steps:
+        rl_before, rl_after = calculator_rl(calculator_warm_start(common.WORK / "calculator", args.calculator_demos),
+                                            args.calculator_rl_steps, threads)
+        rl_line = (f"Calculator RL (configs/calculator_grpo.yaml: a * b with 3-4 digits, full prompts, its two-stage "
+                   f"SFT warm start on {args.calculator_demos} demos; {args.calculator_rl_steps} steps, one step "
+                   f"off-policy, no tool latency): held-out greedy success {rl_before:.2f} -> {rl_after:.2f} "
+                   "(100 test tasks).")
     body = "\n".join([
         f"Machine: {common.machine_line(threads)}. Each run: {args.steps} steps, median samples/s over steps "
-        f"after the first {args.skip}; sync and async runs interleaved, {args.repeats} each (medians of runs). "
-        f"Calculator (a * b, 3-4 digits): 4 tasks x 8 attempts per step, <= 128 tokens per turn, every calc "
-        f"call sleeps {args.tool_latency_s * 1000:.0f} ms; warm start: configs/sft_calculator.yaml's two-stage "
-        f"SFT on {args.calculator_demos} scripted demos. Arithmetic: 8 x 8, <= 6 tokens. Learner threads {threads}; "
-        "the async run splits them: learner threads - 1, worker 1.", "", *rows, "",
-        f"Calculator RL (configs/calculator_grpo.yaml, {args.calculator_rl_steps} steps, one step off-policy, "
-        f"no tool latency): held-out greedy success {rl_before:.2f} -> {rl_after:.2f} (100 test tasks).", "",
-        "Per-run samples/s: " + "; ".join(f"{r['name']} sync {['%.1f' % x for x in r['runs'][0]]}, "
-                                         f"async {['%.1f' % x for x in r['runs'][1]]}" for r in results)])
+        f"after the first {args.skip}; the variants interleaved, {args.repeats} runs each (medians of runs); "
+        "ratio = the better async variant / the better sync variant (bold). "
+        f"Calculator: {args.groups} tasks x 8 attempts per step, <= 128 tokens per turn, bare prompts "
+        f"(a + b, 2-3 digits), every calc call sleeps {args.tool_latency_s * 1000:.0f} ms; policy: the demo's "
+        "base model. Arithmetic: 8 x 8, <= 6 tokens. Threads: a sync run's learner uses all; async runs give "
+        "each worker process 1 and the learner the rest (2 workers + learner: 3 processes on the cores).",
+        "", *rows, "", *split_rows, "", *([rl_line, ""] if rl_line else []),
+        "Per-run samples/s: " + "; ".join(f"{r['name']} " + ", ".join(
+            f"{n} {['%.1f' % x for x in r['runs'][n]]}" for n in names) for r in results)])
     last = (f"async: ratio={calc['ratio']:.2f} arithmetic_ratio={arith['ratio']:.2f} "
-            f"calculator_sync_sps={calc['sync']:.1f} calculator_async_sps={calc['async']:.1f} "
+            f"calculator_sync_sps={calc['med'][calc['best_sync']]:.1f} "
+            f"calculator_async_sps={calc['med'][calc['best_async']]:.1f} "
             f"calculator_success_before={rl_before:.2f} calculator_success_after={rl_after:.2f} "
             f"tool_latency_ms={args.tool_latency_s * 1000:.0f} threads={threads}")
     common.append_report("bench/async.py: one step off-policy vs synchronous RL", body, last)
