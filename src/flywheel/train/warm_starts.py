@@ -13,7 +13,8 @@ def calculator_warm_start(out: str | Path, demos: int = 4000, log: Callable[[str
     3-4 digits): a 64-hidden, 2-layer tiny model, SFT first on bare scripted demos (no system
     prompt or tool block: ~180 tokens a row instead of ~1,000, where the copying of digits into
     the call and out of the result is learned), then on full demos. About 4 CPU minutes; held-out
-    greedy success ~58 %, the tool used in ~99 % of episodes (seed 0)."""
+    greedy success ~58 %, the tool used in ~99 % of episodes (seed 0, 2026-11-30); a rebuild on
+    2026-12-01 plateaued at 0 %, so check held-out success before relying on it."""
     from flywheel.config import SFTConfig, validate
     from flywheel.envs import load_env
     from flywheel.envs.demos import make_demos
