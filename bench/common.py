@@ -38,25 +38,29 @@ def tiny_model() -> Path:
     return path
 
 
-def warm_model(steps: int = 200) -> Path:
-    """The tiny model after a short SFT on `ab+cd=` (cached): it answers in the task's format
-    and ends each answer with its eos token, as a GRPO warm start does."""
+def arith_sft(out: Path, steps: int, **optim) -> Path:
+    """SFT of the tiny model on the `ab+cd=` training pairs (batch 128, lr 1e-3, weight decay
+    0.01, `optim` on top), resumed from `out` when it holds checkpoints; returns the final model."""
     from flywheel.config import SFTConfig, validate
     from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
     from flywheel.train.sft import run_sft
 
+    data = write_sft_jsonl(WORK / "arithmetic_train.jsonl", split_pairs()[0])
+    cfg = validate(dict(model=str(tiny_model()), output_dir=str(out),
+                        data={"train": [str(data)], "format": "prompt_completion"},
+                        train={"steps": steps, "batch_size": 128, "micro_batch_size": 128},
+                        optim={"lr": 1e-3, "weight_decay": 0.01, **optim},
+                        log={"progress": False}, resume=True), SFTConfig)
+    return run_sft(cfg, log=lambda m: None).final_model
+
+
+def warm_model(steps: int = 200) -> Path:
+    """The tiny model after a short SFT on `ab+cd=` (cached): it answers in the task's format
+    and ends each answer with its eos token, as a GRPO warm start does."""
     final = WORK / f"sft-{steps}" / "final"
     if (final / "config.json").exists():
         return final
-    train, heldout = split_pairs()
-    data = write_sft_jsonl(WORK / "arithmetic_train.jsonl", train)
-    cfg = validate(dict(model=str(tiny_model()), output_dir=str(WORK / f"sft-{steps}"),
-                        data={"train": [str(data)], "format": "prompt_completion"},
-                        train={"steps": steps, "batch_size": 128, "micro_batch_size": 128},
-                        optim={"lr": 1e-3, "warmup_steps": 30, "weight_decay": 0.01},
-                        log={"progress": False}, resume=True), SFTConfig)
-    run_sft(cfg, log=lambda m: None)
-    return final
+    return arith_sft(WORK / f"sft-{steps}", steps, warmup_steps=30)
 
 
 def fill_sizes(args, smoke: dict, full: dict):

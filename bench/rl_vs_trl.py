@@ -34,26 +34,18 @@ def warm_start(target: float, first: int = 200, every: int = 25, most: int = 100
     cached. Returns (model, steps, accuracy). The peer's warm start stopped on a 150 s budget at
     0.375; a step count alone is not portable: this model learns addition abruptly, and 300
     steps gave 0.09 or 0.225 with different initialisations (while 400 gave 0.20 and 500 0.68)."""
-    from flywheel.config import SFTConfig, validate
-    from flywheel.envs.arithmetic import heldout_accuracy, split_pairs, write_sft_jsonl
+    from flywheel.envs.arithmetic import heldout_accuracy
     from flywheel.models import load
-    from flywheel.train.sft import run_sft
 
     out = common.WORK / f"sft-until-{target:g}"
     done = out / "reached.json"
     if done.exists():
         info = json.loads(done.read_text())
         return out / "final", info["steps"], info["accuracy"]
-    data = write_sft_jsonl(common.WORK / "arithmetic_train.jsonl", split_pairs()[0])
     steps, acc = first, 0.0
     while steps <= most:
-        result = run_sft(validate(dict(
-            model=str(common.tiny_model()), output_dir=str(out), resume=True,
-            data={"train": [str(data)], "format": "prompt_completion"},
-            train={"steps": steps, "batch_size": 128, "micro_batch_size": 128},
-            optim={"lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 1.0, "weight_decay": 0.01},
-            log={"progress": False}), SFTConfig), log=lambda m: None)
-        acc = heldout_accuracy(*load(result.final_model))["heldout_accuracy"]
+        final = common.arith_sft(out, steps, warmup_steps=100, min_lr_ratio=1.0)
+        acc = heldout_accuracy(*load(final))["heldout_accuracy"]
         if acc >= target:
             done.write_text(json.dumps({"steps": steps, "accuracy": acc}))
             return out / "final", steps, acc

@@ -153,7 +153,8 @@ def rl_step(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, 
 
 def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int,
            ref_model=None) -> dict[str, float]:
-    """One optimizer update on groups whose advantages are assigned."""
+    """One optimizer update on groups whose advantages are assigned; its loss and gradient
+    metrics (the step's groups and rewards are rl_step's)."""
     device = next(model.parameters()).device
     batch = pack(groups, pad_id, device)
     use_ref = ref_model is not None and bool(cfg.kl_beta)
@@ -192,8 +193,6 @@ def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, p
         return {"skipped": 1.0, "grad_norm": float(grad_norm)}
     optimizer.step()
     n = batch["mask"].sum().clamp_min(1)
-    rewards = [t.reward for t in trajs]
     return {**metrics, "loss": loss.item(), "grad_norm": float(grad_norm), "skipped": 0.0,
-            "entropy": float((entropy_N * batch["mask"][keep]).sum() / n), "groups": float(len(groups)),
-            "reward_mean": sum(rewards) / len(rewards), "trained_tokens": float(n),
+            "entropy": float((entropy_N * batch["mask"][keep]).sum() / n), "trained_tokens": float(n),
             "shared_prefix": float(not isinstance(plan, PlainPlan))}
