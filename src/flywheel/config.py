@@ -211,6 +211,14 @@ class RLConfig(Config):
         "learner torch threads; default: torch's, or when asynchronous the cores the workers leave"))
     device: str = "cpu"
 
+    @model_validator(mode="after")
+    def _sampling_temperature(self):
+        if self.sampling.temperature <= 0:
+            raise ValueError(f"sampling.temperature must be > 0 for RL (a group of greedy samples is one answer "
+                             f"repeated, and the learner trains softmax(logits / temperature)), got "
+                             f"{self.sampling.temperature}")
+        return self
+
 
 # ---------------------------------------------------------------- loading
 

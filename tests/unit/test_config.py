@@ -203,3 +203,8 @@ def test_every_shipped_config_validates_for_its_command(path):
     assert isinstance(cfg, COMMAND_CONFIGS[command])
     if isinstance(cfg, LoopConfig):
         check_stages(cfg)  # the stage configs inside it too
+
+
+def test_rl_greedy_sampling_is_named():
+    msg = error_of(load_config, None, RLConfig, ["model=m", "env.name=arithmetic", "sampling.temperature=0"])
+    assert "sampling.temperature must be > 0 for RL" in msg and "got 0.0" in msg

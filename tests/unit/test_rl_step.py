@@ -83,3 +83,27 @@ def test_a_non_finite_minibatch_is_skipped_alone(tmp_path):
     groups = [make_group([1, 2], [3], [4]), make_group([1, 2], [3], [4], behavior=float("nan"))]
     metrics = rl_step(model, opt, groups, RLStepConfig(minibatches=2), pad_id=tok.pad_token_id)
     assert metrics["skipped"] == 0.0 and metrics["skipped_minibatches"] == 1.0
+
+
+def test_learner_trains_the_tempered_policy_the_sampler_drew_from(tmp_path):
+    """Rollouts at temperature 0.5 report logprobs of softmax(logits / 0.5) ("processed"); the
+    learner at the same temperature sees no sampler-learner mismatch, one at 1.0 does."""
+    import asyncio
+
+    from flywheel.envs import load_env
+    from flywheel.inference import LocalEngine, SamplingParams
+    from flywheel.rollout.episodes import play_groups
+
+    path = build_tiny_model(tmp_path, TinySpec(hidden=64, layers=2, heads=4, ffn=128))
+    engine = LocalEngine.from_path(str(path), seed=0)
+    env = load_env("arithmetic")
+    params = SamplingParams(temperature=0.5, max_tokens=6, logprobs_mode="processed")
+    groups = asyncio.run(play_groups(env, env.tasks("train", n=4, seed=0), 4, engine, params))
+    for g in groups:  # unequal rewards so that no group is dropped; the update is lr 0
+        g.trajectories[0].reward = 1.0
+    model, tok = load(path)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    tempered = rl_step(model, opt, groups, RLStepConfig(temperature=0.5), pad_id=tok.pad_token_id)
+    plain = rl_step(model, opt, groups, RLStepConfig(temperature=1.0), pad_id=tok.pad_token_id)
+    assert abs(tempered["mismatch_kl"]) < 1e-4 and abs(tempered["is_weight_mean"] - 1.0) < 1e-3
+    assert abs(plain["mismatch_kl"]) > 1e-2

@@ -72,8 +72,16 @@ def evaluate(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
 def _params(cfg: RLConfig):
     from flywheel.inference import SamplingParams
 
+    return SamplingParams(**_sampling(cfg))
+
+
+def _sampling(cfg: RLConfig) -> dict:
+    """Rollout sampling settings. Logprobs are "processed": of the distribution sampled from
+    (temperature, then top-k / top-p), the behaviour policy that importance sampling corrects
+    the learner's softmax(logits / temperature) against (train/rl_step.py)."""
     s = cfg.sampling
-    return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_tokens=s.max_tokens)
+    return {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "max_tokens": s.max_tokens,
+            "logprobs_mode": "processed"}
 
 
 def _workers(cfg: RLConfig) -> int:
@@ -136,13 +144,11 @@ def _rollout_source(cfg: RLConfig, model, tokenizer, env, renderer, n_workers: i
                                              name=_shared_memory_name(out, log))
     stack.callback(transport.close)
     stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
-    s = cfg.sampling
     threads = _worker_threads(cfg)
     spec = WorkerSpec(model=str(ckpt or cfg.model), env_name=cfg.env.name, env_settings=cfg.env.settings,
                       transport_name=transport.name, group_size=cfg.train.group_size, threads=threads,
                       seed=cfg.train.seed, device=cfg.device,
-                      sampling={"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k,
-                                "max_tokens": s.max_tokens})
+                      sampling=_sampling(cfg))
     source = ProcessRollouts(spec, n_workers, cfg.rollout.max_restarts, log)
     stack.callback(source.close)
     return source, engine
@@ -187,7 +193,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
                         aggregation=cfg.algo.aggregation, max_tokens=cfg.sampling.max_tokens,
                         dynamic_sampling=cfg.algo.dynamic_sampling, is_cap=cfg.algo.is_cap,
                         kl_beta=cfg.algo.kl_beta, grad_clip=cfg.optim.grad_clip,
-                        minibatches=cfg.train.minibatches)
+                        minibatches=cfg.train.minibatches, temperature=cfg.sampling.temperature)
     metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
     stack.callback(metrics_out.close)
     rollouts_log = stack.enter_context(open(out / "rollouts.jsonl", "a", encoding="utf-8"))

@@ -42,6 +42,10 @@ class RLStepConfig:
     # compute the tokens trajectories share (the group's prompt, duplicate completions) once:
     # same numbers as the plain forward up to float noise (train/shared_prefix.py)
     shared_prefix: bool = True
+    # the sampling temperature T: the policy trained is softmax(logits / T), the distribution the
+    # rollouts were drawn from (whose logprobs the sampler reports in "processed" mode), as
+    # verl and prime-rl do; training the T = 1 policy on T < 1 samples would bias the gradient
+    temperature: float = 1.0
     # bf16 autocast for the learner's forward. Off: on the tiny bench model (CPU) it is no
     # faster and moves logprobs by up to ~0.2 nats (mean ~0.008), which the IS ratio sees
     autocast_bf16: bool = False
@@ -93,13 +97,19 @@ def logprobs_entropy(logits_B_T_V: torch.Tensor, targets_B_T: torch.Tensor) -> t
     return logp, entropy
 
 
-def loss_position_logprobs(model, plan, autocast_bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logp_N, entropy_N) at the plan's N loss positions (train/shared_prefix.py), fp32.
-    The plan's Nn node logits are normalised once per node, then gathered per position."""
+def loss_position_logprobs(model, plan, autocast_bf16: bool = False, temperature: float = 1.0
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp_N, entropy_N) of softmax(logits / temperature) at the plan's N loss positions
+    (train/shared_prefix.py), fp32. The plan's Nn node logits are normalised once per node,
+    then gathered per position."""
+    if not temperature > 0:
+        raise ValueError(f"the learner's temperature must be > 0, got {temperature!r}")
     device = next(model.parameters()).device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast_bf16):
         logits = plan.logits(model)  # (Nn, V)
     logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     logz_Nn = torch.logsumexp(logits, -1)
     logp_N = logits[plan.src_N, plan.targets_N] - logz_Nn[plan.src_N]
     with torch.no_grad():
@@ -172,12 +182,12 @@ def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, p
     if int(keep.sum()) != plan.targets_N.numel():
         raise ValueError("loss_mask and ids disagree in length for some trajectory")
     model.train()
-    logp_N, entropy_N = loss_position_logprobs(model, plan, cfg.autocast_bf16)
+    logp_N, entropy_N = loss_position_logprobs(model, plan, cfg.autocast_bf16, cfg.temperature)
     logp = torch.zeros_like(batch["mask"]).masked_scatter(keep, logp_N)
     ref = None
     if use_ref:
         with torch.no_grad():
-            ref_N, _ = loss_position_logprobs(ref_model, plan, cfg.autocast_bf16)
+            ref_N, _ = loss_position_logprobs(ref_model, plan, cfg.autocast_bf16, cfg.temperature)
         ref = torch.zeros_like(batch["mask"]).masked_scatter(keep, ref_N)
     loss, metrics = policy_loss(logp, logp.detach(), batch["advantages"], batch["mask"],
                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, aggregation=cfg.aggregation,
