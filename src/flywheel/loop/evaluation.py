@@ -7,7 +7,6 @@ test split (`suite_tasks`); the new-failure suite from a cycle's held-out replay
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,9 +54,9 @@ def suite_from_config(name: str, cfg: SuiteConfig) -> Suite:
 
 def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0) -> SuiteScores:
     """Greedy accuracy of the model at `model_dir` on each suite (an empty suite is skipped)."""
-    from flywheel.inference import LocalEngine, SamplingParams
+    from flywheel.inference import LocalEngine
     from flywheel.models import ChatRenderer
-    from flywheel.rollout.episodes import play_groups
+    from flywheel.rollout.episodes import play_greedy, success_rate
 
     t0 = time.perf_counter()
     engine = LocalEngine.from_path(str(model_dir), seed=seed)
@@ -66,10 +65,8 @@ def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0)
     for suite in suites:
         if not suite.tasks:
             continue
-        groups = asyncio.run(play_groups(suite.env, suite.tasks, 1, engine,
-                                         SamplingParams(temperature=0.0, max_tokens=suite.max_tokens), renderer))
-        trajs = [g.trajectories[0] for g in groups]
-        scores[suite.name] = sum(t.reward >= 1.0 for t in trajs) / len(trajs)
+        trajs = play_greedy(suite.env, suite.tasks, engine, suite.max_tokens, renderer)
+        scores[suite.name] = success_rate(trajs)
         counts[suite.name] = len(trajs)
         generated += sum(sum(t.loss_mask) for t in trajs)
     return SuiteScores(scores, counts, generated, time.perf_counter() - t0)

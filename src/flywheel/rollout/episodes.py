@@ -92,3 +92,22 @@ async def play_groups(env_spec: Environment, tasks: list[Task], group_size: int,
             t.reward = r
         groups.append(TrajectoryGroup(task.id, trajs))
     return groups
+
+
+def play_greedy(env_spec: Environment, tasks: list[Task], sampler, max_tokens: int,
+                renderer=None) -> list[Trajectory]:
+    """One greedy (temperature 0) episode per task, in task order: what evaluations score."""
+    groups = asyncio.run(play_groups(env_spec, tasks, 1, sampler,
+                                     SamplingParams(temperature=0.0, max_tokens=max_tokens), renderer))
+    return [g.trajectories[0] for g in groups]
+
+
+def success_rate(trajectories: list[Trajectory]) -> float:
+    """The share of episodes that fully succeeded (reward >= 1); 0.0 for none."""
+    return sum(t.reward >= 1.0 for t in trajectories) / len(trajectories) if trajectories else 0.0
+
+
+def episode_metric_means(trajectories: list[Trajectory]) -> dict[str, float]:
+    """The mean of every metric the environment reported, over all episodes (0 where one lacks it)."""
+    names = sorted({k for t in trajectories for k in t.metrics})
+    return {k: sum(t.metrics.get(k, 0.0) for t in trajectories) / len(trajectories) for k in names}

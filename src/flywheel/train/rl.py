@@ -53,15 +53,12 @@ class RLResult:
 def evaluate(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
     """Greedy accuracy (reward == 1), the mean of each episode metric the environment reports
     (greedy), and pass@k on the held-out split."""
-    from flywheel.inference import SamplingParams
-    from flywheel.rollout.episodes import play_groups
+    from flywheel.rollout.episodes import episode_metric_means, play_greedy, play_groups, success_rate
 
     tasks = env.tasks("test", n=cfg.eval.tasks, seed=0)
-    greedy = asyncio.run(play_groups(env, tasks, 1, engine, SamplingParams(
-        temperature=0.0, max_tokens=cfg.sampling.max_tokens), renderer))
-    out = {"eval/greedy_accuracy": sum(g.trajectories[0].reward >= 1.0 for g in greedy) / len(tasks)}
-    for name in sorted({k for g in greedy for k in g.trajectories[0].metrics}):  # e.g. calculator's used_tool
-        out[f"eval/{name}"] = sum(g.trajectories[0].metrics.get(name, 0.0) for g in greedy) / len(tasks)
+    greedy = play_greedy(env, tasks, engine, cfg.sampling.max_tokens, renderer)
+    out = {"eval/greedy_accuracy": success_rate(greedy)}
+    out.update({f"eval/{k}": v for k, v in episode_metric_means(greedy).items()})  # e.g. calculator's used_tool
     if cfg.eval.pass_k > 1:
         k = cfg.eval.pass_k
         sampled = asyncio.run(play_groups(env, tasks, k, engine, _params(cfg), renderer))
