@@ -76,6 +76,16 @@ class EvalConfig(Config):
     max_batches: int | None = Field(None, ge=1, description="cap on validation micro-batches")
     evaluator: str | None = Field(
         None, description="'module:function' called as fn(model, tokenizer) -> dict of metrics")
+    stop_at: dict[str, float] = Field(default_factory=dict, description=(
+        "stop after the first evaluation where every named metric reaches its value, e.g. "
+        "{'eval/heldout_accuracy': 0.35} (a name ending in 'loss' must fall to it instead); "
+        "needs eval.every > 0"))
+
+    @model_validator(mode="after")
+    def _stop_needs_evaluations(self):
+        if self.stop_at and not self.every:
+            raise ValueError(f"stop_at {self.stop_at} needs eval.every > 0: only periodic evaluations can stop early")
+        return self
 
 
 class SFTConfig(Config):

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from flywheel.config import SFTConfig, validate
@@ -169,3 +170,41 @@ def test_val_loss_and_bad_settings(setup, tmp_path):
     bad = validate(make_cfg(model, data, tmp_path / "bad2", eval={"evaluator": "nope"}), SFTConfig)
     with pytest.raises(TrainError, match="must look like 'package.module:function'"):
         run_sft(bad, log=lambda m: None)
+
+
+def test_stop_at_ends_the_run_at_the_first_evaluation_meeting_every_target(setup, tmp_path):
+    root, model, data = setup
+    scores = iter([0.1, 0.5, 0.9, 0.95])
+
+    def evaluator(m, tok):
+        return {"accuracy": next(scores)}
+
+    cfg = validate(make_cfg(model, data, tmp_path / "run", eval={"every": 10, "stop_at": {"eval/accuracy": 0.5}}),
+                   SFTConfig)
+    logs = []
+    result = run_sft(cfg, evaluator=evaluator, log=logs.append)
+    assert result.steps == 20 and result.last["eval/accuracy"] == 0.5  # no second evaluation at the end
+    assert (result.final_model / "config.json").exists()
+    assert [p.name for p in list_checkpoints(result.output_dir)] == ["step_00000020"]
+    assert any("eval.stop_at target met" in m for m in logs)
+    # a target the evaluation does not report is named, with what it does report
+    bad = validate(make_cfg(model, data, tmp_path / "bad", eval={"every": 5, "stop_at": {"eval/acc": 0.5}}),
+                   SFTConfig)
+    with pytest.raises(TrainError, match=r"names \['eval/acc'\].*reports \['eval/accuracy'\]"):
+        run_sft(bad, evaluator=lambda m, t: {"accuracy": 0.0}, log=lambda m: None)
+
+
+def test_heldout_success_plays_the_environment_on_a_snapshot(setup):
+    from flywheel.envs import load_env
+    from flywheel.models import load
+    from flywheel.train.env_eval import heldout_success
+
+    root, model, data = setup
+    m, tok = load(model)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    evaluate = heldout_success(load_env("calculator", chain_prob=0.0, bare_prompt=True), tasks=3, max_tokens=8)
+    out = evaluate(m, tok)
+    assert out["success"] == 0.0 and out["episode/reward/used_tool"] == 0.0  # an untrained model
+    assert all(torch.equal(v, before[k]) for k, v in m.state_dict().items())  # its weights untouched
+    with pytest.raises(ValueError, match="no 'test' tasks"):
+        heldout_success(load_env("calculator"), tasks=0)

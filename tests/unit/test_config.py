@@ -208,3 +208,8 @@ def test_every_shipped_config_validates_for_its_command(path):
 def test_rl_greedy_sampling_is_named():
     msg = error_of(load_config, None, RLConfig, ["model=m", "env.name=arithmetic", "sampling.temperature=0"])
     assert "sampling.temperature must be > 0 for RL" in msg and "got 0.0" in msg
+
+
+def test_sft_stop_at_without_periodic_evaluations_is_named():
+    msg = error_of(load_config, None, SFTConfig, ["model=m", "data.train=[a.jsonl]", "eval.stop_at={val_loss: 1.0}"])
+    assert "needs eval.every > 0" in msg

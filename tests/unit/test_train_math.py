@@ -48,3 +48,15 @@ def test_token_nll_sum_by_hand():
     logits = torch.tensor([[0.0, 0.0], [math.log(3.0), 0.0]])
     targets = torch.tensor([1, 0])
     assert token_nll_sum(logits, targets).item() == pytest.approx(math.log(2) + math.log(4 / 3))
+
+
+def test_targets_met_reads_losses_downward_and_the_rest_upward():
+    import math
+
+    from flywheel.train.sft import targets_met
+
+    assert not targets_met({"eval/acc": 0.9}, {})
+    assert targets_met({"eval/acc": 0.5, "val_loss": 1.0}, {"eval/acc": 0.5, "val_loss": 1.0})
+    assert not targets_met({"eval/acc": 0.49, "val_loss": 0.5}, {"eval/acc": 0.5, "val_loss": 1.0})
+    assert not targets_met({"eval/acc": 0.9, "val_loss": 1.01}, {"eval/acc": 0.5, "val_loss": 1.0})
+    assert not targets_met({"eval/acc": math.nan}, {"eval/acc": 0.0})

@@ -96,7 +96,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
         save_checkpoint(out, step, model, tokenizer, trainer_state(step, optimizer, scheduler, order, cfg),
                         keep=cfg.checkpoint.keep)
 
-    def evaluate() -> None:
+    def evaluate() -> dict:
         record = {}
         if val_examples:
             record["val_loss"] = _val_loss(model, val_examples, tc.micro_batch_size, pad_id, cfg.eval.max_batches)
@@ -108,8 +108,10 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
             metrics.log(step, **record)
             last.update(record)
             log(f"step {step}: " + ", ".join(f"{k}={v:.4g}" for k, v in record.items()))
+        return record
 
     deadline = Deadline(cfg.max_seconds)
+    stopped_early = False
     # ---- the loop
     with StepProgress(total_steps, start=step, enabled=cfg.log.progress) as progress:
         while step < total_steps and not deadline.passed():
@@ -146,11 +148,15 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
                 metrics.log(step, **record)
             progress.update(step, loss=loss_value, tokens_per_s=n_tokens / dt)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < total_steps:
-                evaluate()
+                if targets_met(evaluate(), cfg.eval.stop_at):
+                    log(f"step {step}: every eval.stop_at target met {cfg.eval.stop_at}; stopping")
+                    stopped_early = True
+                    break
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:
                 checkpoint()
 
-    evaluate()
+    if not stopped_early:  # else the last evaluation was at this very step
+        evaluate()
     checkpoint()
     final = out / "final"
     save_model_folder(model, tokenizer, final)
@@ -192,6 +198,19 @@ def _split(examples: list[Example], fraction: float, seed: int) -> tuple[list[Ex
     n_val = max(1, int(len(examples) * fraction))
     val = set(idx[:n_val])
     return [e for i, e in enumerate(examples) if i not in val], [examples[i] for i in sorted(val)]
+
+
+def targets_met(record: dict, stop_at: dict[str, float]) -> bool:
+    """Whether an evaluation record meets every target: a metric whose name ends in "loss"
+    must be <= its target, any other >= (NaN meets nothing). False without targets.
+    TrainError when the record lacks a target's metric, naming the ones it has."""
+    if not stop_at:
+        return False
+    missing = sorted(set(stop_at) - set(record))
+    if missing:
+        raise TrainError(f"eval.stop_at names {missing}, which the evaluation does not report; "
+                         f"it reports {sorted(record) or 'nothing (set data.val or eval.evaluator)'}")
+    return all((record[k] <= v) if k.endswith("loss") else (record[k] >= v) for k, v in stop_at.items())
 
 
 def _import_evaluator(spec: str | None) -> Evaluator | None:
