@@ -60,17 +60,23 @@ def run(model: Path, env: dict, v: dict, steps: int, groups: int, group_size: in
     return [r for r in read_metrics(out / "metrics.jsonl") if "time/step_s" in r]
 
 
-def calculator_rl(model: Path, steps: int, threads: int) -> tuple[float, float]:
-    """Held-out greedy success (100 test tasks) before and after `steps` of GRPO with
-    configs/calculator_grpo.yaml's settings, one step off-policy."""
-    from flywheel.config import RLConfig, load_config
+def calculator_rl(steps: int, threads: int) -> tuple[float, float]:
+    """Held-out greedy success (100 test tasks) before and after `steps` of GRPO, one step
+    off-policy, from train/warm_starts.calculator_from_memory_warm_start (a policy that answers
+    "What is 12 times 57?" from memory although it can call its calculator; cached)."""
+    from flywheel.config import RLConfig, validate
     from flywheel.train.rl import run_rl
+    from flywheel.train.warm_starts import CALCULATOR_FROM_MEMORY, calculator_from_memory_warm_start
 
+    model, _ = calculator_from_memory_warm_start(common.WORK / "calculator-from-memory")
     out = common.WORK / "calculator-rl"
     shutil.rmtree(out, ignore_errors=True)
-    cfg = load_config(common.ROOT / "configs" / "calculator_grpo.yaml", RLConfig, [
-        f"model={model}", f"output_dir={out}", f"train.steps={steps}", "eval.every=0", "eval.pass_k=1",
-        "checkpoint.every=0", "log.progress=false", "max_off_policy_steps=1", f"threads={max(1, threads - 1)}"])
+    cfg = validate(dict(model=str(model), output_dir=str(out),
+                        env={"name": "calculator", "settings": CALCULATOR_FROM_MEMORY},
+                        train={"steps": steps, "groups_per_step": 4, "group_size": 8},
+                        sampling={"temperature": 1.0, "max_tokens": 128}, optim={"lr": 1e-4},
+                        eval={"tasks": 100}, checkpoint={"every": 0}, log={"progress": False},
+                        max_off_policy_steps=1, threads=max(1, threads - 1)), RLConfig)
     result = run_rl(cfg, log=lambda m: None)
     return result.evals[0]["eval/greedy_accuracy"], result.evals[-1]["eval/greedy_accuracy"]
 
@@ -101,13 +107,11 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=4, help="first steps of each run left out of the median")
     ap.add_argument("--tool-latency-s", type=float, default=0.02)
     ap.add_argument("--groups", type=int, default=8, help="calculator tasks per step (x 8 attempts)")
-    ap.add_argument("--calculator-demos", type=int, default=4000)
-    ap.add_argument("--calculator-rl-steps", type=int, default=60,
-                    help="GRPO steps of the held-out success report (configs/calculator_grpo.yaml); 0 = skip")
+    ap.add_argument("--calculator-rl-steps", type=int, default=20,
+                    help="GRPO steps of the held-out success report (calculator from memory); 0 = skip")
     args = ap.parse_args()
     threads = common.set_threads(args.threads)
     from flywheel.demo.base import base_model
-    from flywheel.train.warm_starts import calculator_warm_start
 
     results = [
         measure("calculator", base_model(), {"name": "calculator", "settings": {
@@ -133,10 +137,10 @@ def main() -> None:
     calc, arith = results
     rl_line, rl_before, rl_after = "", float("nan"), float("nan")
     if args.calculator_rl_steps:
-        rl_before, rl_after = calculator_rl(calculator_warm_start(common.WORK / "calculator", args.calculator_demos),
-                                            args.calculator_rl_steps, threads)
-        rl_line = (f"Calculator RL (configs/calculator_grpo.yaml: a * b with 3-4 digits, full prompts, its two-stage "
-                   f"SFT warm start on {args.calculator_demos} demos; {args.calculator_rl_steps} steps, one step "
+        rl_before, rl_after = calculator_rl(args.calculator_rl_steps, threads)
+        rl_line = (f"Calculator RL (\"What is a times b?\", 1-2 digits, bare prompts; warm start "
+                   "train/warm_starts.calculator_from_memory_warm_start, which can call calc but answers from "
+                   f"memory; GRPO 4 x 8 at temperature 1, lr 1e-4, {args.calculator_rl_steps} steps, one step "
                    f"off-policy, no tool latency): held-out greedy success {rl_before:.2f} -> {rl_after:.2f} "
                    "(100 test tasks).")
     body = "\n".join([
