@@ -90,6 +90,19 @@ def test_processed_logprobs_use_the_sampling_distribution(engine, reference):
     assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4)
 
 
+def test_processed_and_raw_logprobs_in_one_batch(engine, reference):
+    prompt = engine.encode(PROMPTS[0])
+    modes = [SamplingParams(temperature=0.5, max_tokens=5, ignore_eos=True, logprobs_mode=m)
+             for m in ("processed", "raw")]
+    (proc,), (raw,) = engine.generate([prompt, prompt], modes)
+    for s, temperature in ((proc, 0.5), (raw, 1.0)):
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + s.token_ids])).logits[0].float()
+        lp = (logits[len(prompt) - 1:-1] / temperature).log_softmax(-1)
+        ref = lp.gather(-1, torch.tensor(s.token_ids)[:, None])[:, 0]
+        assert torch.allclose(ref, torch.tensor(s.logprobs), atol=1e-4), s.logprobs
+
+
 def test_seeded_engines_repeat_themselves(model_dir):
     runs = []
     for _ in range(2):

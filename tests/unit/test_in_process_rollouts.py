@@ -17,7 +17,7 @@ def test_generation_runs_with_its_threads_and_restores_the_learners(monkeypatch)
         seen.append(torch.get_num_threads())
         return []
 
-    monkeypatch.setattr("flywheel.rollout.episodes.play_groups", fake_play_groups)
+    monkeypatch.setattr("flywheel.orchestrate.pool.play_groups", fake_play_groups)
     learner = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

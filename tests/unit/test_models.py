@@ -287,6 +287,46 @@ def test_untrained_assistant_turn_is_kept_out_of_the_mask(renderer):
     assert [i for i, m in zip(conv.ids, conv.assistant_mask) if m] == [*b("yes"), IM_END]
 
 
+def test_render_memo_is_keyed_by_content_and_bounded(tok):
+    memo = ChatRenderer(tok, memo_size=2)
+    calls = []
+    real = tok.apply_chat_template
+
+    def counting(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    tok.apply_chat_template = counting
+    try:
+        messages = [{"role": "user", "content": "hi"}]
+        first = memo.render(messages)
+        assert memo.render([{"role": "user", "content": "hi"}]) == first and len(calls) == 1  # equal content: remembered
+        messages[0]["content"] = "bye"  # the same list, changed: rendered afresh
+        assert memo.render(messages) == "<|im_start|>user\nbye<|im_end|>\n" and len(calls) == 2
+        assert memo.render(messages, add_generation_prompt=True).endswith("assistant\n") and len(calls) == 3
+        memo.render([{"role": "user", "content": "hi"}])  # evicted by the two since (memo of 2)
+        assert len(calls) == 4
+        off = ChatRenderer(tok, memo_size=0)
+        off.render(messages), off.render(messages)
+        assert len(calls) == 6
+    finally:
+        tok.apply_chat_template = real
+
+
+def test_an_assistant_turn_costs_one_render(renderer, tok):
+    renders = []
+    real = renderer.render
+    renderer.render = lambda *a, **kw: renders.append(1) or real(*a, **kw)
+    try:
+        conv = ChatRenderer.start(renderer, TOOL_CHAT[:2], tools=TOOLS)
+        conv.add_generation_prompt()
+        before = len(renders)
+        conv.append_sampled(tok.encode(CALL_TEXT, add_special_tokens=False), TOOL_CHAT[2])
+        assert len(renders) - before == 1
+    finally:
+        del renderer.render
+
+
 # ---------------------------------------------------------------- load() and its errors
 
 

@@ -167,10 +167,12 @@ class LocalEngine:
         width = max(1, max(len(x[4]) for x in settings.values()))
         stop_ids = torch.tensor([x[4] + [-1] * (width - len(x[4])) for x in per_row], dtype=torch.long, device=dev)
         processed = [sp.logprobs_mode == "processed" for sp in row_params]
-        any_processed = any(processed)
         string_rows = {r for r, sp in enumerate(row_params) if sp.stop}
         T_new = max(x[3] for x in settings.values())
         needs = Needs.of(temperature, top_k, top_p)  # for the whole call: rows only ever leave
+        # processed logprobs differ from raw ones only under a temperature other than 0 / 1 or a filter
+        all_processed = all(processed) and (needs.scale or needs.filter)
+        mixed_processed = any(processed) and not all(processed) and (needs.scale or needs.filter)
 
         # ---- prefill the distinct prompts once, then fan out
         cache = self.runner.new_cache(R, P + T_new)
@@ -192,8 +194,9 @@ class LocalEngine:
         gen_text_ids: dict[int, list[int]] = {r: [] for r in string_rows}
         t = 0
         while True:
-            tok, lp = sample_tokens(logits, live.temperature, live.top_k, live.top_p, self.generator, needs=needs)
-            if any_processed:
+            tok, lp = sample_tokens(logits, live.temperature, live.top_k, live.top_p, self.generator,
+                                    processed_logprobs=all_processed, needs=needs)
+            if mixed_processed:
                 lp = torch.where(live.processed, _processed_logprobs(logits, tok, live, needs), lp)
             out_tok[live.idx, t] = tok
             out_lp[live.idx, t] = lp

@@ -15,8 +15,12 @@ tokenizer, and any BPE when pieces meet at special tokens) the ids equal
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+import orjson
 
 Message = dict[str, Any]
 
@@ -28,7 +32,10 @@ class ChatTemplateError(ValueError):
 class ChatRenderer:
     """Renders messages through a Hugging Face tokenizer's chat template."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, memo_size: int = 4096):
+        """memo_size: renders remembered (keyed by the messages' JSON); the episodes of a GRPO
+        group open with the same messages, so most of their renders repeat. 0 = off (for a
+        template whose output changes over time, e.g. one that prints today's date)."""
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateError(
                 "the tokenizer has no chat_template; chat-format data needs one "
@@ -36,13 +43,34 @@ class ChatRenderer:
             )
         self.tokenizer = tokenizer
         self.eos_token: str = tokenizer.eos_token
+        self.memo_size = memo_size
+        self._memo: OrderedDict[bytes, str] = OrderedDict()
+        self._memo_lock = threading.Lock()  # rollouts render from asyncio's worker threads too
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict] | None = None,
                add_generation_prompt: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(
+        key = None
+        if self.memo_size:
+            try:
+                key = orjson.dumps([messages, tools or None, add_generation_prompt])
+            except TypeError:  # not JSON (e.g. objects a template formats itself): render every time
+                key = None
+            if key is not None:
+                with self._memo_lock:
+                    text = self._memo.get(key)
+                    if text is not None:
+                        self._memo.move_to_end(key)
+                        return text
+        text = self.tokenizer.apply_chat_template(
             list(messages), tools=list(tools) if tools else None, tokenize=False,
             add_generation_prompt=add_generation_prompt,
         )
+        if key is not None:
+            with self._memo_lock:
+                self._memo[key] = text
+                if len(self._memo) > self.memo_size:
+                    self._memo.popitem(last=False)
+        return text
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
@@ -61,8 +89,12 @@ class ChatRenderer:
         """Split the template's rendering of one assistant turn after `history` into
         (text the model produces, trailing text the template adds after it), e.g.
         ("42<|im_end|>", "\\n") for ChatML."""
-        before = self.render(history, tools, add_generation_prompt=True)
-        after = self.render([*history, message], tools)
+        return self.split_assistant_turn(self.render(history, tools, add_generation_prompt=True),
+                                         self.render([*history, message], tools))
+
+    def split_assistant_turn(self, before: str, after: str) -> tuple[str, str]:
+        """`assistant_text` from the two renders: `before`, the history with the generation
+        prompt, and `after`, the history with the assistant message."""
         if not after.startswith(before):
             raise ChatTemplateError("the chat template does not render the assistant turn "
                                     "as a continuation of the generation prompt")
@@ -137,26 +169,28 @@ class Conversation:
     def append_sampled(self, sampled_ids: Sequence[int], message: Message, trained: bool = True) -> None:
         """Append an assistant turn exactly as sampled (ids should end with the end-of-turn
         token); `message` is its parsed form (content, tool_calls) for the history."""
-        history = list(self.messages)
         self.add_generation_prompt()
         self._push(list(sampled_ids), 1 if trained else 0)
-        _, tail = self.renderer.assistant_text(history, message, self.tools)
-        self._close_assistant(message, tail)
+        self._close_assistant(message)
 
     def append_assistant_message(self, message: Message, trained: bool = True) -> None:
         """Append an assistant turn given as a message (SFT data): its text comes from the
         template. `trained=False` (OpenAI `"weight": 0`) keeps it out of the loss."""
-        history = list(self.messages)
         self.add_generation_prompt()
-        produced, tail = self.renderer.assistant_text(history, message, self.tools)
+        produced = self._close_assistant(message)
         self._push(self.renderer.encode(produced), 1 if trained else 0)
-        self._close_assistant(message, tail)
 
-    def _close_assistant(self, message: Message, tail: str) -> None:
+    def _close_assistant(self, message: Message) -> str:
+        """Record `message` after the open generation prompt; returns the text the template
+        gives the turn up to its end token. One render: the generation prompt's rendering
+        is `_text` already, and the rendering with the message is the new `_text`."""
+        after = self.renderer.render([*self.messages, message], self.tools)
+        produced, tail = self.renderer.split_assistant_turn(self._text, after)
         self.messages.append(dict(message))
-        self._text = self.renderer.render(self.messages, self.tools)
+        self._text = after
         self._pending_tail = tail
         self._open_prompt = False
+        return produced
 
     def finish(self) -> None:
         """Append any text the template owes after the last turn (e.g. ChatML's newline)."""

@@ -15,7 +15,6 @@ again, so no task is lost; results are keyed by item id, so none is counted twic
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import torch
 
 from flywheel.train.run_state import TrainError
 from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
+from flywheel.rollout.episodes import EpisodeLoop, play_groups
 
 
 class RolloutError(TrainError):
@@ -44,6 +44,7 @@ class InProcessRollouts:
         self.engine, self.env, self.group_size = engine, env, group_size
         self.params, self.renderer, self.threads = params, renderer, threads
         self._queue: deque[WorkItem] = deque()
+        self._loop = EpisodeLoop()
 
     def submit(self, item: WorkItem) -> None:
         self._queue.append(item)
@@ -56,8 +57,6 @@ class InProcessRollouts:
             self.engine.update_weights(params, version)
 
     def poll(self, timeout_s: float = 0.0) -> list[WorkResult]:
-        from flywheel.rollout.episodes import play_groups
-
         if not self._queue:
             return []
         item = self._queue.popleft()
@@ -69,8 +68,8 @@ class InProcessRollouts:
         if self.threads:
             torch.set_num_threads(self.threads)
         try:
-            groups = asyncio.run(play_groups(self.env, item.tasks, self.group_size, self.engine, self.params,
-                                             self.renderer))
+            groups = self._loop.run(play_groups(self.env, item.tasks, self.group_size, self.engine, self.params,
+                                                self.renderer))
         finally:
             torch.set_num_threads(learner_threads)
         tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
@@ -81,7 +80,7 @@ class InProcessRollouts:
         return {}
 
     def close(self) -> None:
-        pass
+        self._loop.close()
 
 
 class _Worker:

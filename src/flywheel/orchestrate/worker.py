@@ -12,7 +12,6 @@ worker: a worker killed mid-send can only corrupt its own pipe, which the pool d
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 import traceback
@@ -37,6 +36,7 @@ class WorkerSpec:
     threads: int | None = None
     seed: int = 0
     device: str = "cpu"
+    nice: int = 0  # added to the worker's OS niceness: the learner, the critical path, gets the cores first
 
 
 @dataclass
@@ -85,11 +85,13 @@ def worker_main(worker_id: int, conn) -> None:
         from flywheel.inference import LocalEngine, SamplingParams
         from flywheel.models import ChatRenderer, load
         from flywheel.models.loading import quiet_transformers
-        from flywheel.rollout.episodes import play_groups
+        from flywheel.rollout.episodes import EpisodeLoop, play_groups
         from flywheel.weights import SharedMemoryTransport
 
         if spec.threads:
             torch.set_num_threads(spec.threads)
+        if spec.nice:
+            os.nice(spec.nice)
         quiet_transformers()
         env = load_env(spec.env_name, **spec.env_settings)
         model, tokenizer = load(spec.model, device=spec.device)
@@ -97,6 +99,7 @@ def worker_main(worker_id: int, conn) -> None:
         renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
         transport = SharedMemoryTransport.attach(spec.transport_name)
         params = SamplingParams(**spec.sampling)
+        loop = EpisodeLoop()
     except Exception:  # noqa: BLE001 - a start-up failure is not worth restarting for
         conn.send(WorkResult(STARTUP_FAILED, worker_id, [], -1, 0.0, 0.0, 0.0, error=traceback.format_exc()))
         conn.close()
@@ -122,7 +125,7 @@ def worker_main(worker_id: int, conn) -> None:
             t2 = time.perf_counter()
             version = engine.version
             try:
-                groups = asyncio.run(play_groups(env, item.tasks, spec.group_size, engine, params, renderer))
+                groups = loop.run(play_groups(env, item.tasks, spec.group_size, engine, params, renderer))
                 error = None
             except Exception as e:  # noqa: BLE001 - reported to the learner, which decides
                 groups, error = [], f"{type(e).__name__}: {e}"
@@ -131,6 +134,7 @@ def worker_main(worker_id: int, conn) -> None:
             conn.send(WorkResult(item.item_id, worker_id, groups, version, t3 - t2, t1 - t0, t2 - t1,
                                  tokens, error))
     finally:
+        loop.close()
         transport.close()
         conn.close()
 

@@ -94,6 +94,24 @@ async def play_groups(env_spec: Environment, tasks: list[Task], group_size: int,
     return groups
 
 
+class EpisodeLoop:
+    """One event loop kept for every batch a rollout source plays. `asyncio.run` per batch
+    costs ~7 ms (a new loop, a new executor thread for `to_thread`, and on the main thread a
+    SIGINT handler whose installation formats the running task's repr), ~10 % of a
+    one-turn arithmetic step on the tiny model."""
+
+    def __init__(self):
+        self._loop = asyncio.new_event_loop()
+
+    def run(self, coro):
+        return self._loop.run_until_complete(coro)
+
+    def close(self) -> None:
+        if not self._loop.is_closed():
+            self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            self._loop.close()
+
+
 def play_greedy(env_spec: Environment, tasks: list[Task], sampler, max_tokens: int,
                 renderer=None) -> list[Trajectory]:
     """One greedy (temperature 0) episode per task, in task order: what evaluations score."""
