@@ -196,9 +196,6 @@ class RolloutConfig(Config):
         "torch threads per worker (synchronous: while the learner's process generates); default 1 "
         "when asynchronous (small-batch decoding is bound by op dispatch, not arithmetic), else the learner's"))
     max_restarts: int = Field(3, ge=0, description="crashed workers restarted before the run stops")
-    nice: int = Field(0, ge=0, le=19, description=(
-        "OS niceness added to worker processes, so that where workers and the learner share cores the "
-        "learner (the critical path of every step) runs first and the workers fill what it leaves"))
 
 
 class RLConfig(Config):

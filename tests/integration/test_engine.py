@@ -16,10 +16,12 @@ def model_dir(request, tmp_path_factory):
                             TinySpec(hidden=64, layers=2, heads=4, kv_heads=kv, ffn=128, seed=3))
 
 
-@pytest.fixture(params=["lean", "hf"])
+@pytest.fixture(params=["lean-dense", "lean-packed", "hf"])
 def engine(request, model_dir):
-    e = LocalEngine.from_path(str(model_dir), seed=0, lean=request.param == "lean")
-    assert e.is_lean == (request.param == "lean")
+    lean = request.param.startswith("lean")
+    e = LocalEngine.from_path(str(model_dir), seed=0, lean=lean,
+                              packed=request.param == "lean-packed" if lean else None)
+    assert e.is_lean == lean
     return e
 
 

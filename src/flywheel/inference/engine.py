@@ -29,10 +29,11 @@ class LocalEngine:
     """A `Sampler` over a Hugging Face causal LM held in this process."""
 
     def __init__(self, model, tokenizer, version: int = 0, lean: bool | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, packed: bool | None = None):
         """model: a loaded HF causal LM (the engine takes it over: it is put in eval mode and
         its q/k/v and gate/up weights become views of fused tensors). lean: force (True) or
-        forbid (False) the lean forward; None picks it when the architecture allows."""
+        forbid (False) the lean forward; None picks it when the architecture allows.
+        packed: the lean forward's kernel set (inference/decoder.py; None picks by size)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.version = version
@@ -40,7 +41,7 @@ class LocalEngine:
         reason = unsupported_reason(model)
         if lean and reason:
             raise ValueError(f"lean forward unavailable: {reason}")
-        self.runner = LeanDecoder(model) if (lean is not False and reason is None) else HFRunner(model)
+        self.runner = LeanDecoder(model, packed) if (lean is not False and reason is None) else HFRunner(model)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.vocab_size = model.get_input_embeddings().weight.shape[0]

@@ -36,7 +36,6 @@ class WorkerSpec:
     threads: int | None = None
     seed: int = 0
     device: str = "cpu"
-    nice: int = 0  # added to the worker's OS niceness: the learner, the critical path, gets the cores first
 
 
 @dataclass
@@ -90,8 +89,6 @@ def worker_main(worker_id: int, conn) -> None:
 
         if spec.threads:
             torch.set_num_threads(spec.threads)
-        if spec.nice:
-            os.nice(spec.nice)
         quiet_transformers()
         env = load_env(spec.env_name, **spec.env_settings)
         model, tokenizer = load(spec.model, device=spec.device)

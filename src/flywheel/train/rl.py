@@ -145,7 +145,7 @@ def _rollout_source(cfg: RLConfig, model, tokenizer, env, renderer, n_workers: i
     spec = WorkerSpec(model=str(ckpt or cfg.model), env_name=cfg.env.name, env_settings=cfg.env.settings,
                       transport_name=transport.name, group_size=cfg.train.group_size, threads=threads,
                       seed=cfg.train.seed, device=cfg.device,
-                      sampling=_sampling(cfg), nice=cfg.rollout.nice)
+                      sampling=_sampling(cfg))
     source = ProcessRollouts(spec, n_workers, cfg.rollout.max_restarts, log)
     stack.callback(source.close)
     return source, engine
