@@ -1,4 +1,4 @@
-"""`flywheel demo`: the flagship demo (flywheel.demo.run)."""
+"""`flywheel demo`: the flagship demo (flywheel.demo.run); its defaults are the demo's own."""
 
 from __future__ import annotations
 
@@ -6,15 +6,21 @@ from pathlib import Path
 
 import typer
 
+from flywheel.demo.run import RECIPE
+from flywheel.demo.world import WorldConfig
+
+_W = WorldConfig()
+
 
 def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's data dir (recreated)"),
-         weeks: int = typer.Option(3, min=1, max=3), days: int = typer.Option(3, min=1, help="traffic batches + cycles per week from week 2"),
-         episodes: int = typer.Option(600, min=1, help="episodes per day"),
-         correction_rate: float = typer.Option(0.5, min=0.0, max=1.0, help="share of failures users correct"),
-         sft_steps: int = typer.Option(300, min=1), rl_steps: int = typer.Option(40, min=0),
-         eval_tasks: int = typer.Option(200, min=1, help="tasks per family suite"),
-         replay_ratio: float = typer.Option(0.5, min=0.0, help="verified earlier answers rehearsed per SFT example"),
-         dpo_steps: int = typer.Option(0, min=0, help="DPO steps on correction vs failed-answer pairs; 0 = off"),
+         weeks: int = typer.Option(_W.weeks, min=1, max=3),
+         days: int = typer.Option(_W.days_per_week, min=1, help="traffic batches + cycles per week from week 2"),
+         episodes: int = typer.Option(_W.episodes_per_day, min=1, help="episodes per day"),
+         correction_rate: float = typer.Option(_W.correction_rate, min=0.0, max=1.0, help="share of failures users correct"),
+         sft_steps: int = typer.Option(RECIPE.sft_steps, min=1), rl_steps: int = typer.Option(RECIPE.rl_steps, min=0),
+         eval_tasks: int = typer.Option(RECIPE.eval_tasks, min=1, help="tasks per family suite"),
+         replay_ratio: float = typer.Option(RECIPE.replay_ratio, min=0.0, help="verified answers rehearsed per SFT example"),
+         dpo_steps: int = typer.Option(RECIPE.dpo_steps, min=0, help="DPO steps on correction vs failed-answer pairs; 0 = off"),
          threads: int = typer.Option(2, min=1)) -> None:
     """A simulated production world drifts week by week; the flywheel serves it, curates its
     failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""

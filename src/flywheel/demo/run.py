@@ -34,6 +34,20 @@ from flywheel.demo.report import pct
 from flywheel.demo.world import ENV, WorldConfig, day_plan
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """What each cycle trains and scores: the defaults of `make demo` (and of `flywheel demo`)."""
+
+    sft_steps: int = 300
+    rl_steps: int = 40
+    eval_tasks: int = 200  # tasks per family suite
+    replay_ratio: float = 0.5  # verified answers rehearsed per SFT example
+    dpo_steps: int = 0  # DPO on (correction, failed answer) pairs after SFT; 0 = off
+
+
+RECIPE = Recipe()
+
+
 @dataclass
 class DayRow:
     week: int
@@ -55,7 +69,7 @@ class DayRow:
 
 
 def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int, eval_tasks: int, threads: int,
-                replay_ratio: float = 1.0, dpo_steps: int = 0) -> dict:
+                replay_ratio: float, dpo_steps: int) -> dict:
     return {
         "data_dir": str(out),
         "curation": {"heldout_fraction": 0.25, "min_heldout": 1},
@@ -78,8 +92,9 @@ def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int,
     }
 
 
-def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = 300, rl_steps: int = 40, eval_tasks: int = 200,
-             threads: int = 2, replay_ratio: float = 0.5, dpo_steps: int = 0, base_recipe: dict | None = None,
+def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = RECIPE.sft_steps, rl_steps: int = RECIPE.rl_steps,
+             eval_tasks: int = RECIPE.eval_tasks, threads: int = 2, replay_ratio: float = RECIPE.replay_ratio,
+             dpo_steps: int = RECIPE.dpo_steps, base_recipe: dict | None = None,
              console=None) -> tuple[list[DayRow], dict[str, Any]]:
     import torch
     from rich.console import Console
@@ -239,16 +254,20 @@ def _write_report(fw, out: Path, rows: list[DayRow], console) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="flywheel demo: a drifting world, served, curated, trained, gated")
     ap.add_argument("--out", default="flywheel-data/demo", help="the demo's data dir (recreated)")
-    ap.add_argument("--weeks", type=int, default=3)
-    ap.add_argument("--days", type=int, default=3, help="traffic batches (each followed by a cycle) per week from week 2")
-    ap.add_argument("--episodes", type=int, default=600, help="episodes per day")
-    ap.add_argument("--correction-rate", type=float, default=0.5, help="share of failures whose user sends a fix")
-    ap.add_argument("--sft-steps", type=int, default=300)
-    ap.add_argument("--rl-steps", type=int, default=40)
-    ap.add_argument("--eval-tasks", type=int, default=200)
-    ap.add_argument("--replay-ratio", type=float, default=0.5,
-                    help="verified answers of earlier families rehearsed per SFT example")
-    ap.add_argument("--dpo-steps", type=int, default=0, help="DPO on (correction, failed answer) pairs after SFT; 0 = off")
+    w = WorldConfig()
+    ap.add_argument("--weeks", type=int, default=w.weeks)
+    ap.add_argument("--days", type=int, default=w.days_per_week,
+                    help="traffic batches (each followed by a cycle) per week from week 2")
+    ap.add_argument("--episodes", type=int, default=w.episodes_per_day, help="episodes per day")
+    ap.add_argument("--correction-rate", type=float, default=w.correction_rate,
+                    help="share of failures whose user sends a fix")
+    ap.add_argument("--sft-steps", type=int, default=RECIPE.sft_steps)
+    ap.add_argument("--rl-steps", type=int, default=RECIPE.rl_steps)
+    ap.add_argument("--eval-tasks", type=int, default=RECIPE.eval_tasks, help="tasks per family suite")
+    ap.add_argument("--replay-ratio", type=float, default=RECIPE.replay_ratio,
+                    help="verified answers rehearsed per SFT example")
+    ap.add_argument("--dpo-steps", type=int, default=RECIPE.dpo_steps,
+                    help="DPO on (correction, failed answer) pairs after SFT; 0 = off")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     world = replace(WorldConfig(), weeks=args.weeks, days_per_week=args.days, episodes_per_day=args.episodes,
