@@ -318,7 +318,7 @@ def test_an_assistant_turn_costs_one_render(renderer, tok):
     real = renderer.render
     renderer.render = lambda *a, **kw: renders.append(1) or real(*a, **kw)
     try:
-        conv = ChatRenderer.start(renderer, TOOL_CHAT[:2], tools=TOOLS)
+        conv = renderer.start(TOOL_CHAT[:2], tools=TOOLS)
         conv.add_generation_prompt()
         before = len(renders)
         conv.append_sampled(tok.encode(CALL_TEXT, add_special_tokens=False), TOOL_CHAT[2])

@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="DPO on (correction, failed answer) pairs after SFT; 0 = off")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
-    world = replace(WorldConfig(), weeks=args.weeks, days_per_week=args.days, episodes_per_day=args.episodes,
+    world = replace(w, weeks=args.weeks, days_per_week=args.days, episodes_per_day=args.episodes,
                     correction_rate=args.correction_rate)
     _, s = run_demo(Path(args.out), world, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
                     eval_tasks=args.eval_tasks, threads=args.threads, replay_ratio=args.replay_ratio,

@@ -172,8 +172,9 @@ class LocalEngine:
         T_new = max(x[3] for x in settings.values())
         needs = Needs.of(temperature, top_k, top_p)  # for the whole call: rows only ever leave
         # processed logprobs differ from raw ones only under a temperature other than 0 / 1 or a filter
-        all_processed = all(processed) and (needs.scale or needs.filter)
-        mixed_processed = any(processed) and not all(processed) and (needs.scale or needs.filter)
+        differ = needs.scale or needs.filter
+        all_processed = differ and all(processed)
+        mixed_processed = differ and any(processed) and not all_processed
 
         # ---- prefill the distinct prompts once, then fan out
         cache = self.runner.new_cache(R, P + T_new)

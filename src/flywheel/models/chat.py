@@ -49,18 +49,13 @@ class ChatRenderer:
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict] | None = None,
                add_generation_prompt: bool = False) -> str:
-        key = None
-        if self.memo_size:
-            try:
-                key = orjson.dumps([messages, tools or None, add_generation_prompt])
-            except TypeError:  # not JSON (e.g. objects a template formats itself): render every time
-                key = None
-            if key is not None:
-                with self._memo_lock:
-                    text = self._memo.get(key)
-                    if text is not None:
-                        self._memo.move_to_end(key)
-                        return text
+        key = self._memo_key(messages, tools, add_generation_prompt)
+        if key is not None:
+            with self._memo_lock:
+                text = self._memo.get(key)
+                if text is not None:
+                    self._memo.move_to_end(key)
+                    return text
         text = self.tokenizer.apply_chat_template(
             list(messages), tools=list(tools) if tools else None, tokenize=False,
             add_generation_prompt=add_generation_prompt,
@@ -71,6 +66,16 @@ class ChatRenderer:
                 if len(self._memo) > self.memo_size:
                     self._memo.popitem(last=False)
         return text
+
+    def _memo_key(self, messages, tools, add_generation_prompt: bool) -> bytes | None:
+        """The render's key in the memo; None when the memo is off or the messages are not JSON
+        (objects a template formats itself): then they are rendered every time."""
+        if not self.memo_size:
+            return None
+        try:
+            return orjson.dumps([messages, tools or None, add_generation_prompt])
+        except TypeError:
+            return None
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
@@ -84,17 +89,11 @@ class ChatRenderer:
         conv.append_messages(messages)
         return conv
 
-    def assistant_text(self, history: Sequence[Message], message: Message,
-                       tools: Sequence[dict] | None) -> tuple[str, str]:
-        """Split the template's rendering of one assistant turn after `history` into
-        (text the model produces, trailing text the template adds after it), e.g.
-        ("42<|im_end|>", "\\n") for ChatML."""
-        return self.split_assistant_turn(self.render(history, tools, add_generation_prompt=True),
-                                         self.render([*history, message], tools))
-
     def split_assistant_turn(self, before: str, after: str) -> tuple[str, str]:
-        """`assistant_text` from the two renders: `before`, the history with the generation
-        prompt, and `after`, the history with the assistant message."""
+        """Split the template's rendering of one assistant turn into (text the model produces,
+        trailing text the template adds after it), e.g. ("42<|im_end|>", "\\n") for ChatML,
+        from two renders: `before`, the history with the generation prompt, and `after`, the
+        history with the assistant message."""
         if not after.startswith(before):
             raise ChatTemplateError("the chat template does not render the assistant turn "
                                     "as a continuation of the generation prompt")
