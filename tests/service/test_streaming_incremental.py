@@ -203,6 +203,37 @@ def test_the_scheduler_reports_each_step_and_aborts(model_dir):
         sched.close()
 
 
+def test_a_seeded_job_streams_step_by_step_the_samples_of_its_seed_and_can_be_aborted(model_dir):
+    engine = LocalEngine.from_path(str(model_dir))
+    sampled = SamplingParams(n=2, temperature=1.0, max_tokens=10, ignore_eos=True)
+    engine.generator.manual_seed(4)
+    want = [s.token_ids for s in engine.generate([[5, 6, 7]], sampled)[0]]
+    sched = BatchScheduler(engine, "v1", window_s=0.0)
+    try:
+        reports = []
+        result = sched.submit([5, 6, 7], sampled, seed=4, on_tokens=lambda *r: reports.append(r)).result(WAIT_S)
+        assert [s.token_ids for s in result.samples] == want  # the seed's samples, as generate gives them
+        assert len(reports) == 10 and not any(whole for _, _, whole in reports)  # one report per step
+        for i in range(2):
+            assert [t for _, tokens, _ in reports for t in tokens[i]] == want[i]
+        box, ready = {}, threading.Event()
+
+        def on_tokens(label, tokens, whole):
+            if len(box.setdefault("steps", [])) == 1:
+                assert ready.wait(WAIT_S)
+                sched.abort(box["job"])
+            box["steps"].append(tokens)
+
+        box["job"] = job = sched.submit([5, 6, 7], SamplingParams(max_tokens=200, ignore_eos=True), seed=4,
+                                        on_tokens=on_tokens)
+        ready.set()
+        cut = job.result(WAIT_S).samples[0]
+        assert cut.finish_reason == "cancelled" and len(cut.token_ids) == 2
+        assert sched.stats.seeded == 2 and sched.stats.aborted == 1
+    finally:
+        sched.close()
+
+
 def test_whole_batch_jobs_report_once_and_queued_jobs_can_be_cancelled():
     class Engine:
         def __init__(self):
@@ -265,6 +296,27 @@ def test_a_stream_is_incremental_and_matches_the_non_streamed_request(live, stor
                                                          max_tokens=64, stream=True)]
     assert sink.flush()
     assert record(store, ids[0]) == record(store, full.id)
+
+
+def test_a_seeded_stream_is_incremental_and_repeats_its_seed(live):
+    service, _, client, _, script = live
+    text = "seeded, and streamed"
+    script.set(prompt_len(service, HELLO), text)
+    received = []
+    for k, forward in enumerate([3, 6, 9], 1):  # as above: each hold proves a chunk left mid-job
+        script.hold(forward, lambda k=k: len(received) >= k)
+    seeded_before = service.scheduler.stats.seeded
+    streamed, finish, _, _, pieces = collect(
+        client.chat.completions.create(model="flywheel", messages=HELLO, temperature=1.0, max_tokens=64, seed=3,
+                                       stream=True),
+        lambda chunk: received.extend(c for c in chunk.choices if c.delta.content))
+    assert streamed == {0: text} and finish == {0: "stop"} and len(pieces[0]) >= 4
+    assert service.scheduler.stats.seeded == seeded_before + 1
+    # unscripted (the tiny model's own random logits): the stream is the seed's non-streamed sample
+    other = [{"role": "user", "content": "Another question."}]
+    ask = dict(model="flywheel", messages=other, temperature=1.0, max_tokens=12, seed=9)
+    full = client.chat.completions.create(**ask).choices[0].message.content
+    assert collect(client.chat.completions.create(**ask, stream=True))[0] == {0: full}
 
 
 def test_stop_strings_split_across_tokens_never_leak(live):

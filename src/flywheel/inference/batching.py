@@ -30,10 +30,12 @@ jobs keep arriving: until no new job came for `window_s` (a few ms), `max_wait_s
 since the first, or the batch holds `max_batch` rows. A burst whose requests the event
 loop takes a while to parse therefore starts as one batch instead of two.
 
-A job with a `seed` runs alone through `engine.generate` with the engine's generator
-re-seeded, so the same request with the same seed on the same version gives the same
-samples (the engine has one generator, so seeded jobs cannot share a batch). In
-continuous mode it runs between two steps of the running batch, which then resumes.
+A job with a `seed` runs alone with the engine's generator re-seeded, so the same request
+with the same seed on the same version gives the same samples (the engine has one
+generator, so seeded jobs cannot share a batch). In continuous mode it is a batch of its
+own, stepped like any other (it streams token by token and can be aborted; nobody joins
+it), run between two steps of the running batch, which then resumes. In whole-batch mode
+it is one `engine.generate` call.
 
 Version switching: `switch(engine, label)` only records the new engine; the worker picks
 it up once the running batch has drained (no job joins a batch after a switch was asked
@@ -47,10 +49,9 @@ Streaming: `submit(..., on_tokens=callback)` reports a job's tokens as they are 
 (keep it cheap and non-blocking; an exception in it is logged and ignored), always before
 the job's future resolves. In continuous mode that is once per decode step, right after
 sampling and before the step's forward, one token per sample row still generating (a
-row's last report holds its stop token, if any), `whole=False`. In whole-batch mode (and
-for seeded jobs, which run alone through `engine.generate`) the engine only returns whole
-results, so the whole completion is reported once, with `whole=True`, right before the
-future resolves. The text, stop strings included, is the caller's to derive (the final
+row's last report holds its stop token, if any), `whole=False`. In whole-batch mode the
+engine only returns whole results, so the whole completion is reported once, with
+`whole=True`, right before the future resolves. The text, stop strings included, is the caller's to derive (the final
 text is the resolved `Sample.text`).
 
 Aborting: `abort(future)` stops a job whose caller went away (a client that closed its
@@ -223,8 +224,11 @@ class BatchScheduler:
                     self._current, self._next = self._next, None
                     self.stats.switches += 1
                 engine, label = self._current
-                stepped = self.continuous and self._queue[0].seed is None and _steppable(engine)
-            if stepped:
+                stepped = self.continuous and _steppable(engine)
+                seeded = self._queue.popleft() if stepped and self._queue[0].seed is not None else None
+            if seeded is not None:
+                self._run_seeded(engine, label, seeded)
+            elif stepped:
                 self._run_continuous(engine, label)
             else:
                 batch = self._gather()
@@ -311,10 +315,23 @@ class BatchScheduler:
                 return  # drained: the outer loop takes what is queued (a new gather window)
             seeded, group = self._admissions(len(running.rows))
             if seeded is not None:
-                self._execute(engine, label, [seeded])  # alone, between two steps
+                self._run_seeded(engine, label, seeded)  # alone, between two steps
             group = [j for j in group if j.future.set_running_or_notify_cancel()]
             if group:
                 self.stats.joined += running.admit(group)
+
+    def _run_seeded(self, engine, label: str, job: _Job) -> None:
+        """A seeded job as a continuous batch of its own, from a re-seeded generator: nobody
+        joins it, so its samples are those of `engine.generate` after the same seeding."""
+        if not job.future.set_running_or_notify_cancel():
+            return
+        self.stats.seeded += 1
+        self.stats.batches += 1
+        _reseed(engine, job.seed)
+        solo = _RunningBatch(engine, label, self.stats, job.params.n)
+        solo.admit([job])
+        while solo.rows:
+            solo.step()
 
     def _admissions(self, rows: int) -> tuple[_Job | None, list[_Job]]:
         """What joins the running batch before its next step: a seeded job at the head of

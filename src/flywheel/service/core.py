@@ -21,7 +21,8 @@ mid-stream (`EventStream.close`) has its job aborted (its batch rows are freed a
 decode step) and what was generated is traced with the finish_reason it had ("cancelled"
 for the rows that were cut). With n > 1 every choice streams under its index; a choice's
 last chunks come when its whole job (all n samples) has ended. In whole-batch mode (an
-engine that cannot step, and seeded requests) a job's text comes as one piece at its end.
+engine that cannot step) a job's text comes as one piece at its end; seeded requests on
+the lean engine stream like the others.
 
 Versions: the service serves one model under a stable name (`name`, what clients put in
 `model`) and a version label (the registry's version), reported in every response as
