@@ -224,6 +224,18 @@ def test_iter_traces_streams_in_pages_with_filters(store):
     assert store.count(source="b") == 4 and store.count(with_feedback=True) == 2
 
 
+def test_feedback_after_pages_through_new_feedback_on_traces_after_a_cursor(store):
+    ids = store.add_traces([episode(i) for i in range(4)]).ids
+    cursor = store.get(ids[1]).seq  # traces 2 and 3 come after it
+    fb = [store.add_feedback(ids[i], {"score": float(i)}) for i in (0, 2, 3, 2)]
+    rows = list(store.feedback_after(batch_size=1))
+    assert [f.id for _, f in rows] == fb and [s for s, _ in rows] == sorted(s for s, _ in rows)
+    assert [f.id for _, f in store.feedback_after(after_trace_seq=cursor, batch_size=2)] == fb[1:]
+    assert [f.score for _, f in store.feedback_after(rows[2][0], after_trace_seq=cursor)] == [2.0]
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        next(store.feedback_after(batch_size=0))
+
+
 def test_sqlite_runs_in_wal_mode_and_records_the_schema_version(tmp_path):
     url = f"sqlite:///{tmp_path / 'deep' / 'traces.db'}"
     with TraceStore(url) as store:

@@ -136,11 +136,11 @@ class Flywheel:
         return 0
 
     def new_failures_since(self, cursor: int) -> int:
-        """Failed traces (curation's outcome rule) with seq > cursor."""
-        from flywheel.loop.curation_rules import outcome
+        """Failed traces (curation's outcome rule) with seq > cursor, counted afresh (a poller
+        keeps a `NewFailures` instead, which reads only what is new)."""
+        from flywheel.loop.failure_count import NewFailures
 
-        return sum(outcome(t, self.cfg.curation) == "fail"
-                   for t in self.traces.iter_traces(after_seq=cursor, with_feedback=True))
+        return NewFailures(self.cfg.curation, cursor).update(self.traces)
 
 
 # ---------------------------------------------------------------------------- the stages

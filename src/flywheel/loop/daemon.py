@@ -4,7 +4,8 @@ One process, three activities:
 - serving: the OpenAI-compatible app on `serve.host:port`, following the registry's
   production version (a promotion switches it without failing requests in flight), recording
   every response as a trace in the loop's store, and taking POST /v1/traces + feedback;
-- triggering: every `trigger.poll_s` it counts failed traces since the last cycle's cursor;
+- triggering: every `trigger.poll_s` it counts failed traces since the last cycle's cursor
+  (incrementally: a poll reads only the feedback stored since the last, failure_count.py);
   `min_new_failures` of them (or `every_s` since the last cycle) start a cycle;
 - cycles: run on this thread (cycle.py); an unfinished one is resumed first.
 
@@ -68,6 +69,7 @@ class LoopDaemon:
 
     def run(self) -> None:
         from flywheel.loop.cycle import CycleError, Flywheel, pending_cycle, run_cycle
+        from flywheel.loop.failure_count import NewFailures
         from flywheel.train.stop import clear_stop
 
         clear_stop()
@@ -76,10 +78,13 @@ class LoopDaemon:
             try:
                 self.ready.set()
                 last_cycle_at = time.monotonic()
+                counter: NewFailures | None = None
                 while not self._stop.is_set():
                     states = fw.states()
                     cursor = states[-1].trace_cursor if states else 0
-                    failures = fw.new_failures_since(cursor)
+                    if counter is None or counter.cursor != cursor:  # a cycle moved the cursor
+                        counter = NewFailures(self.cfg.curation, cursor)
+                    failures = counter.update(fw.traces)
                     due = (self.cfg.trigger.every_s is not None
                            and time.monotonic() - last_cycle_at >= self.cfg.trigger.every_s)
                     why = ("resuming an unfinished cycle" if pending_cycle(fw) is not None else

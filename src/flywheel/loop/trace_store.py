@@ -219,6 +219,28 @@ class TraceStore:
                 return
             last = rows[-1].seq
 
+    def feedback_after(self, after_seq: int = 0, after_trace_seq: int = 0,
+                       batch_size: int = 5000) -> Iterator[tuple[int, StoredFeedback]]:
+        """(seq, feedback) of the feedback stored after feedback `after_seq`, on traces after
+        trace `after_trace_seq`, in insertion order, `batch_size` rows per query: an
+        incremental reader's feed (see loop/failure_count.py). Same caveat as `iter_traces`'s
+        cursor on PostgreSQL."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        f, t = _FEEDBACK, _TRACES
+        last = after_seq
+        while True:
+            query = select(f).where(f.c.seq > last)
+            if after_trace_seq:
+                query = query.where(f.c.trace_id.in_(select(t.c.id).where(t.c.seq > after_trace_seq)))
+            with self.engine.connect() as conn:
+                rows = conn.execute(query.order_by(f.c.seq).limit(batch_size)).all()
+            for row in rows:
+                yield row.seq, _stored_feedback(row)
+            if len(rows) < batch_size:
+                return
+            last = rows[-1].seq
+
     def max_seq(self) -> int:
         """The newest trace's seq (0 when empty): a cursor covering every trace stored so far."""
         with self.engine.connect() as conn:
