@@ -294,3 +294,13 @@ def test_turns_of_one_episode_land_on_one_side_of_the_split():
                 side.setdefault(item.root_hash, set()).add(name)
     assert len(side) == 60 and all(len(s) == 1 for s in side.values())
     assert 5 < len(out.rl.heldout) == len(out.sft.heldout) < 40
+
+
+def test_replay_rows_per_sft_stage_follow_ratio_then_minimum_then_what_is_there():
+    from flywheel.loop.cycle import replay_count
+
+    assert replay_count(100, available=1000, ratio=2.0) == 200  # 2 per correction
+    assert replay_count(13, available=1000, ratio=2.0, minimum=256) == 256  # 26 would be outweighed
+    assert replay_count(200, available=1000, ratio=2.0, minimum=256) == 400  # the ratio already exceeds it
+    assert replay_count(13, available=40, ratio=2.0, minimum=256) == 40  # no more than was curated
+    assert replay_count(7, available=50, ratio=0.5) == 3  # rounded down

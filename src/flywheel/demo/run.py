@@ -39,9 +39,10 @@ class Recipe:
     """What each cycle trains and scores: the defaults of `make demo` (and of `flywheel demo`)."""
 
     sft_steps: int = 300
-    rl_steps: int = 40
+    rl_steps: int = 20  # GRPO steps after SFT: +9 points on multiply in its first cycle at 40 (see README)
     eval_tasks: int = 200  # tasks per family suite
     replay_ratio: float = 2.0  # verified answers rehearsed per SFT example (0.5 let subtract regress add: see README)
+    min_replay: int = 256  # ... and at least this many (13 corrections + 26 replays cost add 5 points: see README)
     dpo_steps: int = 0  # DPO on (correction, failed answer) pairs after SFT; 0 = off
 
 
@@ -68,14 +69,14 @@ class DayRow:
     serve_usd_per_m: float | None = None
 
 
-def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int, eval_tasks: int, threads: int,
-                replay_ratio: float, dpo_steps: int) -> dict:
+def loop_config(out: Path, world: WorldConfig, recipe: Recipe, threads: int) -> dict:
+    sft_steps, rl_steps, dpo_steps = recipe.sft_steps, recipe.rl_steps, recipe.dpo_steps
     return {
         "data_dir": str(out),
         "curation": {"heldout_fraction": 0.25, "min_heldout": 1},
         "train": {
             "order": ["sft"] + (["dpo"] if dpo_steps else []) + (["rl"] if rl_steps else []), "min_examples": 8,
-            "replay_ratio": replay_ratio,
+            "replay_ratio": recipe.replay_ratio, "min_replay": recipe.min_replay,
             "sft": {"train": {"steps": sft_steps, "batch_size": 16, "micro_batch_size": 16},
                     "optim": {"lr": 1e-3, "warmup_steps": 10, "min_lr_ratio": 0.1}, "log": {"progress": False},
                     "threads": threads},
@@ -85,17 +86,15 @@ def loop_config(out: Path, world: WorldConfig, *, sft_steps: int, rl_steps: int,
                    "threads": threads},
             "dpo": {"train": {"steps": max(dpo_steps, 1), "batch_size": 16}, "beta": 0.1, "optim": {"lr": 1e-4},
                     "log": {"progress": False}, "threads": threads}},
-        "eval": {"suites": {f.name: {"env": ENV, "settings": f.settings, "tasks": eval_tasks, "max_tokens": 120}
+        "eval": {"suites": {f.name: {"env": ENV, "settings": f.settings, "tasks": recipe.eval_tasks, "max_tokens": 120}
                             for f in world.families if f.arrives <= world.weeks},
                  "new_failures_max_tokens": 120, "new_failures_max": 200},
         "gate": {"delta": 0.05, "epsilon": 0.02},
     }
 
 
-def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = RECIPE.sft_steps, rl_steps: int = RECIPE.rl_steps,
-             eval_tasks: int = RECIPE.eval_tasks, threads: int = 2, replay_ratio: float = RECIPE.replay_ratio,
-             dpo_steps: int = RECIPE.dpo_steps, base_recipe: dict | None = None,
-             console=None) -> tuple[list[DayRow], dict[str, Any]]:
+def run_demo(out: Path, world: WorldConfig, recipe: Recipe = RECIPE, *, threads: int = 2,
+             base_recipe: dict | None = None, console=None) -> tuple[list[DayRow], dict[str, Any]]:
     import torch
     from rich.console import Console
 
@@ -111,8 +110,7 @@ def run_demo(out: Path, world: WorldConfig, *, sft_steps: int = RECIPE.sft_steps
     torch.set_num_threads(threads)
     base = base_model(base_recipe, log=console.print)
     shutil.rmtree(out, ignore_errors=True)
-    cfg = validate(loop_config(out, world, sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks,
-                               threads=threads, replay_ratio=replay_ratio, dpo_steps=dpo_steps), LoopConfig)
+    cfg = validate(loop_config(out, world, recipe, threads), LoopConfig)
     per_family = sum(world.days(w) for w in range(1, world.weeks + 1)) * world.episodes_per_day
     tasks = {f.name: load_env(ENV, **f.settings).tasks("train", n=per_family, seed=world.seed) for f in world.families}
     rows: list[DayRow] = []
@@ -266,15 +264,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--eval-tasks", type=int, default=RECIPE.eval_tasks, help="tasks per family suite")
     ap.add_argument("--replay-ratio", type=float, default=RECIPE.replay_ratio,
                     help="verified answers rehearsed per SFT example")
+    ap.add_argument("--min-replay", type=int, default=RECIPE.min_replay,
+                    help="verified answers rehearsed per SFT stage at least")
     ap.add_argument("--dpo-steps", type=int, default=RECIPE.dpo_steps,
                     help="DPO on (correction, failed answer) pairs after SFT; 0 = off")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args(argv)
     world = replace(w, weeks=args.weeks, days_per_week=args.days, episodes_per_day=args.episodes,
                     correction_rate=args.correction_rate)
-    _, s = run_demo(Path(args.out), world, sft_steps=args.sft_steps, rl_steps=args.rl_steps,
-                    eval_tasks=args.eval_tasks, threads=args.threads, replay_ratio=args.replay_ratio,
-                    dpo_steps=args.dpo_steps)
+    recipe = Recipe(sft_steps=args.sft_steps, rl_steps=args.rl_steps, eval_tasks=args.eval_tasks,
+                    replay_ratio=args.replay_ratio, min_replay=args.min_replay, dpo_steps=args.dpo_steps)
+    _, s = run_demo(Path(args.out), world, recipe, threads=args.threads)
     print(f"demo took {s['seconds'] / 60:.1f} min; " + ", ".join(
         f"{k} {pct(v['start'])} -> {pct(v['end'])}" for k, v in s["per_family"].items()))
     print(f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "

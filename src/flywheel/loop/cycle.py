@@ -192,14 +192,21 @@ def _count_lines(path: str) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def _sft_mix(files: dict[str, str], n_sft: int, ratio: float, out: Path, seed: str) -> str:
-    """sft_train.jsonl plus up to ratio x n_sft replay rows (a seeded sample), shuffled together."""
+def replay_count(n_sft: int, available: int, ratio: float, minimum: int = 0) -> int:
+    """Replay rows to mix into an SFT stage of `n_sft` examples: `ratio` per example, at least
+    `minimum` (a handful of corrections trained for a fixed number of steps is overfit unless
+    rehearsal outweighs it), at most what is `available`."""
+    return min(available, max(int(ratio * n_sft), minimum))
+
+
+def _sft_mix(files: dict[str, str], n_sft: int, mix, out: Path, seed: str) -> str:
+    """sft_train.jsonl plus replay rows (replay_count of them, a seeded sample), shuffled together."""
     import random
 
     rows = Path(files["sft_train"]).read_text(encoding="utf-8").splitlines()
     replay = Path(files["replay_train"]).read_text(encoding="utf-8").splitlines()
     rng = random.Random(seed)
-    rows += rng.sample(replay, min(len(replay), int(ratio * n_sft)))
+    rows += rng.sample(replay, replay_count(n_sft, len(replay), mix.replay_ratio, mix.min_replay))
     rng.shuffle(rows)
     atomic_write(out, "".join(r + "\n" for r in rows if r.strip()).encode())
     return str(out)
@@ -244,7 +251,7 @@ def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
         log(f"{st.id}: {stage} on {n} examples from {Path(current).name}")
         t0 = time.perf_counter()
         if stage == "sft":
-            data = _sft_mix(files, n, fw.cfg.train.replay_ratio, folder / "data" / "sft_mix.jsonl", st.id)
+            data = _sft_mix(files, n, fw.cfg.train, folder / "data" / "sft_mix.jsonl", st.id)
             result = run_sft(stage_config(fw.cfg, "sft", **common, data={"train": [data], "format": "chat"}), log=log)
         elif stage == "dpo":
             result = run_dpo(stage_config(fw.cfg, "dpo", **common, data={"train": [files["dpo_train"]]}), log=log)

@@ -30,6 +30,8 @@ class TrainMix(Config):
     min_examples: int = Field(4, ge=1, description="a stage with fewer curated train items is skipped")
     replay_ratio: float = Field(1.0, ge=0, description=(
         "SFT also rehearses the model's own verified answers (curated replay rows): up to this many per SFT example"))
+    min_replay: int = Field(0, ge=0, description=(
+        "replay rows in an SFT stage at least (when curated): a few corrections are not trained alone"))
     max_seconds: float | None = Field(None, gt=0, description="wall-clock budget for all stages of a cycle")
     max_usd: float | None = Field(None, gt=0, description="dollar budget (catalog price of `hardware` x seconds)")
     sft: dict[str, Any] = Field(default_factory=dict, description="SFTConfig fields (model, output_dir, data.train filled in)")
