@@ -21,6 +21,7 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
          eval_tasks: int = typer.Option(RECIPE.eval_tasks, min=1, help="tasks per family suite"),
          replay_ratio: float = typer.Option(RECIPE.replay_ratio, min=0.0, help="verified answers rehearsed per SFT example"),
          min_replay: int = typer.Option(RECIPE.min_replay, min=0, help="verified answers rehearsed per SFT stage at least"),
+         anchor_rows: int = typer.Option(RECIPE.anchor_rows, min=0, help="rows of the base model's SFT data rehearsed per SFT stage"),
          dpo_steps: int = typer.Option(RECIPE.dpo_steps, min=0, help="DPO steps on correction vs failed-answer pairs; 0 = off"),
          threads: int = typer.Option(2, min=1)) -> None:
     """A simulated production world drifts week by week; the flywheel serves it, curates its
@@ -30,5 +31,5 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
     main(["--out", str(out), "--weeks", str(weeks), "--days", str(days), "--episodes", str(episodes),
           "--correction-rate", str(correction_rate), "--sft-steps", str(sft_steps), "--rl-steps", str(rl_steps),
           "--eval-tasks", str(eval_tasks), "--replay-ratio", str(replay_ratio),
-          "--min-replay", str(min_replay), "--dpo-steps", str(dpo_steps),
+          "--min-replay", str(min_replay), "--anchor-rows", str(anchor_rows), "--dpo-steps", str(dpo_steps),
           "--threads", str(threads)])

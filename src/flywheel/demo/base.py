@@ -33,6 +33,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("FLYWHEEL_CACHE") or Path.home() / ".cache" / "flywheel")
 
 
+def base_demos(final: Path) -> Path:
+    """The SFT rows the base model at `final` (what base_model returned) was trained on."""
+    return Path(final).parent.parent / "demos.jsonl"
+
+
 def base_model(recipe: dict | None = None, root: Path | None = None, log: Callable[[str], None] = print) -> Path:
     """The cached base model folder for `recipe` (default RECIPE), built if missing."""
     from flywheel.config import SFTConfig, validate

@@ -43,6 +43,7 @@ class Recipe:
     eval_tasks: int = 200  # tasks per family suite
     replay_ratio: float = 2.0  # verified answers rehearsed per SFT example (0.5 let subtract regress add: see README)
     min_replay: int = 256  # ... and at least this many (13 corrections + 26 replays cost add 5 points: see README)
+    anchor_rows: int = 256  # rows of the base model's own SFT data rehearsed per SFT stage (see README)
     dpo_steps: int = 0  # DPO on (correction, failed answer) pairs after SFT; 0 = off
 
 
@@ -69,7 +70,7 @@ class DayRow:
     serve_usd_per_m: float | None = None
 
 
-def loop_config(out: Path, world: WorldConfig, recipe: Recipe, threads: int) -> dict:
+def loop_config(out: Path, world: WorldConfig, recipe: Recipe, threads: int, anchor_data: list[str]) -> dict:
     sft_steps, rl_steps, dpo_steps = recipe.sft_steps, recipe.rl_steps, recipe.dpo_steps
     return {
         "data_dir": str(out),
@@ -77,6 +78,7 @@ def loop_config(out: Path, world: WorldConfig, recipe: Recipe, threads: int) -> 
         "train": {
             "order": ["sft"] + (["dpo"] if dpo_steps else []) + (["rl"] if rl_steps else []), "min_examples": 8,
             "replay_ratio": recipe.replay_ratio, "min_replay": recipe.min_replay,
+            "anchor_data": anchor_data, "anchor_rows": recipe.anchor_rows,
             "sft": {"train": {"steps": sft_steps, "batch_size": 16, "micro_batch_size": 16},
                     "optim": {"lr": 1e-3, "warmup_steps": 10, "min_lr_ratio": 0.1}, "log": {"progress": False},
                     "threads": threads},
@@ -99,7 +101,7 @@ def run_demo(out: Path, world: WorldConfig, recipe: Recipe = RECIPE, *, threads:
     from rich.console import Console
 
     from flywheel.config import validate
-    from flywheel.demo.base import base_model
+    from flywheel.demo.base import base_demos, base_model
     from flywheel.demo.users import run_day
     from flywheel.envs import load_env
     from flywheel.loop.cycle import Flywheel, run_cycle
@@ -110,7 +112,7 @@ def run_demo(out: Path, world: WorldConfig, recipe: Recipe = RECIPE, *, threads:
     torch.set_num_threads(threads)
     base = base_model(base_recipe, log=console.print)
     shutil.rmtree(out, ignore_errors=True)
-    cfg = validate(loop_config(out, world, recipe, threads), LoopConfig)
+    cfg = validate(loop_config(out, world, recipe, threads, [str(base_demos(base))]), LoopConfig)
     per_family = sum(world.days(w) for w in range(1, world.weeks + 1)) * world.episodes_per_day
     tasks = {f.name: load_env(ENV, **f.settings).tasks("train", n=per_family, seed=world.seed) for f in world.families}
     rows: list[DayRow] = []
@@ -266,6 +268,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="verified answers rehearsed per SFT example")
     ap.add_argument("--min-replay", type=int, default=RECIPE.min_replay,
                     help="verified answers rehearsed per SFT stage at least")
+    ap.add_argument("--anchor-rows", type=int, default=RECIPE.anchor_rows,
+                    help="rows of the base model's SFT data rehearsed per SFT stage")
     ap.add_argument("--dpo-steps", type=int, default=RECIPE.dpo_steps,
                     help="DPO on (correction, failed answer) pairs after SFT; 0 = off")
     ap.add_argument("--threads", type=int, default=2)
@@ -273,7 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     world = replace(w, weeks=args.weeks, days_per_week=args.days, episodes_per_day=args.episodes,
                     correction_rate=args.correction_rate)
     recipe = Recipe(sft_steps=args.sft_steps, rl_steps=args.rl_steps, eval_tasks=args.eval_tasks,
-                    replay_ratio=args.replay_ratio, min_replay=args.min_replay, dpo_steps=args.dpo_steps)
+                    replay_ratio=args.replay_ratio, min_replay=args.min_replay,
+                    anchor_rows=args.anchor_rows, dpo_steps=args.dpo_steps)
     _, s = run_demo(Path(args.out), world, recipe, threads=args.threads)
     print(f"demo took {s['seconds'] / 60:.1f} min; " + ", ".join(
         f"{k} {pct(v['start'])} -> {pct(v['end'])}" for k, v in s["per_family"].items()))

@@ -199,17 +199,45 @@ def replay_count(n_sft: int, available: int, ratio: float, minimum: int = 0) -> 
     return min(available, max(int(ratio * n_sft), minimum))
 
 
-def _sft_mix(files: dict[str, str], n_sft: int, mix, out: Path, seed: str) -> str:
-    """sft_train.jsonl plus replay rows (replay_count of them, a seeded sample), shuffled together."""
+def _sft_mix(files: dict[str, str], n_sft: int, mix, out: Path, seed: str) -> tuple[str, dict[str, int]]:
+    """sft_train.jsonl plus replay rows (replay_count of them) and `anchor_rows` rows of the
+    anchor data (seeded samples), shuffled together. Returns (path, rows per part)."""
     import random
 
-    rows = Path(files["sft_train"]).read_text(encoding="utf-8").splitlines()
-    replay = Path(files["replay_train"]).read_text(encoding="utf-8").splitlines()
+    rows = [r for r in Path(files["sft_train"]).read_text(encoding="utf-8").splitlines() if r.strip()]
+    replay = [r for r in Path(files["replay_train"]).read_text(encoding="utf-8").splitlines() if r.strip()]
     rng = random.Random(seed)
-    rows += rng.sample(replay, replay_count(n_sft, len(replay), mix.replay_ratio, mix.min_replay))
+    parts = {"sft": len(rows)}
+    replayed = rng.sample(replay, replay_count(n_sft, len(replay), mix.replay_ratio, mix.min_replay))
+    anchor = anchor_rows(mix.anchor_data) if mix.anchor_rows else []
+    anchored = rng.sample(anchor, min(len(anchor), mix.anchor_rows))
+    parts.update(replay=len(replayed), anchor=len(anchored))
+    rows += replayed + anchored
     rng.shuffle(rows)
-    atomic_write(out, "".join(r + "\n" for r in rows if r.strip()).encode())
-    return str(out)
+    atomic_write(out, "".join(r + "\n" for r in rows).encode())
+    return str(out), parts
+
+
+def anchor_rows(paths: list[str]) -> list[str]:
+    """The non-empty lines of the anchor files, each checked to be a JSON object; CycleError
+    names the file and line of the first that is not (or the file that cannot be read)."""
+    rows: list[str] = []
+    for path in paths:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CycleError(f"train.anchor_data: cannot read {path!r}: {e}") from None
+        for i, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                ok = isinstance(json.loads(line), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise CycleError(f"train.anchor_data: {path}:{i} is not a JSON object (an SFT row)")
+            rows.append(line)
+    return rows
 
 
 def _budget_seconds(fw: Flywheel, st: CycleState) -> float | None:
@@ -251,7 +279,8 @@ def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
         log(f"{st.id}: {stage} on {n} examples from {Path(current).name}")
         t0 = time.perf_counter()
         if stage == "sft":
-            data = _sft_mix(files, n, fw.cfg.train, folder / "data" / "sft_mix.jsonl", st.id)
+            data, parts = _sft_mix(files, n, fw.cfg.train, folder / "data" / "sft_mix.jsonl", st.id)
+            log(f"{st.id}: sft mix: " + ", ".join(f"{v} {k}" for k, v in parts.items()))
             result = run_sft(stage_config(fw.cfg, "sft", **common, data={"train": [data], "format": "chat"}), log=log)
         elif stage == "dpo":
             result = run_dpo(stage_config(fw.cfg, "dpo", **common, data={"train": [files["dpo_train"]]}), log=log)

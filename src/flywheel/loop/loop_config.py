@@ -32,6 +32,10 @@ class TrainMix(Config):
         "SFT also rehearses the model's own verified answers (curated replay rows): up to this many per SFT example"))
     min_replay: int = Field(0, ge=0, description=(
         "replay rows in an SFT stage at least (when curated): a few corrections are not trained alone"))
+    anchor_data: list[str] = Field(default_factory=list, description=(
+        "chat SFT files (JSONL) every SFT stage rehearses: skills production traffic may not exercise, "
+        "e.g. the base model's own SFT data"))
+    anchor_rows: int = Field(256, ge=0, description="rows sampled from anchor_data per SFT stage")
     max_seconds: float | None = Field(None, gt=0, description="wall-clock budget for all stages of a cycle")
     max_usd: float | None = Field(None, gt=0, description="dollar budget (catalog price of `hardware` x seconds)")
     sft: dict[str, Any] = Field(default_factory=dict, description="SFTConfig fields (model, output_dir, data.train filled in)")
