@@ -304,3 +304,29 @@ def test_replay_rows_per_sft_stage_follow_ratio_then_minimum_then_what_is_there(
     assert replay_count(200, available=1000, ratio=2.0, minimum=256) == 400  # the ratio already exceeds it
     assert replay_count(13, available=40, ratio=2.0, minimum=256) == 40  # no more than was curated
     assert replay_count(7, available=50, ratio=0.5) == 3  # rounded down
+
+
+def test_an_sft_stage_mixes_corrections_replay_and_anchor_rows(tmp_path):
+    from types import SimpleNamespace
+
+    from flywheel.loop.cycle import CycleError, _sft_mix, anchor_rows
+
+    def jsonl(name: str, n: int) -> str:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"{name} {i}"}]}) + "\n"
+                                for i in range(n)) + "\n", encoding="utf-8")
+        return str(path)
+
+    files = {"sft_train": jsonl("sft", 3), "replay_train": jsonl("replay", 50)}
+    mix = SimpleNamespace(replay_ratio=2.0, min_replay=10, anchor_data=[jsonl("a1", 4), jsonl("a2", 4)], anchor_rows=5)
+    path, parts = _sft_mix(files, 3, mix, tmp_path / "mix.jsonl", "c1")
+    assert parts == {"sft": 3, "replay": 10, "anchor": 5}
+    kinds = [json.loads(line)["messages"][0]["content"].split()[0] for line in open(path, encoding="utf-8")]
+    assert sorted(set(kinds)) == ["a1", "a2", "replay", "sft"] and len(kinds) == 18
+    again, _ = _sft_mix(files, 3, mix, tmp_path / "again.jsonl", "c1")
+    assert open(again).read() == open(path).read()  # seeded by the cycle: a resumed cycle mixes the same rows
+    (tmp_path / "bad.jsonl").write_text('{"messages": []}\n\n[1, 2]\n', encoding="utf-8")
+    with pytest.raises(CycleError, match=r"bad.jsonl:3 is not a JSON object"):
+        anchor_rows([str(tmp_path / "bad.jsonl")])
+    with pytest.raises(CycleError, match=r"cannot read '.*missing.jsonl'"):
+        anchor_rows([str(tmp_path / "missing.jsonl")])
