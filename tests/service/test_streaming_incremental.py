@@ -230,6 +230,14 @@ def test_a_seeded_job_streams_step_by_step_the_samples_of_its_seed_and_can_be_ab
         cut = job.result(WAIT_S).samples[0]
         assert cut.finish_reason == "cancelled" and len(cut.token_ids) == 2
         assert sched.stats.seeded == 2 and sched.stats.aborted == 1
+        # 3 rows ending at different steps (a quarter of the bytes stop them): still the seed's samples
+        ragged = SamplingParams(n=3, temperature=1.0, max_tokens=24, stop_token_ids=list(range(0, 256, 4)))
+        runs = [[s.token_ids for s in sched.submit([5, 6, 7], ragged, seed=8).result(WAIT_S).samples]
+                for _ in range(2)]
+        assert runs[0] == runs[1] and len({len(t) for t in runs[0]}) > 1
+        with pytest.raises(ValueError, match="seed 1180591620717411303424"):  # torch refuses it: the job fails ...
+            sched.submit([5, 6, 7], sampled, seed=2**70).result(WAIT_S)
+        assert len(sched.submit([5, 6, 7], sampled, seed=4).result(WAIT_S).samples) == 2  # ... not the worker
     finally:
         sched.close()
 
@@ -317,6 +325,8 @@ def test_a_seeded_stream_is_incremental_and_repeats_its_seed(live):
     ask = dict(model="flywheel", messages=other, temperature=1.0, max_tokens=12, seed=9)
     full = client.chat.completions.create(**ask).choices[0].message.content
     assert collect(client.chat.completions.create(**ask, stream=True))[0] == {0: full}
+    r = httpx.post(str(client.base_url) + "chat/completions", json={**ask, "seed": 2**64})
+    assert r.status_code == 400 and "seed" in r.text
 
 
 def test_stop_strings_split_across_tokens_never_leak(live):

@@ -309,7 +309,7 @@ def test_replay_rows_per_sft_stage_follow_ratio_then_minimum_then_what_is_there(
 def test_an_sft_stage_mixes_corrections_replay_and_anchor_rows(tmp_path):
     from types import SimpleNamespace
 
-    from flywheel.loop.cycle import CycleError, _sft_mix, anchor_rows
+    from flywheel.loop.cycle import CycleError, _sft_mix, read_anchor_rows
 
     def jsonl(name: str, n: int) -> str:
         path = tmp_path / name
@@ -325,8 +325,17 @@ def test_an_sft_stage_mixes_corrections_replay_and_anchor_rows(tmp_path):
     assert sorted(set(kinds)) == ["a1", "a2", "replay", "sft"] and len(kinds) == 18
     again, _ = _sft_mix(files, 3, mix, tmp_path / "again.jsonl", "c1")
     assert open(again).read() == open(path).read()  # seeded by the cycle: a resumed cycle mixes the same rows
-    (tmp_path / "bad.jsonl").write_text('{"messages": []}\n\n[1, 2]\n', encoding="utf-8")
-    with pytest.raises(CycleError, match=r"bad.jsonl:3 is not a JSON object"):
-        anchor_rows([str(tmp_path / "bad.jsonl")])
+    for bad in ("[1, 2]", '{"prompt": "x"}', "{not json"):
+        (tmp_path / "bad.jsonl").write_text('{"messages": []}\n\n' + bad + "\n", encoding="utf-8")
+        with pytest.raises(CycleError, match=r"bad.jsonl:3 is not a chat SFT row"):
+            read_anchor_rows([str(tmp_path / "bad.jsonl")])
     with pytest.raises(CycleError, match=r"cannot read '.*missing.jsonl'"):
-        anchor_rows([str(tmp_path / "missing.jsonl")])
+        read_anchor_rows([str(tmp_path / "missing.jsonl")])
+    from flywheel.config import validate
+    from flywheel.loop.cycle import Flywheel
+    from flywheel.loop.loop_config import LoopConfig
+
+    cfg = validate({"data_dir": str(tmp_path / "loop"), "train": {"anchor_data": [str(tmp_path / "bad.jsonl")]}},
+                   LoopConfig)
+    with pytest.raises(CycleError, match=r"bad.jsonl:3"):  # up front, not in every cycle
+        Flywheel(cfg)

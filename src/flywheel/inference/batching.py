@@ -51,8 +51,8 @@ the job's future resolves. In continuous mode that is once per decode step, righ
 sampling and before the step's forward, one token per sample row still generating (a
 row's last report holds its stop token, if any), `whole=False`. In whole-batch mode the
 engine only returns whole results, so the whole completion is reported once, with
-`whole=True`, right before the future resolves. The text, stop strings included, is the caller's to derive (the final
-text is the resolved `Sample.text`).
+`whole=True`, right before the future resolves. The text, stop strings included, is the
+caller's to derive (the final text is the resolved `Sample.text`).
 
 Aborting: `abort(future)` stops a job whose caller went away (a client that closed its
 stream). A job still queued is cancelled (it never runs; the future is cancelled). A job
@@ -322,12 +322,17 @@ class BatchScheduler:
 
     def _run_seeded(self, engine, label: str, job: _Job) -> None:
         """A seeded job as a continuous batch of its own, from a re-seeded generator: nobody
-        joins it, so its samples are those of `engine.generate` after the same seeding."""
+        joins it, so its samples depend on the seed and the job alone (for n <= 2 they are
+        those of `engine.generate` after the same seeding; see _RunningBatch on row order)."""
         if not job.future.set_running_or_notify_cancel():
+            return
+        try:
+            _reseed(engine, job.seed)
+        except Exception as e:  # noqa: BLE001 - e.g. a seed torch refuses: this job fails, not the worker
+            job.future.set_exception(ValueError(f"seed {job.seed}: {e}"))
             return
         self.stats.seeded += 1
         self.stats.batches += 1
-        _reseed(engine, job.seed)
         solo = _RunningBatch(engine, label, self.stats, job.params.n)
         solo.admit([job])
         while solo.rows:
@@ -392,7 +397,9 @@ class _RunningBatch:
     the current column; a row that leaves is replaced by one from the end (one row copied, not
     the whole cache). The buffer is reallocated only when rows or columns run out, and
     then compacted (columns no live row sees are dropped). Numerically, a batch that
-    nobody joins is `LocalEngine.generate`."""
+    nobody joins is `LocalEngine.generate`, up to the order of its rows: sampling noise is
+    drawn per batch position, and a leaving row's place goes to the last row where generate
+    keeps the order, so with 3 or more rows ending at different steps the samples differ."""
 
     def __init__(self, engine, label: str, stats: SchedulerStats, max_rows: int):
         import torch

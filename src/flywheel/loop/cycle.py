@@ -94,6 +94,8 @@ class Flywheel:
         from flywheel.loop.registry import Registry
         from flywheel.loop.trace_store import TraceStore
 
+        if cfg.train.anchor_rows:
+            read_anchor_rows(cfg.train.anchor_data)  # a bad anchor file fails here, once, not every cycle
         self.cfg = cfg
         self.root = cfg.root
         self.cycles_dir = self.root / "cycles"
@@ -209,7 +211,7 @@ def _sft_mix(files: dict[str, str], n_sft: int, mix, out: Path, seed: str) -> tu
     rng = random.Random(seed)
     parts = {"sft": len(rows)}
     replayed = rng.sample(replay, replay_count(n_sft, len(replay), mix.replay_ratio, mix.min_replay))
-    anchor = anchor_rows(mix.anchor_data) if mix.anchor_rows else []
+    anchor = read_anchor_rows(mix.anchor_data) if mix.anchor_rows else []
     anchored = rng.sample(anchor, min(len(anchor), mix.anchor_rows))
     parts.update(replay=len(replayed), anchor=len(anchored))
     rows += replayed + anchored
@@ -218,9 +220,10 @@ def _sft_mix(files: dict[str, str], n_sft: int, mix, out: Path, seed: str) -> tu
     return str(out), parts
 
 
-def anchor_rows(paths: list[str]) -> list[str]:
-    """The non-empty lines of the anchor files, each checked to be a JSON object; CycleError
-    names the file and line of the first that is not (or the file that cannot be read)."""
+def read_anchor_rows(paths: list[str]) -> list[str]:
+    """The non-empty lines of the anchor files, each checked to be a JSON object with a
+    `messages` list (run_sft validates the rest); CycleError names the file and line of the
+    first that is not, or the file that cannot be read."""
     rows: list[str] = []
     for path in paths:
         try:
@@ -231,11 +234,12 @@ def anchor_rows(paths: list[str]) -> list[str]:
             if not line.strip():
                 continue
             try:
-                ok = isinstance(json.loads(line), dict)
+                row = json.loads(line)
             except ValueError:
-                ok = False
-            if not ok:
-                raise CycleError(f"train.anchor_data: {path}:{i} is not a JSON object (an SFT row)")
+                row = None
+            if not (isinstance(row, dict) and isinstance(row.get("messages"), list)):
+                raise CycleError(f"train.anchor_data: {path}:{i} is not a chat SFT row "
+                                 "(a JSON object with a 'messages' list)")
             rows.append(line)
     return rows
 

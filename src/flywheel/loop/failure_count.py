@@ -9,6 +9,11 @@ latest by created_at, ties to the later stored, i.e. the higher feedback seq). S
 keeps that feedback's (created_at, seq, verdict); new feedback replaces it when it sorts
 later, and the count of "fail" verdicts follows. Memory: one small tuple per trace with a
 verdict since the cursor.
+
+On SQLite seq follows commit order, so nothing is skipped. On PostgreSQL a feedback row
+whose transaction commits after a later seq was read stays uncounted until the cursor moves
+(the next cycle recounts from scratch): a trigger may fire one poll late, a cycle never
+misses the row (curation reads every trace).
 """
 
 from __future__ import annotations

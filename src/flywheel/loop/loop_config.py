@@ -29,7 +29,7 @@ class TrainMix(Config):
                                description="stages in the order they run; each starts from the previous one's model")
     min_examples: int = Field(4, ge=1, description="a stage with fewer curated train items is skipped")
     replay_ratio: float = Field(1.0, ge=0, description=(
-        "SFT also rehearses the model's own verified answers (curated replay rows): up to this many per SFT example"))
+        "SFT also rehearses the model's own verified answers (curated replay rows): this many per SFT example"))
     min_replay: int = Field(0, ge=0, description=(
         "replay rows in an SFT stage at least (when curated): a few corrections are not trained alone"))
     anchor_data: list[str] = Field(default_factory=list, description=(

@@ -231,8 +231,8 @@ class TraceStore:
         last = after_seq
         while True:
             query = select(f).where(f.c.seq > last)
-            if after_trace_seq:
-                query = query.where(f.c.trace_id.in_(select(t.c.id).where(t.c.seq > after_trace_seq)))
+            if after_trace_seq:  # walks the feedback by seq, one trace lookup (unique id index) per row
+                query = query.join(t, t.c.id == f.c.trace_id).where(t.c.seq > after_trace_seq)
             with self.engine.connect() as conn:
                 rows = conn.execute(query.order_by(f.c.seq).limit(batch_size)).all()
             for row in rows:

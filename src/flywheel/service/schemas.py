@@ -26,7 +26,7 @@ class _Body(BaseModel):
     top_p: float = Field(default=1.0, ge=0, le=1, allow_inf_nan=False)
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)  # what torch.Generator.manual_seed takes
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     user: str | None = None
