@@ -333,10 +333,12 @@ class BatchScheduler:
             return
         self.stats.seeded += 1
         self.stats.batches += 1
+        interrupted = self.stats.live_rows  # the running batch's, which the solo batch's steps overwrite
         solo = _RunningBatch(engine, label, self.stats, job.params.n)
         solo.admit([job])
         while solo.rows:
             solo.step()
+        self.stats.live_rows = interrupted
 
     def _admissions(self, rows: int) -> tuple[_Job | None, list[_Job]]:
         """What joins the running batch before its next step: a seeded job at the head of
