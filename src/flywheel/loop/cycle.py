@@ -94,8 +94,8 @@ class Flywheel:
         from flywheel.loop.registry import Registry
         from flywheel.loop.trace_store import TraceStore
 
-        if cfg.train.anchor_rows:
-            read_anchor_rows(cfg.train.anchor_data)  # a bad anchor file fails here, once, not every cycle
+        # read once, when the loop opens: a bad anchor file fails here, not in every cycle
+        self.anchor = read_anchor_rows(cfg.train.anchor_data) if cfg.train.anchor_rows else []
         self.cfg = cfg
         self.root = cfg.root
         self.cycles_dir = self.root / "cycles"
@@ -201,19 +201,18 @@ def replay_count(n_sft: int, available: int, ratio: float, minimum: int = 0) -> 
     return min(available, max(int(ratio * n_sft), minimum))
 
 
-def _sft_mix(files: dict[str, str], n_sft: int, mix, out: Path, seed: str) -> tuple[str, dict[str, int]]:
-    """sft_train.jsonl plus replay rows (replay_count of them) and `anchor_rows` rows of the
-    anchor data (seeded samples), shuffled together. Returns (path, rows per part)."""
+def _sft_mix(files: dict[str, str], n_sft: int, mix, anchor: list[str], out: Path,
+             seed: str) -> tuple[str, dict[str, int]]:
+    """sft_train.jsonl plus replay rows (replay_count of them) and `mix.anchor_rows` of the
+    `anchor` rows (seeded samples), shuffled together. Returns (path, rows per part)."""
     import random
 
     rows = [r for r in Path(files["sft_train"]).read_text(encoding="utf-8").splitlines() if r.strip()]
     replay = [r for r in Path(files["replay_train"]).read_text(encoding="utf-8").splitlines() if r.strip()]
     rng = random.Random(seed)
-    parts = {"sft": len(rows)}
     replayed = rng.sample(replay, replay_count(n_sft, len(replay), mix.replay_ratio, mix.min_replay))
-    anchor = read_anchor_rows(mix.anchor_data) if mix.anchor_rows else []
     anchored = rng.sample(anchor, min(len(anchor), mix.anchor_rows))
-    parts.update(replay=len(replayed), anchor=len(anchored))
+    parts = {"sft": len(rows), "replay": len(replayed), "anchor": len(anchored)}
     rows += replayed + anchored
     rng.shuffle(rows)
     atomic_write(out, "".join(r + "\n" for r in rows).encode())
@@ -283,7 +282,7 @@ def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
         log(f"{st.id}: {stage} on {n} examples from {Path(current).name}")
         t0 = time.perf_counter()
         if stage == "sft":
-            data, parts = _sft_mix(files, n, fw.cfg.train, folder / "data" / "sft_mix.jsonl", st.id)
+            data, parts = _sft_mix(files, n, fw.cfg.train, fw.anchor, folder / "data" / "sft_mix.jsonl", st.id)
             log(f"{st.id}: sft mix: " + ", ".join(f"{v} {k}" for k, v in parts.items()))
             result = run_sft(stage_config(fw.cfg, "sft", **common, data={"train": [data], "format": "chat"}), log=log)
         elif stage == "dpo":
