@@ -16,15 +16,18 @@ SMALL_BASE = {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64, "demos": 200, "s
 
 def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     from flywheel.demo import base as demo_base
-    from flywheel.demo.run import main
+    from typer.main import get_command
+
+    from flywheel.cli.main import app
     from flywheel.loop import Registry
     from flywheel.loop.trace_store import TraceStore
 
     monkeypatch.setenv("FLYWHEEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(demo_base, "RECIPE", {**SMALL_BASE, "family": demo_base.RECIPE["family"]})
     out = tmp_path / "demo"
-    main(["--out", str(out), "--weeks", "2", "--days", "1", "--episodes", "24", "--sft-steps", "4",
-          "--rl-steps", "1", "--eval-tasks", "8", "--correction-rate", "1.0"])
+    get_command(app).main(["demo", "--out", str(out), "--weeks", "2", "--days", "1", "--episodes", "24",
+                           "--sft-steps", "4", "--rl-steps", "1", "--eval-tasks", "8", "--correction-rate", "1.0"],
+                          standalone_mode=False)
     lines = capsys.readouterr().out.strip().splitlines()
     m = re.fullmatch(r"demo: new_family_before=(\S+) new_family_after=(\S+) old_delta=(\S+) cycles=2", lines[-1])
     assert m, lines[-1]

@@ -1,12 +1,14 @@
-"""`flywheel demo`: the flagship demo (flywheel.demo.run); its defaults are the demo's own."""
+"""`flywheel demo` (and `python -m flywheel.demo`): the flagship demo (flywheel.demo.run); its
+defaults are the demo's own (Recipe, WorldConfig)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
-from flywheel.demo.run import RECIPE
+from flywheel.demo.run import RECIPE, Recipe, run_demo, summary_lines
 from flywheel.demo.world import WorldConfig
 
 _W = WorldConfig()
@@ -26,10 +28,9 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
          threads: int = typer.Option(2, min=1)) -> None:
     """A simulated production world drifts week by week; the flywheel serves it, curates its
     failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""
-    from flywheel.demo.run import main
-
-    main(["--out", str(out), "--weeks", str(weeks), "--days", str(days), "--episodes", str(episodes),
-          "--correction-rate", str(correction_rate), "--sft-steps", str(sft_steps), "--rl-steps", str(rl_steps),
-          "--eval-tasks", str(eval_tasks), "--replay-ratio", str(replay_ratio),
-          "--min-replay", str(min_replay), "--anchor-rows", str(anchor_rows), "--dpo-steps", str(dpo_steps),
-          "--threads", str(threads)])
+    world = replace(_W, weeks=weeks, days_per_week=days, episodes_per_day=episodes, correction_rate=correction_rate)
+    recipe = Recipe(sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks, replay_ratio=replay_ratio,
+                    min_replay=min_replay, anchor_rows=anchor_rows, dpo_steps=dpo_steps)
+    _, summary = run_demo(out, world, recipe, threads=threads)
+    for line in summary_lines(summary):
+        print(line)

@@ -1,3 +1,7 @@
-from flywheel.demo.run import main
+"""`python -m flywheel.demo [OPTIONS]`: the same command as `flywheel demo`."""
 
-main()
+import typer
+
+from flywheel.cli.demo import demo
+
+typer.run(demo)

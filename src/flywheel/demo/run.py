@@ -22,11 +22,10 @@ from start to end, in points.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -251,36 +250,9 @@ def _write_report(fw, out: Path, rows: list[DayRow], console) -> None:
                   + ", ".join(sorted(p.name for n, p in paths.items() if n.endswith('.png'))))
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description="flywheel demo: a drifting world, served, curated, trained, gated")
-    ap.add_argument("--out", default="flywheel-data/demo", help="the demo's data dir (recreated)")
-    w = WorldConfig()
-    ap.add_argument("--weeks", type=int, default=w.weeks)
-    ap.add_argument("--days", type=int, default=w.days_per_week,
-                    help="traffic batches (each followed by a cycle) per week from week 2")
-    ap.add_argument("--episodes", type=int, default=w.episodes_per_day, help="episodes per day")
-    ap.add_argument("--correction-rate", type=float, default=w.correction_rate,
-                    help="share of failures whose user sends a fix")
-    ap.add_argument("--sft-steps", type=int, default=RECIPE.sft_steps)
-    ap.add_argument("--rl-steps", type=int, default=RECIPE.rl_steps)
-    ap.add_argument("--eval-tasks", type=int, default=RECIPE.eval_tasks, help="tasks per family suite")
-    ap.add_argument("--replay-ratio", type=float, default=RECIPE.replay_ratio,
-                    help="verified answers rehearsed per SFT example")
-    ap.add_argument("--min-replay", type=int, default=RECIPE.min_replay,
-                    help="verified answers rehearsed per SFT stage at least")
-    ap.add_argument("--anchor-rows", type=int, default=RECIPE.anchor_rows,
-                    help="rows of the base model's SFT data rehearsed per SFT stage")
-    ap.add_argument("--dpo-steps", type=int, default=RECIPE.dpo_steps,
-                    help="DPO on (correction, failed answer) pairs after SFT; 0 = off")
-    ap.add_argument("--threads", type=int, default=2)
-    args = ap.parse_args(argv)
-    world = replace(w, weeks=args.weeks, days_per_week=args.days, episodes_per_day=args.episodes,
-                    correction_rate=args.correction_rate)
-    recipe = Recipe(sft_steps=args.sft_steps, rl_steps=args.rl_steps, eval_tasks=args.eval_tasks,
-                    replay_ratio=args.replay_ratio, min_replay=args.min_replay,
-                    anchor_rows=args.anchor_rows, dpo_steps=args.dpo_steps)
-    _, s = run_demo(Path(args.out), world, recipe, threads=args.threads)
-    print(f"demo took {s['seconds'] / 60:.1f} min; " + ", ".join(
-        f"{k} {pct(v['start'])} -> {pct(v['end'])}" for k, v in s["per_family"].items()))
-    print(f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "
-          f"old_delta={s['old_delta']:+.1f} cycles={s['cycles']}")
+def summary_lines(s: dict[str, Any]) -> list[str]:
+    """The demo's closing lines; the last is the `demo: ...` line."""
+    return [f"demo took {s['seconds'] / 60:.1f} min; " + ", ".join(
+                f"{k} {pct(v['start'])} -> {pct(v['end'])}" for k, v in s["per_family"].items()),
+            f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "
+            f"old_delta={s['old_delta']:+.1f} cycles={s['cycles']}"]
