@@ -6,20 +6,25 @@ import pytest
 from fastapi.testclient import TestClient
 
 from flywheel.loop import TraceStore
+from flywheel.loop.trace_encoding import NotJSON, decode_json
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.service import OpenAIService
 from flywheel.service.app import create_app
-from flywheel.service.errors import OpenAIError
+from flywheel.service.ingest_pool import IngestPool
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
+@pytest.fixture(scope="module", params=[0, 2], ids=["in-server", "2-workers"])
+def client(request, tmp_path_factory):
+    """The app with batches prepared in a thread of the server, and in 2 worker processes
+    (every body, however small, goes to a worker)."""
     root = tmp_path_factory.mktemp("ingest")
     model = build_tiny_model(root / "m", TinySpec(hidden=64, layers=2, heads=4, ffn=128))
     service = OpenAIService(str(model), version="v1")
     store = TraceStore(f"sqlite:///{root / 'traces.db'}")
-    with TestClient(create_app(service, trace_store=store)) as c:
+    pool = IngestPool(request.param, inline_bytes=0)
+    with TestClient(create_app(service, trace_store=store, ingest_pool=pool)) as c:
         yield c, store
+    assert pool.offloaded > 0 if request.param else pool.offloaded == 0
     service.close()
     store.close()
 
@@ -87,10 +92,8 @@ def test_records_the_fast_json_decoder_would_change_are_judged_as_the_stdlib_rea
 @pytest.mark.parametrize("raw", [b'{"a": [1, 2.5, "\\u00e9", null, true]}', b'[1e999, -0.0]', b'["\\ud800"]',
                                  b'[18446744073709551615, 18446744073709551616]', b'"x"'])
 def test_decode_json_gives_what_the_stdlib_gives(raw):
-    from flywheel.service.ingest import decode_json
-
     assert repr(decode_json(raw)) == repr(json.loads(raw))
-    with pytest.raises(OpenAIError, match="not valid JSON"):
+    with pytest.raises(NotJSON, match="not valid JSON"):
         decode_json(b'{"a": ')
 
 

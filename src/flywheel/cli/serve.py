@@ -19,6 +19,9 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
           traces_db: str = typer.Option(None, "--traces-db",
                                         help="SQLAlchemy URL of the trace store (default: ./flywheel-data/traces.db)"),
           no_traces: bool = typer.Option(False, "--no-traces", help="do not record traces"),
+          ingest_workers: int = typer.Option(
+              None, min=0, help="processes that decode and validate POST /v1/traces batches "
+                                "(default: the CPU count, at most 4; 0: the server's own process)"),
           max_batch: int = typer.Option(64, min=1, help="most sample rows (sum of n) per forward batch"),
           batch_window_ms: float = typer.Option(2.0, min=0.0, help="how long a batch waits for more requests"),
           default_max_tokens: int = typer.Option(512, min=1, help="budget of chat requests that set none"),
@@ -34,6 +37,7 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
         import uvicorn
 
         from flywheel.service.app import create_app
+        from flywheel.service.ingest_pool import IngestPool, default_ingest_workers
     except ImportError as e:
         print(f"error: {e.name} is missing; install the serve extra: pip install 'flywheel[serve]'", file=sys.stderr)
         raise typer.Exit(2) from None
@@ -51,5 +55,6 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
     where = "traces off" if sink is None else f"traces -> {sink.store.url}"
     typer.echo(f"serving {name} ({service.version}) from {model} on http://{host}:{port}/v1 ({where})")
     store = None if sink is None else sink.store  # also takes traces and feedback from other stacks
-    uvicorn.run(create_app(service, close_service_on_shutdown=True, trace_store=store), host=host, port=port,
-                log_level=log_level)
+    pool = IngestPool(default_ingest_workers() if ingest_workers is None else ingest_workers)
+    uvicorn.run(create_app(service, close_service_on_shutdown=True, trace_store=store, ingest_pool=pool),
+                host=host, port=port, log_level=log_level)

@@ -26,7 +26,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from flywheel.service import responses as R
 from flywheel.service.core import EventStream, OpenAIService
 from flywheel.service.errors import OpenAIError
-from flywheel.service.ingest import decode_json
+from flywheel.service.ingest import read_json
+from flywheel.service.ingest_pool import IngestPool
 
 
 def get_service(request: Request) -> OpenAIService:
@@ -37,7 +38,7 @@ ServiceDep = Annotated[OpenAIService, Depends(get_service)]
 
 
 async def json_body(request: Request) -> Any:
-    return decode_json(await request.body())
+    return read_json(await request.body())
 
 
 BodyDep = Annotated[Any, Depends(json_body)]
@@ -71,9 +72,10 @@ class EventStreamResponse(StreamingResponse):
 
 
 def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = False, trace_store=None,
-               freeze_gc: bool = True) -> FastAPI:
+               ingest_pool: IngestPool | None = None, freeze_gc: bool = True) -> FastAPI:
     """`trace_store` (a flywheel.loop.TraceStore) enables POST /v1/traces and feedback
-    (flywheel.service.ingest).
+    (flywheel.service.ingest); `ingest_pool` prepares its batches (default: a thread of the
+    server does; `IngestPool(n)`: n worker processes). The app starts and closes the pool.
 
     freeze_gc: at startup (the model is loaded by then), collect once and move every live
     object to the garbage collector's permanent generation (`gc.freeze`). A server process
@@ -81,12 +83,18 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     full collection walked them all, ~150 ms during which the GIL is held, triggered by
     ordinary request garbage (a batch of 500 traces allocates ~30,000 containers). Frozen,
     they are skipped; what requests allocate is still collected."""
+    pool = (ingest_pool or IngestPool(0)) if trace_store is not None else None
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        if pool is not None:
+            pool.start()
         if freeze_gc:
             gc.collect()
             gc.freeze()
         yield
+        if pool is not None:
+            pool.close()
         if close_service_on_shutdown:
             service.close()
 
@@ -106,7 +114,7 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     if trace_store is not None:
         from flywheel.service.ingest import ingest_router
 
-        app.include_router(ingest_router(trace_store))
+        app.include_router(ingest_router(trace_store, pool))
 
     @app.get("/health")
     async def health(svc: ServiceDep) -> dict[str, str]:

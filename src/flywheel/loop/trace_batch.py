@@ -1,0 +1,77 @@
+"""The database-free half of trace ingestion: a batch of records made ready to be written.
+
+`TraceStore.add_traces` = `prepare_traces` (validation, canonical JSON, content hashes, ids:
+pure CPU, ~all of the work) + `TraceStore.add_prepared` (the idempotency check and the
+INSERTs, in one write transaction). The split lets the first half run wherever a core is
+free: a server hands whole request bodies to worker processes (`prepare_body`, see
+flywheel/service/ingest_pool.py) and only writes in its own process, so ingestion is not
+held to one core by the GIL. A `PreparedBatch` is plain data and pickles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import ValidationError
+
+from flywheel.loop.trace_encoding import NotJSON, decode_json, new_trace_ids, trace_row, utc_naive, validate_trace
+from flywheel.loop.trace_results import RecordResult
+from flywheel.loop.trace_schema import describe
+
+
+class NotABatch(ValueError):
+    """A request body that is JSON but not a batch of traces."""
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    size: int  # records in the batch
+    invalid: list[RecordResult]  # the records validation refused, in index order
+    rows: list[tuple[int, dict[str, Any]]]  # (index, `traces` row) of every valid record, in index order
+
+
+def prepare_traces(records: Iterable[Any], default_source: str, now: datetime | None = None) -> PreparedBatch:
+    """Validate each record on its own and build the rows of the valid ones.
+
+    default_source: for records that name none. now: the time of records that carry no
+    created_at (default: the current time)."""
+    now = utc_naive(now or datetime.now(timezone.utc))
+    invalid: list[RecordResult] = []
+    valid = []  # (index, model, record as sent, canonical JSON of its fields)
+    size = 0
+    for index, record in enumerate(records):
+        size += 1
+        try:
+            valid.append((index, *validate_trace(record)))
+        except ValidationError as e:
+            invalid.append(RecordResult(index, "invalid", reason=describe(e)))
+        except NotJSON as e:
+            invalid.append(RecordResult(index, "invalid", reason=str(e)))
+    new_ids = iter(new_trace_ids(sum(trace.id is None for _, trace, _, _ in valid)))
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for index, trace, sent, encoded in valid:
+        new_id = next(new_ids) if trace.id is None else None
+        try:
+            rows.append((index, trace_row(trace, sent, encoded, default_source, now, new_id)))
+        except NotJSON as e:  # a scalar field orjson cannot write (a lone surrogate)
+            invalid.append(RecordResult(index, "invalid", reason=str(e)))
+    invalid.sort(key=lambda r: r.index)
+    return PreparedBatch(size, invalid, rows)
+
+
+def batch_records(body: Any) -> list[Any]:
+    """The records of a decoded body: a JSON list, or an object with a list under "traces"."""
+    records = body.get("traces") if isinstance(body, dict) else body
+    if not isinstance(records, list):
+        raise NotABatch('expected a JSON list of traces or {"traces": [...]}')
+    return records
+
+
+def prepare_body(raw: bytes, default_source: str, now: datetime) -> PreparedBatch:
+    """A POST /v1/traces body, decoded and prepared; raises NotJSON or NotABatch.
+
+    A module-level function of bytes, a str and a datetime: what a worker process is sent."""
+    return prepare_traces(batch_records(decode_json(raw)), default_source, now)
