@@ -52,11 +52,11 @@ def test_the_content_hash_format_never_changes():
     value was computed by the first implementation)."""
     from flywheel.loop.trace_encoding import digest, validate_trace
 
-    trace, sent, encoded = validate_trace({
-        "idempotency_key": "k", "messages": [{"role": "user", "content": "2+2="}],
-        "response": {"role": "assistant", "content": "4"}, "created_at": "2025-01-02T03:04:05+01:00",
-        "latency_ms": 12.5, "metadata": {"b": 1, "a": [None]}})
-    assert digest(sent, encoded, trace.created_at) == "14396dcfc26e2a849a662d53468845c97d66b0d49edcdfd461495fcb284c086e"
+    sent = {"idempotency_key": "k", "messages": [{"role": "user", "content": "2+2="}],
+            "response": {"role": "assistant", "content": "4"}, "created_at": "2025-01-02T03:04:05+01:00",
+            "latency_ms": 12.5, "metadata": {"b": 1, "a": [None]}}
+    trace, encoded = validate_trace(sent)
+    assert digest(sent, encoded, trace["created_at"]) == "14396dcfc26e2a849a662d53468845c97d66b0d49edcdfd461495fcb284c086e"
 
 
 def test_generated_ids_are_time_ordered_uuids():

@@ -92,10 +92,10 @@ def test_a_trace_with_tools_and_tool_calls_round_trips(store):
         assert row.meta == sent["metadata"] and row.prompt_tokens == 43 and row.feedback == []
 
 
-def test_defaults_id_source_and_time_and_accepts_a_model_instance(store):
+def test_defaults_id_source_and_time_and_accepts_the_typed_shape(store):
     before = datetime.now(timezone.utc) - timedelta(seconds=1)
     ids = store.add_traces([{"messages": [{"role": "user", "content": "hi"}]},
-                            TraceIn.model_validate(episode(1))], source="serve").ids
+                            TraceIn(**episode(1))], source="serve").ids
     assert all(ids) and len(set(ids)) == 2
     first, second = store.get(ids[0]), store.get(ids[1])
     assert first.source == "serve" and first.created_at >= before

@@ -40,20 +40,21 @@ def prepare_traces(records: Iterable[Any], default_source: str, now: datetime | 
     created_at (default: the current time)."""
     now = utc_naive(now or datetime.now(timezone.utc))
     invalid: list[RecordResult] = []
-    valid = []  # (index, model, record as sent, canonical JSON of its fields)
+    valid = []  # (index, record as validated, record as sent, canonical JSON of its fields)
     size = 0
     for index, record in enumerate(records):
         size += 1
         try:
-            valid.append((index, *validate_trace(record)))
+            trace, encoded = validate_trace(record)
+            valid.append((index, trace, record, encoded))
         except ValidationError as e:
             invalid.append(RecordResult(index, "invalid", reason=describe(e)))
         except NotJSON as e:
             invalid.append(RecordResult(index, "invalid", reason=str(e)))
-    new_ids = iter(new_trace_ids(sum(trace.id is None for _, trace, _, _ in valid)))
+    new_ids = iter(new_trace_ids(sum(not trace.get("id") for _, trace, _, _ in valid)))
     rows: list[tuple[int, dict[str, Any]]] = []
     for index, trace, sent, encoded in valid:
-        new_id = next(new_ids) if trace.id is None else None
+        new_id = None if trace.get("id") else next(new_ids)
         try:
             rows.append((index, trace_row(trace, sent, encoded, default_source, now, new_id)))
         except NotJSON as e:  # a scalar field orjson cannot write (a lone surrogate)

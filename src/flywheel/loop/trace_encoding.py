@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
 from flywheel.loop.trace_db import Encoded
-from flywheel.loop.trace_schema import FeedbackIn, TraceIn
+from flywheel.loop.trace_schema import TRACE_IN, FeedbackIn
 
 _ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 _KNOWN_TOOLS: dict[str, None] = {}  # canonical JSON of tools lists that validated
@@ -160,47 +160,47 @@ def new_trace_id() -> str:
 _VARIANT = "89ab"  # the RFC 4122 / 9562 variant: the two top bits of the 17th hex digit are 10
 
 
-def validate_trace(record: Any) -> tuple[TraceIn, dict[str, Any], dict[str, str]]:
-    """(model, record as sent, its JSON fields as canonical JSON); raises ValidationError or NotJSON."""
-    if isinstance(record, TraceIn):
-        sent = dump(record)
-        return record, sent, encode_fields(sent)
+def validate_trace(record: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """(the record as validated, canonical JSON of its object and array fields); raises
+    ValidationError or NotJSON. The stored texts are those of the record as sent."""
     if not isinstance(record, dict):
-        return TraceIn.model_validate(record), record, {}  # raises: not an object
+        return TRACE_IN.validate_python(record), {}  # raises: not an object
     encoded = encode_fields(record)
     tools = encoded.get("tools")
     if tools is not None and tools in _KNOWN_TOOLS:
-        trace = TraceIn.model_validate({k: v for k, v in record.items() if k != "tools"})
+        trace = TRACE_IN.validate_python({k: v for k, v in record.items() if k != "tools"})
     else:
-        trace = TraceIn.model_validate(record)
+        trace = TRACE_IN.validate_python(record)
         if tools is not None:
             if len(_KNOWN_TOOLS) >= _KNOWN_TOOLS_MAX:
                 _KNOWN_TOOLS.clear()
             _KNOWN_TOOLS[tools] = None
-    return trace, record, encoded
+    return trace, encoded
 
 
-def trace_row(trace: TraceIn, sent: dict[str, Any], encoded: dict[str, str],
+def trace_row(trace: dict[str, Any], sent: dict[str, Any], encoded: dict[str, str],
               source: str, now: datetime, new_id: str | None = None) -> dict[str, Any]:
-    """The `traces` row (column name -> value) of a validated record. Its JSON columns hold
-    canonical JSON text (`JSON_COLUMNS`), which the writers store as it is.
-
-    new_id: the id if the record names none (default: a new one)."""
-    trace_id = trace.id or new_id or new_trace_id()
-    usage = trace.usage
-    created = None if trace.created_at is None else utc_naive(trace.created_at)
+    """The `traces` row (column name -> value) of a record: `trace` as validated, `sent` as
+    it came. Its JSON columns hold canonical JSON text (`JSON_COLUMNS`), which the writers
+    store as it is. new_id: the id if the record names none (default: a new one)."""
+    get = trace.get
+    trace_id = get("id") or new_id or new_trace_id()
+    usage = get("usage")
+    created = get("created_at")
+    if created is not None:
+        created = utc_naive(created)
     texts = {name: encoded.get(name) for name in JSON_COLUMNS}
     return {
         "id": trace_id,
-        "idempotency_key": trace.idempotency_key or trace_id,
+        "idempotency_key": get("idempotency_key") or trace_id,
         "content_hash": _digest(sent, encoded, created),
         "created_at": now if created is None else created,
-        "source": trace.source or source,
-        "model": trace.model,
-        "model_version": trace.model_version,
-        "prompt_tokens": usage.prompt_tokens if usage else None,
-        "completion_tokens": usage.completion_tokens if usage else None,
-        "latency_ms": trace.latency_ms,
+        "source": get("source") or source,
+        "model": get("model"),
+        "model_version": get("model_version"),
+        "prompt_tokens": usage["prompt_tokens"] if usage else None,
+        "completion_tokens": usage["completion_tokens"] if usage else None,
+        "latency_ms": get("latency_ms"),
         **texts,  # absent or null: SQL NULL
     }
 

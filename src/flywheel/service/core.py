@@ -169,10 +169,8 @@ class OpenAIService:
         t0 = time.perf_counter()
         req = _parse(ChatCompletionRequest, body)
         self._check_model(req.model)
-        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
-        if req.tool_choice == "none":
-            tools = None
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = None if req.tool_choice == "none" else req.tool_dicts()
+        messages = req.message_dicts()
         if self._renderer is None:
             raise bad("messages", "this model has no chat template; use /v1/completions")
         try:

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible endpoints (responses are built as plain dicts).
 
-Messages and tools reuse the trace store's models (`flywheel.loop.trace_schema`), so a
-request the server accepts is a trace the store accepts. Unknown fields are refused with
+Messages and tools reuse the trace store's shapes (`flywheel.loop.trace_schema`, TypedDicts
+validated into plain dicts), so a request the server accepts is a trace the store accepts. Unknown fields are refused with
 their name; OpenAI fields that this server cannot honour are accepted only at their
 neutral value (e.g. `presence_penalty=0`) and refused otherwise, never silently ignored.
 """
@@ -101,6 +101,36 @@ class ChatCompletionRequest(_Body):
     @property
     def budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """The messages as the chat template and the traces take them: null fields left out
+        (in tool calls and content parts too), every tool call typed "function"."""
+        return [_message_dict(m) for m in self.messages]
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template renders them (`tojson`, so key order counts): the
+        type, then the function's name, description, parameters and strict where not null."""
+        if not self.tools:
+            return None
+        return [{"type": "function", "function": {k: t["function"][k] for k in _FUNCTION_KEYS
+                                                  if t["function"].get(k) is not None}} for t in self.tools]
+
+
+_FUNCTION_KEYS = ("name", "description", "parameters", "strict")
+
+
+def _without_nulls(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def _message_dict(message: dict[str, Any]) -> dict[str, Any]:
+    out = _without_nulls(message)
+    if "tool_calls" in out:
+        out["tool_calls"] = [{**_without_nulls({"id": c.get("id")}), "type": "function", "function": c["function"]}
+                             for c in out["tool_calls"]]
+    if isinstance(out.get("content"), list):
+        out["content"] = [_without_nulls(part) for part in out["content"]]
+    return out
 
 
 class CompletionRequest(_Body):
