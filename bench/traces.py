@@ -13,12 +13,16 @@ One measurement = `--total` fresh traces (generated before the clock starts):
       json.dumps, ~25 ms a batch on a 2-core bench machine, as long as the server's whole
       work on it), the request, the server's decoding, validation and committed write, and
       the answer. Every answer must report all 500 added. The server runs with its default
-      ingestion workers (`flywheel serve --ingest-workers`, the CPU count up to 4).
+      ingestion workers (`flywheel serve --ingest-workers`: the CPU count, at most 4).
   direct (the peer): the same records, in the same batches, through TraceStore.add_traces
-      in this process into a second fresh SQLite file (no HTTP, no JSON on the way in).
+      in this process into a second fresh SQLite file (no HTTP, no JSON on the way in, one
+      core). Like the server, this process freezes what it imported (`gc.freeze`) first.
 Each round measures, for each P in --posters, http then direct (the order alternates between
 rounds), so both databases grow alike; round 0 warms up and is dropped. Reported: medians of
-traces/s over rounds and the median of the paired http / direct ratios.
+traces/s over rounds and the median of the paired http / direct ratios. The headline
+(`traces_per_s`) is the first P of --posters, 4 by default: a few agent stacks posting at
+once, which is what an ingestion rate means; P=1 shows one client that waits for each answer
+before it sends the next batch, P=8 a heavier load.
 
 Afterwards the server is stopped and the HTTP database is read back with
 TraceStore.iter_traces: the count, the ids (as the answers gave them), the idempotency keys
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import hashlib
 import json
 import random
@@ -141,7 +146,9 @@ def main() -> None:
     smoke = dict(total=2_000, rounds=1)
     ap.add_argument("--total", type=int, help=f"traces per measurement ({full['total']})")
     ap.add_argument("--batch", type=int, default=500, help="traces per POST / add_traces call")
-    ap.add_argument("--posters", default="1,4", help="comma-separated numbers of concurrent posting clients")
+    ap.add_argument("--posters", default="4,1,8",
+                    help="comma-separated numbers of concurrent posting clients; the first is the headline")
+    ap.add_argument("--ingest-workers", type=int, help="the server's --ingest-workers (default: the server's own)")
     ap.add_argument("--rounds", type=int, help=f"measured rounds after one warm-up round ({full['rounds']})")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server (it serves no model here)")
     ap.add_argument("--smoke", action="store_true",
@@ -151,6 +158,11 @@ def main() -> None:
     threads = common.set_threads(args.threads)
     model = common.tiny_model()
     from flywheel.loop import TraceStore
+    from flywheel.service.ingest_pool import default_ingest_workers
+
+    workers = default_ingest_workers() if args.ingest_workers is None else args.ingest_workers
+    gc.collect()
+    gc.freeze()
 
     t_start = datetime(2025, 1, 1, tzinfo=timezone.utc)
     sent: dict[str, tuple[str, str]] = {}  # idempotency key -> (id from the answer, content digest)
@@ -161,7 +173,8 @@ def main() -> None:
         tmp = Path(tmp)
         http_db, direct_db = tmp / "http.db", tmp / "direct.db"
         with TraceStore(f"sqlite:///{direct_db}") as direct:
-            with flywheel_server(model, tmp, threads=args.threads, traces_db=f"sqlite:///{http_db}") as url:
+            with flywheel_server(model, tmp, threads=args.threads, traces_db=f"sqlite:///{http_db}",
+                                 extra=("--ingest-workers", str(workers))) as url:
                 for rnd in range(args.rounds + 1):
                     for p in posters:
                         tag = f"r{rnd}p{p}"
@@ -208,7 +221,8 @@ def main() -> None:
     head = posters[0]
     med = {p: (statistics.median(http_rates[p]), statistics.median(direct_rates[p]),
                statistics.median(h / d for h, d in zip(http_rates[p], direct_rates[p]))) for p in posters}
-    lines = [f"Machine: {common.machine_line(threads)}; server: `flywheel serve` in a subprocess (tiny model, idle), "
+    lines = [f"Machine: {common.machine_line(threads)}; server: `flywheel serve` in a subprocess (tiny model, idle, "
+             f"{workers} ingestion workers), "
              f"SQLite in a temp folder; traces of ~{int(statistics.median(sizes)):,} bytes of JSON "
              f"(4 messages with a tool call, 2 tools, response, usage, metadata, idempotency key); "
              f"{args.total:,} traces per measurement in batches of {args.batch}; {args.rounds} rounds after a "
@@ -222,7 +236,7 @@ def main() -> None:
     h, d, r = med[head]
     extra = " ".join(f"traces_per_s_{p}posters={med[p][0]:.0f}" for p in posters[1:])
     last = (f"traces: traces_per_s={h:.0f} direct_traces_per_s={d:.0f} ratio={r:.2f} batch={args.batch} "
-            f"total={args.total} posters={head} {extra} read_back={seen}").rstrip()
+            f"total={args.total} posters={head} workers={workers} {extra} read_back={seen}").rstrip()
     common.append_report("bench/traces.py: POST /v1/traces vs TraceStore.add_traces", "\n".join(lines), last,
                          write=not args.smoke)
 

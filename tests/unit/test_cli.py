@@ -101,3 +101,9 @@ def test_help_lists_the_commands(runner):
     assert {"model", "generate", "sft"} <= listed
     model_help = runner.invoke(app, ["model", "--help"])
     assert model_help.exit_code == 0 and "tiny" in model_help.output
+
+
+def test_serve_refuses_a_negative_number_of_ingestion_workers(runner, tiny):
+    out, _ = tiny
+    result = runner.invoke(app, ["serve", "--model", str(out), "--ingest-workers", "-1"])
+    assert result.exit_code == 2 and "--ingest-workers" in result.output
