@@ -69,6 +69,8 @@ def test_bodies_that_are_not_batches_are_clear_errors(client):
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = c.post("/v1/traces", json={"records": []})
     assert r.status_code == 400 and r.json()["error"]["param"] == "traces"
+    r = c.post("/v1/traces", content=b"[" * 100_000 + b"]" * 100_000)
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
 
 
 def test_records_the_fast_json_decoder_would_change_are_judged_as_the_stdlib_reads_them(client):

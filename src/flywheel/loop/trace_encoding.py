@@ -65,6 +65,8 @@ def _stdlib_loads(raw: bytes) -> Any:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise NotJSON(f"the request body is not valid JSON ({e})") from None
+    except RecursionError:  # orjson stops at depth 1,024 and hands such a body over
+        raise NotJSON("the request body is nested too deeply to decode (more than ~1,000 levels)") from None
 
 
 _DIGITS_ONLY = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))

@@ -26,7 +26,8 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime, timezone
 
-from flywheel.loop.trace_batch import PreparedBatch, prepare_body
+from flywheel.loop.trace_batch import NotABatch, PreparedBatch, prepare_body
+from flywheel.loop.trace_encoding import NotJSON
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +79,14 @@ class IngestPool:
         self.inline_bytes = inline_bytes
         self._executor: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
-        self.offloaded = 0  # bodies prepared by a worker
+        self.offloaded = 0  # bodies prepared (or refused) by a worker
         self.inline = 0  # bodies prepared in the server's process
         self.restarts = 0  # pools rebuilt after a worker died
 
     def start(self) -> None:
-        """Start the workers now (they would start with the first large body): each imports
-        flywheel.loop, ~1 s, which a server would rather spend before its first request."""
+        """Start the workers now rather than with the first large body: the forkserver imports
+        flywheel.loop (~1 s) before it forks them, time a server would rather spend before its
+        first request."""
         if self.workers:
             executor = self._pool()
             for _ in range(self.workers):
@@ -99,6 +101,9 @@ class IngestPool:
             except BrokenProcessPool:
                 log.warning("an ingestion worker died; rebuilding the pool and preparing this body in the server")
                 self._discard(executor)
+            except (NotJSON, NotABatch):  # the body's refusal, decided by the worker
+                self.offloaded += 1
+                raise
             else:
                 self.offloaded += 1
                 return batch
