@@ -5,9 +5,15 @@ whose trace store is a fresh SQLite file in a temp folder) takes traces on POST 
 A trace is what an agent stack sends (~1.9 KB of JSON): a system prompt, a user turn, an
 assistant turn with a tool call, the tool's result, the tools offered, the final assistant
 response, usage, latency and metadata, with an idempotency key (the store assigns the ids).
+Traces are live traffic: their created_at runs on, 37 ms apart, through the whole run. (Until
+2026-12-02 every measurement re-sent the same 12 minutes of timestamps, a backfill pattern:
+each batch's created_at index entries landed among all the earlier ones, and the write of a
+batch grew from ~32 to ~96 us a trace over 100 batches; with live timestamps it stays flat.)
 
 One measurement = `--total` fresh traces (generated before the clock starts):
-  http (P posters): P asyncio tasks share one httpx.AsyncClient, each posting the next batch
+  http (P posters): P asyncio tasks, each on its own keep-alive connection (asyncio streams,
+      a lean load generator like wrk: it shares the 2 cores with the server; `--client httpx`
+      for httpx), each posting the next batch
       of 500 as soon as its previous answer arrived; the clock covers JSON encoding (orjson,
       as a client that batches for throughput would; httpx's `json=` takes the stdlib's
       json.dumps, ~25 ms a batch on a 2-core bench machine, as long as the server's whole
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import hashlib
 import json
@@ -45,6 +52,8 @@ import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -63,6 +72,9 @@ SYSTEM = ("You are a travel assistant for Acme Corp employees. Answer briefly, c
           "and never invent weather data: call get_weather when the user asks about conditions somewhere.")
 
 
+TRACE_GAP = timedelta(milliseconds=37)  # between two traces' created_at
+
+
 def make_trace(tag: str, i: int, rng: random.Random, t0: datetime) -> dict:
     city, other = rng.sample(CITIES, 2)
     temp, wind = rng.randint(-5, 35), rng.randint(0, 60)
@@ -75,7 +87,7 @@ def make_trace(tag: str, i: int, rng: random.Random, t0: datetime) -> dict:
     prompt_tokens, completion_tokens = rng.randint(180, 420), rng.randint(20, 90)
     return {
         "idempotency_key": f"bench-{tag}-{i:07d}",
-        "created_at": (t0 + timedelta(milliseconds=37 * i)).isoformat(),
+        "created_at": (t0 + TRACE_GAP * i).isoformat(),
         "source": "agent:travel-bot",
         "model": "travel-assistant",
         "model_version": f"v{rng.randint(1, 4)}",
@@ -105,30 +117,63 @@ def digest(messages, tools, response) -> str:
     return hashlib.sha256(json.dumps([messages, tools, response], sort_keys=True).encode()).hexdigest()
 
 
-async def post_all(url: str, batches: list[list[dict]], posters: int) -> tuple[float, list[str]]:
+async def post_all(url: str, batches: list[list[dict]], posters: int, client: str = "raw") -> tuple[float, list[str]]:
     """Post every batch from `posters` concurrent tasks; (seconds, ids in record order)."""
-    import httpx
-    import orjson
-
     ids: list[list[str] | None] = [None] * len(batches)
     next_batch = iter(range(len(batches)))
-    limits = httpx.Limits(max_connections=posters, max_keepalive_connections=posters)
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
-        async def poster() -> None:
+    open_poster = _raw_poster if client == "raw" else _httpx_poster
+
+    async def poster() -> None:
+        async with open_poster(url) as post:
             for b in next_batch:
-                r = await http.post("/v1/traces", content=orjson.dumps({"traces": batches[b]}), headers=JSON_HEADERS)
-                if r.status_code != 200:
-                    raise RuntimeError(f"batch {b}: HTTP {r.status_code}: {r.text[:500]}")
-                body = orjson.loads(r.content)
+                status, raw = await post(orjson.dumps({"traces": batches[b]}))
+                if status != 200:
+                    raise RuntimeError(f"batch {b}: HTTP {status}: {raw[:500]!r}")
+                body = orjson.loads(raw)
                 if body["added"] != len(batches[b]):
                     bad = [x for x in body["results"] if x["status"] != "added"][:3]
                     raise RuntimeError(f"batch {b}: {body['added']} of {len(batches[b])} added: {bad}")
                 ids[b] = [x["id"] for x in body["results"]]
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(poster() for _ in range(min(posters, len(batches)))))
-        dt = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    await asyncio.gather(*(poster() for _ in range(min(posters, len(batches)))))
+    dt = time.perf_counter() - t0
     return dt, [i for chunk in ids for i in chunk]
+
+
+@contextlib.asynccontextmanager
+async def _raw_poster(url: str):
+    """One keep-alive HTTP/1.1 connection on asyncio streams: a load generator that spends
+    as little of the shared CPU as it can (as wrk does), where httpx's pure-Python layers
+    take ~10 us a trace on this machine. Yields post(body) -> (status, response body)."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = f"POST /v1/traces HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+
+    async def post(body: bytes) -> tuple[int, bytes]:
+        writer.write(f"{head}content-length: {len(body)}\r\n\r\n".encode())
+        writer.write(body)
+        lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:] if line)
+        return int(lines[0].split()[1]), await reader.readexactly(int(headers["content-length"]))
+
+    try:
+        yield post
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+@contextlib.asynccontextmanager
+async def _httpx_poster(url: str):
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+        async def post(body: bytes) -> tuple[int, bytes]:
+            r = await http.post("/v1/traces", content=body, headers=JSON_HEADERS)
+            return r.status_code, r.content
+
+        yield post
 
 
 def insert_direct(store, batches: list[list[dict]]) -> float:
@@ -148,6 +193,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=500, help="traces per POST / add_traces call")
     ap.add_argument("--posters", default="4,1,8",
                     help="comma-separated numbers of concurrent posting clients; the first is the headline")
+    ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
+                    help="the posters' HTTP client: asyncio streams (lean, like wrk) or httpx")
     ap.add_argument("--ingest-workers", type=int, help="the server's --ingest-workers (default: the server's own)")
     ap.add_argument("--rounds", type=int, help=f"measured rounds after one warm-up round ({full['rounds']})")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the server (it serves no model here)")
@@ -180,12 +227,13 @@ def main() -> None:
                         tag = f"r{rnd}p{p}"
                         rng = random.Random(tag)
                         records = [make_trace(tag, i, rng, t_start) for i in range(args.total)]
+                        t_start += TRACE_GAP * args.total  # the next measurement's traffic comes later
                         sizes.append(len(json.dumps(records[0])))
                         batches = [records[s:s + args.batch] for s in range(0, len(records), args.batch)]
                         http_first = rnd % 2 == 0
                         if not http_first:
                             d_dt = insert_direct(direct, batches)
-                        h_dt, ids = asyncio.run(post_all(url, batches, p))
+                        h_dt, ids = asyncio.run(post_all(url, batches, p, args.client))
                         if http_first:
                             d_dt = insert_direct(direct, batches)
                         for rec, trace_id in zip(records, ids):
