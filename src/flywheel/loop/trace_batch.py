@@ -30,7 +30,7 @@ class NotABatch(ValueError):
 class PreparedBatch:
     size: int  # records in the batch
     invalid: list[RecordResult]  # the records validation refused, in index order
-    rows: list[tuple[int, dict[str, Any]]]  # (index, `traces` row) of every valid record, in index order
+    rows: list[tuple[int, tuple]]  # (index, `traces` row in TRACE_COLUMNS order) of every valid record
 
 
 def prepare_traces(records: Iterable[Any], default_source: str, now: datetime | None = None) -> PreparedBatch:
@@ -52,7 +52,7 @@ def prepare_traces(records: Iterable[Any], default_source: str, now: datetime | 
         except NotJSON as e:
             invalid.append(RecordResult(index, "invalid", reason=str(e)))
     new_ids = iter(new_trace_ids(sum(not trace.get("id") for _, trace, _, _ in valid)))
-    rows: list[tuple[int, dict[str, Any]]] = []
+    rows: list[tuple[int, tuple]] = []
     for index, trace, sent, encoded in valid:
         new_id = None if trace.get("id") else next(new_ids)
         try:

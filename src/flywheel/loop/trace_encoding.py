@@ -180,34 +180,32 @@ def validate_trace(record: Any) -> tuple[dict[str, Any], dict[str, str]]:
     return trace, encoded
 
 
+# A prepared `traces` row is a tuple in this order (the table's, less its `seq`): cheaper to
+# pickle back from an ingestion worker than a dict, and the order of the SQLite INSERT.
+TRACE_COLUMNS = ("id", "idempotency_key", "content_hash", "created_at", "source", "model", "model_version",
+                 "messages", "tools", "response", "usage", "prompt_tokens", "completion_tokens", "latency_ms",
+                 "metadata")
+ID, KEY, HASH = 0, 1, 2  # positions in a row
+JSON_COLUMNS = ("messages", "tools", "response", "usage", "metadata")  # canonical JSON text in a row
+
+
 def trace_row(trace: dict[str, Any], sent: dict[str, Any], encoded: dict[str, str],
-              source: str, now: datetime, new_id: str | None = None) -> dict[str, Any]:
-    """The `traces` row (column name -> value) of a record: `trace` as validated, `sent` as
-    it came. Its JSON columns hold canonical JSON text (`JSON_COLUMNS`), which the writers
-    store as it is. new_id: the id if the record names none (default: a new one)."""
+              source: str, now: datetime, new_id: str | None = None) -> tuple:
+    """The `traces` row (values in TRACE_COLUMNS order) of a record: `trace` as validated,
+    `sent` as it came. Its JSON columns hold canonical JSON text, which the writers store as
+    it is (absent or null: SQL NULL). new_id: the id if the record names none (default: a new one)."""
     get = trace.get
     trace_id = get("id") or new_id or new_trace_id()
     usage = get("usage")
     created = get("created_at")
     if created is not None:
         created = utc_naive(created)
-    texts = {name: encoded.get(name) for name in JSON_COLUMNS}
-    return {
-        "id": trace_id,
-        "idempotency_key": get("idempotency_key") or trace_id,
-        "content_hash": _digest(sent, encoded, created),
-        "created_at": now if created is None else created,
-        "source": get("source") or source,
-        "model": get("model"),
-        "model_version": get("model_version"),
-        "prompt_tokens": usage["prompt_tokens"] if usage else None,
-        "completion_tokens": usage["completion_tokens"] if usage else None,
-        "latency_ms": get("latency_ms"),
-        **texts,  # absent or null: SQL NULL
-    }
-
-
-JSON_COLUMNS = ("messages", "tools", "response", "usage", "metadata")
+    text = encoded.get
+    return (trace_id, get("idempotency_key") or trace_id, _digest(sent, encoded, created),
+            now if created is None else created, get("source") or source, get("model"), get("model_version"),
+            text("messages"), text("tools"), text("response"), text("usage"),
+            usage["prompt_tokens"] if usage else None, usage["completion_tokens"] if usage else None,
+            get("latency_ms"), text("metadata"))
 
 
 def feedback_row(trace_id: str, feedback: FeedbackIn | dict[str, Any]) -> tuple[FeedbackIn, dict[str, Any]]:

@@ -21,7 +21,6 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
-from operator import itemgetter
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 
 from flywheel.loop.trace_batch import PreparedBatch, prepare_traces
 from flywheel.loop.trace_db import Encoded, ensure_schema, open_engine, schema_version, writing
-from flywheel.loop.trace_encoding import JSON_COLUMNS, NotJSON, feedback_row, utc_naive
+from flywheel.loop.trace_encoding import HASH, ID, JSON_COLUMNS, KEY, TRACE_COLUMNS, NotJSON, feedback_row, utc_naive
 from flywheel.loop.trace_results import (
     BatchResult,
     IdempotencyConflict,
@@ -104,11 +103,11 @@ class TraceStore:
             self._retry_races(lambda conn: self._store_traces(conn, batch.rows, results))
         return BatchResult(results)  # type: ignore[arg-type]  # every slot is filled by now
 
-    def _store_traces(self, conn, pending: list[tuple[int, dict]], results: list) -> None:
+    def _store_traces(self, conn, pending: list[tuple[int, tuple]], results: list) -> None:
         by_key: dict[str, tuple[str, str]] = {}  # key -> (id, content hash), stored or earlier in this batch
         taken_ids: set[str] = set()
-        keys = [row["idempotency_key"] for _, row in pending]
-        ids = [row["id"] for _, row in pending]
+        keys = [row[KEY] for _, row in pending]
+        ids = [row[ID] for _, row in pending]
         for key_chunk, id_chunk in zip(_chunks(keys), _chunks(ids)):
             if self._sqlite is not None:
                 found = self._sqlite.taken(conn, key_chunk, id_chunk)
@@ -121,10 +120,10 @@ class TraceStore:
                 taken_ids.add(trace_id)
         rows = []
         for index, row in pending:
-            key, trace_id = row["idempotency_key"], row["id"]
+            key, trace_id = row[KEY], row[ID]
             if key in by_key:
                 stored_id, digest = by_key[key]
-                if digest == row["content_hash"]:
+                if digest == row[HASH]:
                     results[index] = RecordResult(index, "duplicate", id=stored_id)
                 else:
                     results[index] = RecordResult(
@@ -135,7 +134,7 @@ class TraceStore:
                     index, "conflict", reason=f"id {trace_id!r} already belongs to a trace with another "
                                               f"idempotency key")
             else:
-                by_key[key] = (trace_id, row["content_hash"])
+                by_key[key] = (trace_id, row[HASH])
                 taken_ids.add(trace_id)
                 rows.append(row)
                 results[index] = RecordResult(index, "added", id=trace_id)
@@ -143,8 +142,9 @@ class TraceStore:
             if self._sqlite is not None:
                 self._sqlite.insert(conn, rows)
             else:  # one executemany; Encoded: the JSON serializer passes the text through
-                conn.execute(insert(_TRACES), [{**row, **{name: Encoded(row[name]) for name in JSON_COLUMNS
-                                                          if row[name] is not None}} for row in rows])
+                conn.execute(insert(_TRACES), [
+                    {name: Encoded(value) if name in JSON_COLUMNS and value is not None else value
+                     for name, value in zip(TRACE_COLUMNS, row)} for row in rows])
 
     def add_feedback(self, trace_id: str, feedback: FeedbackIn | dict[str, Any]) -> str:
         """Store one outcome of a trace and return its id (the stored one for a retry)."""
@@ -307,7 +307,8 @@ class _SqliteTraceSQL:
         self._insert_head, self._insert_row = head + " VALUES ", row  # "INSERT INTO traces (...)", "(?, ...)"
         self._insert_sql: dict[int, str] = {}  # rows per statement -> its SQL
         order = compiled.positiontup
-        self.values = itemgetter(*order)  # a row dict -> its values in the statement's order
+        if tuple(order) != TRACE_COLUMNS:  # a row's values go in as they are: the orders must agree
+            raise RuntimeError(f"the traces INSERT takes {order}, prepared rows hold {TRACE_COLUMNS}")
         self.width = len(order)
         with engine.connect() as conn:
             dbapi = conn.connection.dbapi_connection
@@ -329,15 +330,16 @@ class _SqliteTraceSQL:
         sql = self.select_sql.format(",".join("?" * len(keys)), ",".join("?" * len(ids)))
         return conn.exec_driver_sql(sql, (*keys, *ids)).all()
 
-    def insert(self, conn, rows: list[dict[str, Any]]) -> None:
+    def insert(self, conn, rows: list[tuple]) -> None:
         params: list = []
-        get, processed = self.values, self.processed
+        processed = self.processed
         for row in rows:
-            values = list(get(row))
+            base = len(params)
+            params += row
             for position, process in processed:
-                if values[position] is not None:
-                    values[position] = process(values[position])
-            params.extend(values)
+                value = row[position]
+                if value is not None:
+                    params[base + position] = process(value)
         width, step = self.width, self.rows_per_statement
         for start in range(0, len(rows), step):
             n = min(step, len(rows) - start)
