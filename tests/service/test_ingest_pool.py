@@ -5,13 +5,14 @@ import os
 import signal
 import sys
 import time
+from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime, timezone
 
 import orjson
 import pytest
 
 from flywheel.loop.trace_batch import NotABatch, prepare_body
-from flywheel.service.ingest_pool import IngestPool, default_ingest_workers
+from flywheel.service.ingest_pool import IngestPool, IngestWorkerDied, default_ingest_workers
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -86,10 +87,29 @@ def test_a_dead_worker_loses_no_body_and_the_pool_comes_back():
         (pid,) = workers_of(pool)
         os.kill(pid, signal.SIGKILL)
         raw = body(20)
-        expected = prepare_body(raw, "agent", NOW)
-        assert asyncio.run(pool.prepare(raw, "agent", NOW)) == expected  # prepared in the server instead
-        assert (pool.restarts, pool.inline) == (1, 1)
-        assert asyncio.run(pool.prepare(raw, "agent", NOW)) == expected  # a new pool, a new worker
-        assert pool.offloaded == 1 and workers_of(pool) != [pid]
+        assert asyncio.run(pool.prepare(raw, "agent", NOW)) == prepare_body(raw, "agent", NOW)
+        assert (pool.restarts, pool.offloaded, pool.inline) == (1, 1, 0)  # tried again on a fresh worker
+        assert workers_of(pool) != [pid]
     finally:
         pool.close()
+
+
+class _AlwaysBroken:
+    def submit(self, *args):
+        raise BrokenProcessPool("a worker died")
+
+    def shutdown(self, **kw):
+        pass
+
+
+def test_a_body_that_kills_two_workers_is_refused_not_tried_in_the_server(monkeypatch):
+    pool = IngestPool(1, inline_bytes=0)
+
+    def broken_pool():  # every pool it builds has a worker that dies on the body
+        pool._executor = _AlwaysBroken()
+        return pool._executor
+
+    monkeypatch.setattr(pool, "_pool", broken_pool)
+    with pytest.raises(IngestWorkerDied, match="twice; nothing was stored"):
+        asyncio.run(pool.prepare(body(20), "agent", NOW))
+    assert (pool.restarts, pool.offloaded, pool.inline) == (2, 0, 0)

@@ -119,10 +119,11 @@ def test_a_mixed_batch_stores_the_valid_records_and_names_the_bad_ones(store):
         {"messages": [{"role": "user", "content": "hi"}], "usage": {"prompt_tokens": "12", "completion_tokens": 1}},
         {"messages": [{"role": "tool", "content": "4", "tool_calls": []}]},
         episode(10),
+        episode(11, created_at="0001-01-01T00:00:00+01:00"),  # valid, but before year 1 in UTC
     ]
     result = store.add_traces(batch)
 
-    assert [r.status for r in result.results] == ["added", "invalid", "added"] + ["invalid"] * 7 + ["added"]
+    assert [r.status for r in result.results] == ["added", "invalid", "added"] + ["invalid"] * 7 + ["added", "invalid"]
     reasons = {r.index: str(r) for r in result.rejected}
     assert reasons[1] == ("record 1: messages[1].role: unknown role 'robot' "
                           "(valid: system, developer, user, assistant, tool)")
@@ -133,8 +134,22 @@ def test_a_mixed_batch_stores_the_valid_records_and_names_the_bad_ones(store):
     assert reasons[7].startswith("record 7: metadata: not JSON")
     assert reasons[8] == "record 8: usage.prompt_tokens: input should be a valid integer"
     assert reasons[9] == "record 9: messages[0]: only assistant messages carry tool_calls, not tool"
+    assert reasons[11] == "record 11: created_at: out of range once converted to UTC"
     assert store.count() == 3
     assert [t.usage["prompt_tokens"] for t in store.iter_traces()] == [40, 42, 50]
+
+
+def test_writers_of_one_process_queue_for_a_bounded_time(store, monkeypatch):
+    """Writers of one process take turns on a lock; one that waits longer than WRITE_WAIT_S
+    (another process holding the database, say) gives up without writing anything."""
+    from flywheel.loop import TraceStoreBusy
+    from flywheel.loop import trace_store as module
+
+    monkeypatch.setattr(module, "WRITE_WAIT_S", 0.2)
+    with store._write_lock:  # the turn of another writer that does not end
+        with pytest.raises(TraceStoreBusy, match="nothing was written"):
+            store.add_traces([episode(1)])
+    assert store.count() == 0 and store.add_traces([episode(1)]).added == 1
 
 
 def test_a_tools_list_is_validated_until_it_is_known_good(store):
@@ -200,6 +215,8 @@ def test_feedback_retries_validation_and_unknown_traces(store):
         store.add_feedback(trace_id, {"correction": {"role": "user", "content": "x"}})
     with pytest.raises(InvalidRecord, match=r"verifier.env: required"):
         store.add_feedback(trace_id, {"verifier": {"task": {}}})
+    with pytest.raises(InvalidRecord, match=r"created_at: out of range"):
+        store.add_feedback(trace_id, {"score": 1.0, "created_at": "9999-12-31T23:59:59-01:00"})
     with pytest.raises(TraceNotFound, match="no trace with id 'nope'"):
         store.add_feedback("nope", {"score": 1.0})
     with pytest.raises(TraceNotFound, match="no trace with id 'nope'"):

@@ -30,6 +30,7 @@ from flywheel.loop.trace_results import (
     StoredVerifier,
     TraceNotFound,
     TraceStats,
+    TraceStoreBusy,
     TraceStoreError,
 )
 from flywheel.loop.trace_schema import ChatMessage, FeedbackIn, TraceIn, Verifier
@@ -38,7 +39,8 @@ from flywheel.loop.trace_store import TraceStore
 __all__ = [
     "BatchResult", "ChatMessage", "FeedbackIn", "IdempotencyConflict", "ImportReport", "InvalidRecord",
     "RecordResult", "SchemaVersionError", "StoredFeedback", "StoredTrace", "StoredVerifier", "TraceIn",
-    "TraceNotFound", "TraceStats", "TraceStore", "TraceStoreError", "Verifier", "default_url", "import_jsonl",
+    "TraceNotFound", "TraceStats", "TraceStore", "TraceStoreBusy", "TraceStoreError", "Verifier", "default_url",
+    "import_jsonl",
     "HistoryEntry", "InvalidModelFolder", "ProductionMarker", "Registry", "RegistryError", "StatusError", "Version",
     "VersionNotFound", "default_root",
 ]

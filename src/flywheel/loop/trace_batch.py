@@ -59,6 +59,8 @@ def prepare_traces(records: Iterable[Any], default_source: str, now: datetime | 
             rows.append((index, trace_row(trace, sent, encoded, default_source, now, new_id)))
         except NotJSON as e:  # a scalar field orjson cannot write (a lone surrogate)
             invalid.append(RecordResult(index, "invalid", reason=str(e)))
+        except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+            invalid.append(RecordResult(index, "invalid", reason="created_at: out of range once converted to UTC"))
     invalid.sort(key=lambda r: r.index)
     return PreparedBatch(size, invalid, rows)
 

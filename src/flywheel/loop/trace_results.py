@@ -17,6 +17,10 @@ class TraceNotFound(TraceStoreError):
     pass
 
 
+class TraceStoreBusy(RuntimeError):
+    """The store's other writers in this process held the write turn too long: try again later."""
+
+
 class InvalidRecord(TraceStoreError):
     pass
 

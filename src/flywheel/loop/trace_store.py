@@ -40,6 +40,7 @@ from flywheel.loop.trace_results import (
     StoredVerifier,
     TraceNotFound,
     TraceStats,
+    TraceStoreBusy,
 )
 from flywheel.loop.trace_schema import FeedbackIn, describe
 from flywheel.loop.trace_tables import FeedbackRow, TraceRow
@@ -47,6 +48,7 @@ from flywheel.loop.trace_tables import FeedbackRow, TraceRow
 _TRACES = TraceRow.__table__
 _FEEDBACK = FeedbackRow.__table__
 _RACE_RETRIES = 5
+WRITE_WAIT_S = 30.0  # the longest a writer queues behind this process's others (SQLite's busy_timeout too)
 _IN_CHUNK = 500  # values per IN (...) list
 
 
@@ -154,6 +156,8 @@ class TraceStore:
             raise InvalidRecord(f"feedback: {describe(e)}") from None
         except NotJSON as e:
             raise InvalidRecord(f"feedback: {e}") from None
+        except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+            raise InvalidRecord("feedback: created_at: out of range once converted to UTC") from None
         digest = row["content_hash"]
 
         def store(conn) -> str:
@@ -173,13 +177,21 @@ class TraceStore:
         return self._retry_races(store)
 
     def _retry_races(self, work):
-        for attempt in range(_RACE_RETRIES):
-            try:
-                with self._write_lock, writing(self.engine) as conn:
-                    return work(conn)
-            except IntegrityError:  # another writer took a key between our check and insert
-                if attempt == _RACE_RETRIES - 1:
-                    raise
+        # Bounded: a writer of another process may hold the database for long, and each one
+        # queued here would otherwise wait its own busy_timeout after the one before it.
+        if not self._write_lock.acquire(timeout=WRITE_WAIT_S):
+            raise TraceStoreBusy(f"{self.url}: this process's other writers held the write turn for "
+                                 f"{WRITE_WAIT_S:g} s; nothing was written, try again")
+        try:
+            for attempt in range(_RACE_RETRIES):
+                try:
+                    with writing(self.engine) as conn:
+                        return work(conn)
+                except IntegrityError:  # another writer took a key between our check and insert
+                    if attempt == _RACE_RETRIES - 1:
+                        raise
+        finally:
+            self._write_lock.release()
 
     # -- reading -------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from flywheel.loop.trace_batch import NotABatch, PreparedBatch
 from flywheel.loop.trace_encoding import NotJSON, decode_json
 from flywheel.service.errors import OpenAIError
-from flywheel.service.ingest_pool import IngestPool
+from flywheel.service.ingest_pool import IngestPool, IngestWorkerDied
 
 
 def read_json(raw: bytes) -> Any:
@@ -47,13 +47,16 @@ def _json_response(content: Any, status_code: int = 200) -> Response:
 
 def ingest_router(store, pool: IngestPool | None = None) -> APIRouter:
     """The routes over `store`; `pool` prepares batch bodies (default: in a thread of the server)."""
-    from flywheel.loop import TraceNotFound, TraceStoreError
+    from flywheel.loop import TraceNotFound, TraceStoreBusy, TraceStoreError
 
     router = APIRouter()
     pool = pool or IngestPool(0)
 
     def write(batch: PreparedBatch) -> Response:
-        result = store.add_prepared(batch)
+        try:
+            result = store.add_prepared(batch)
+        except TraceStoreBusy as e:
+            raise OpenAIError(str(e), status=503, type="server_busy") from None
         rows = [{"index": r.index, "status": r.status, "id": r.id, "reason": r.reason} for r in result.results]
         return _json_response({"added": result.added, "duplicates": result.duplicates,
                                "rejected": len(result.rejected), "results": rows})
@@ -67,6 +70,8 @@ def ingest_router(store, pool: IngestPool | None = None) -> APIRouter:
             raise OpenAIError(str(e)) from None
         except NotABatch as e:
             raise OpenAIError(str(e), param="traces") from None
+        except IngestWorkerDied as e:
+            raise OpenAIError(str(e), status=500, type="server_error") from None
         return await asyncio.to_thread(write, batch)
 
     @router.post("/v1/traces/{trace_id}/feedback")

@@ -10,7 +10,8 @@ Workers are forked from a forkserver: a clean interpreter that has imported flyw
 not the server, which holds torch, the model and their threads. A body under `inline_bytes`
 is prepared in a thread of the server instead: its round trip to a worker costs more than
 it saves. If a worker dies, nothing is lost (nothing of that body was written): the pool
-is rebuilt and the body is prepared in the server.
+is rebuilt and the body tried once more on a fresh worker; a body that kills two workers
+is refused (a 500), never tried in the server, which would go down with it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ from flywheel.loop.trace_encoding import NotJSON
 log = logging.getLogger(__name__)
 
 WORKER_MODULE = "flywheel.loop.trace_batch"
+
+
+class IngestWorkerDied(RuntimeError):
+    """A body's worker died on each try."""
 
 
 def default_ingest_workers() -> int:
@@ -93,22 +98,28 @@ class IngestPool:
                 executor.submit(prepare_body, b"[]", "warm-up", datetime.now(timezone.utc))
 
     async def prepare(self, raw: bytes, default_source: str, now: datetime) -> PreparedBatch:
-        """The body's PreparedBatch; raises NotJSON or NotABatch (from wherever it ran)."""
-        if self.workers and len(raw) >= self.inline_bytes:
+        """The body's PreparedBatch; raises NotJSON or NotABatch (from wherever it ran), or
+        IngestWorkerDied if the body's worker died twice (nothing was written)."""
+        if not self.workers or len(raw) < self.inline_bytes:
+            self.inline += 1
+            return await asyncio.to_thread(prepare_body, raw, default_source, now)
+        for attempt in (1, 2):
             executor = self._pool()
             try:
                 batch = await asyncio.wrap_future(executor.submit(_prepare_in_worker, raw, default_source, now))
             except BrokenProcessPool:
-                log.warning("an ingestion worker died; rebuilding the pool and preparing this body in the server")
                 self._discard(executor)
+                log.warning("an ingestion worker died (attempt %d of 2 for a body of %d bytes); pool rebuilt",
+                            attempt, len(raw))
+                continue
             except (NotJSON, NotABatch):  # the body's refusal, decided by the worker
                 self.offloaded += 1
                 raise
-            else:
-                self.offloaded += 1
-                return batch
-        self.inline += 1
-        return await asyncio.to_thread(prepare_body, raw, default_source, now)
+            self.offloaded += 1
+            return batch
+        # Twice is not chance: the body itself may crash the decoder. It is not tried in the
+        # server, which would go down with it.
+        raise IngestWorkerDied(f"a body of {len(raw)} bytes killed an ingestion worker twice; nothing was stored")
 
     def close(self) -> None:
         with self._lock:
