@@ -1,9 +1,10 @@
 """Request bodies of the OpenAI-compatible endpoints (responses are built as plain dicts).
 
 Messages and tools reuse the trace store's shapes (`flywheel.loop.trace_schema`, TypedDicts
-validated into plain dicts), so a request the server accepts is a trace the store accepts. Unknown fields are refused with
-their name; OpenAI fields that this server cannot honour are accepted only at their
-neutral value (e.g. `presence_penalty=0`) and refused otherwise, never silently ignored.
+validated into plain dicts), so a request the server accepts is a trace the store accepts.
+Unknown fields are refused with their name; OpenAI fields that this server cannot honour are
+accepted only at their neutral value (e.g. `presence_penalty=0`) and refused otherwise,
+never silently ignored.
 """
 
 from __future__ import annotations
