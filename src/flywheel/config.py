@@ -69,6 +69,8 @@ class SFTTrainConfig(Config):
     batch_size: int = Field(32, ge=1, description="examples per optimizer step")
     micro_batch_size: int = Field(32, ge=1, description="examples per forward/backward")
     seed: int = 0
+    dropout: bool = Field(True, description="train with the model's own dropout (its config's rates); "
+                                            "false: dropout off, as RL and DPO always train")
 
 
 class EvalConfig(Config):

@@ -16,13 +16,15 @@ def tiny(out: Path = typer.Option(..., "--out", help="folder to write the model 
          hidden: int = typer.Option(256, min=8), layers: int = typer.Option(4, min=1),
          heads: int = typer.Option(4, min=1), kv_heads: int = typer.Option(None, min=1),
          ffn: int = typer.Option(1024, min=8), max_positions: int = typer.Option(4096, min=16),
-         seed: int = typer.Option(0)) -> None:
-    """Build a random-init Qwen2 model with a byte-level tokenizer and a tool-calling chat template."""
+         seed: int = typer.Option(0),
+         arch: str = typer.Option("qwen2", help="qwen2, llama, mistral, qwen3, gpt2, gpt_neox, phi or gemma")) -> None:
+    """Build a random-init model (Qwen2 unless --arch says otherwise) with a byte-level tokenizer
+    and a tool-calling chat template."""
     with user_errors():
         from flywheel.models.tiny import TinySpec, build_tiny_model
 
         spec = TinySpec(hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, ffn=ffn,
-                        max_positions=max_positions, seed=seed)
+                        max_positions=max_positions, seed=seed, arch=arch)
         path = build_tiny_model(out, spec)
         import json
 

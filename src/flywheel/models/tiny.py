@@ -1,4 +1,8 @@
-"""Tiny-model factory: a randomly initialised Qwen2 model with a byte-level tokenizer.
+"""Tiny-model factory: a randomly initialised causal LM with a byte-level tokenizer.
+
+The default architecture is Qwen2; `TinySpec.arch` builds the same shape as Llama, Mistral,
+Qwen3, GPT-2, GPT-NeoX, Phi or Gemma instead (each keeps its family's defaults, GPT-2's 0.1
+dropout included), so the recipes are tested on families whose module layouts differ.
 
 Everything in flywheel's tests and demos runs offline on a CPU, so we build models
 locally instead of downloading them. The folder written here is a normal Hugging Face
@@ -37,6 +41,7 @@ class TinySpec:
     ffn: int = 1024
     max_positions: int = 4096
     seed: int = 0
+    arch: str = "qwen2"  # one of ARCHITECTURES
 
 
 def chat_template() -> str:
@@ -85,10 +90,12 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def build_tiny_model(out: str | Path, spec: TinySpec = TinySpec()) -> Path:
-    """Write a random-init Qwen2 model + byte-level tokenizer to `out`; return the path."""
+    """Write a random-init model of `spec.arch` + byte-level tokenizer to `out`; return the path."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
+    if spec.arch not in ARCHITECTURES:
+        raise ValueError(f"arch {spec.arch!r} is not one of {', '.join(ARCHITECTURES)}")
     if spec.hidden % spec.heads:
         raise ValueError(f"hidden ({spec.hidden}) must be divisible by heads ({spec.heads})")
     kv_heads = spec.kv_heads or spec.heads
@@ -97,22 +104,9 @@ def build_tiny_model(out: str | Path, spec: TinySpec = TinySpec()) -> Path:
     quiet_transformers()
     tok = build_tokenizer()
     vocab_size = _round_up(len(tok), 64)  # 259 used ids, padded for matmul-friendly shapes
-    config = Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=spec.hidden,
-        intermediate_size=spec.ffn,
-        num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads,
-        num_key_value_heads=kv_heads,
-        max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-        dtype="float32",
-    )
+    config = _config(spec, kv_heads, vocab_size, tok.pad_token_id, tok.eos_token_id)
     torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM(config)
+    model = AutoModelForCausalLM.from_config(config)
     model.generation_config = GenerationConfig(
         pad_token_id=tok.pad_token_id,
         eos_token_id=[tok.eos_token_id, tok.convert_tokens_to_ids(PAD)],
@@ -125,6 +119,32 @@ def build_tiny_model(out: str | Path, spec: TinySpec = TinySpec()) -> Path:
     info = {**spec.__dict__, "parameters": sum(p.numel() for p in model.parameters())}
     (out / "flywheel_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
     return out
+
+
+ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "gpt2", "gpt_neox", "phi", "gemma")
+
+
+def _config(spec: TinySpec, kv_heads: int, vocab_size: int, pad_id: int, eos_id: int):
+    import transformers
+
+    common = dict(vocab_size=vocab_size, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=None,
+                  tie_word_embeddings=True, dtype="float32")
+    if spec.arch == "gpt2":  # GPT-2 names its fields n_*; no grouped-query attention
+        return transformers.GPT2Config(n_embd=spec.hidden, n_layer=spec.layers, n_head=spec.heads,
+                                       n_inner=spec.ffn, n_positions=spec.max_positions, **common)
+    shape = dict(hidden_size=spec.hidden, intermediate_size=spec.ffn, num_hidden_layers=spec.layers,
+                 num_attention_heads=spec.heads, max_position_embeddings=spec.max_positions)
+    if spec.arch == "gpt_neox":  # no grouped-query attention; partial rotary (rotary_pct 0.25)
+        return transformers.GPTNeoXConfig(**shape, **common)
+    shape["num_key_value_heads"] = kv_heads
+    cls = {"qwen2": transformers.Qwen2Config, "llama": transformers.LlamaConfig,
+           "mistral": transformers.MistralConfig, "qwen3": transformers.Qwen3Config,
+           "phi": transformers.PhiConfig, "gemma": transformers.GemmaConfig}[spec.arch]
+    if spec.arch in ("qwen3", "gemma"):  # their default head_dim is not hidden / heads
+        shape["head_dim"] = spec.hidden // spec.heads
+    if spec.arch == "mistral":
+        shape["sliding_window"] = None
+    return cls(**shape, **common)
 
 
 def _template_into_tokenizer_config(folder: Path) -> None:

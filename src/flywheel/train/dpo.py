@@ -20,6 +20,7 @@ from flywheel.config import DPOConfig
 from flywheel.train.batching import DataOrder, pad_batch
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.dpo_data import load_pairs
+from flywheel.train.forward import set_learner_mode
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_losses import dpo_loss
@@ -35,6 +36,11 @@ class DPOResult:
     final_model: Path
     steps: int
     last: dict
+    # loss tokens: the completion tokens of both sides (chosen_mask[1:] + rejected_mask[1:], the
+    # positions whose log-probabilities the loss sums) of every pair in every step this call ran;
+    # the reference's no-grad forward and validation are not counted. A resumed run counts only
+    # the steps after its checkpoint, so the ledger records of a run's pieces never overlap.
+    tokens_trained: int = 0
 
 
 def sequence_logprobs(model, pairs, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,7 +72,8 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
     step = 0
     if ckpt is not None:
         step = restore_trainer_state(ckpt, opt, sched, order, log)
-    metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
+    metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
+                            start_step=step)
     pad = tokenizer.pad_token_id
     last: dict = {}
 
@@ -82,11 +89,13 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
                         keep=cfg.checkpoint.keep)
 
     deadline = Deadline(cfg.max_seconds)
+    tokens_trained = 0  # DPOResult.tokens_trained
     with StepProgress(total, start=step, enabled=cfg.log.progress, description="dpo") as progress:
         while step < total and not deadline.passed():
             t0 = time.perf_counter()
             batch = [pairs[i] for i in order.take(cfg.train.batch_size)]
-            model.train()
+            tokens_trained += sum(sum(p.chosen_mask[1:]) + sum(p.rejected_mask[1:]) for p in batch)
+            set_learner_mode(model, dropout=False)  # logprobs as the reference computes them
             loss, m = losses_on(batch, train=True)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -104,7 +113,6 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
                 checkpoint()
     if val:
-        model.eval()
         vloss, vm = losses_on(val, train=False)
         record = {"val_loss": vloss.item(), **{f"val_{k}": v for k, v in vm.items()}}
         metrics.log(step, **record)
@@ -113,4 +121,4 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
     final = out / "final"
     save_model_folder(model, tokenizer, final)
     metrics.close()
-    return DPOResult(out, final, step, last)
+    return DPOResult(out, final, step, last, tokens_trained)

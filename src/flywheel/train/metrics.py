@@ -9,16 +9,21 @@ from pathlib import Path
 
 
 class MetricsWriter:
-    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None):
+    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None, start_step: int = 0):
+        """start_step: the step the run starts (or resumes) from; rows an earlier process wrote
+        past it are moved aside first (`drop_rows_after`), so a resumed run's file reads as
+        one uninterrupted run."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        drop_rows_after(self.path, start_step)
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses at most a line
         self._tb = None
         if tensorboard_dir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(tensorboard_dir))
+                # purge_step: TensorBoard hides the earlier process's events past the resume point
+                self._tb = SummaryWriter(str(tensorboard_dir), purge_step=start_step + 1 if start_step else None)
             except ImportError:
                 warnings.warn("log.tensorboard is set but tensorboard is not installed "
                               "(pip install 'flywheel[tensorboard]'); metrics go to JSONL only")
@@ -35,6 +40,34 @@ class MetricsWriter:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def drop_rows_after(path: str | Path, step: int) -> int:
+    """Move the rows of a JSONL log whose "step" is past `step` (and torn lines) to
+    `<name>.superseded.jsonl` beside it, keeping the rest in order; returns how many moved.
+    A run killed after its last checkpoint logged steps that its resumed run logs again;
+    nothing is deleted. The log is rewritten through a temporary file and a rename."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    kept, moved = [], []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if not line.strip():
+            continue
+        try:
+            row_step = json.loads(line).get("step")
+        except (json.JSONDecodeError, AttributeError):
+            row_step = None
+        is_kept = isinstance(row_step, (int, float)) and row_step <= step
+        (kept if is_kept else moved).append(line if line.endswith("\n") else line + "\n")
+    if not moved:
+        return 0
+    with open(path.with_name(path.stem + ".superseded.jsonl"), "a", encoding="utf-8") as f:
+        f.writelines(moved)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    tmp.replace(path)
+    return len(moved)
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -32,7 +32,7 @@ import torch
 from flywheel.config import RLConfig
 from flywheel.train.batching import DataOrder
 from flywheel.train.checkpoint import load_state, save_checkpoint, save_model_folder
-from flywheel.train.metrics import MetricsWriter
+from flywheel.train.metrics import MetricsWriter, drop_rows_after
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import RLStepConfig, rl_step
 from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
@@ -48,6 +48,17 @@ class RLResult:
     final_model: Path
     steps: int
     evals: list[dict] = field(default_factory=list)
+    # Counted over the steps this call ran (a resumed run: only those after its checkpoint, so
+    # the ledger records of a run's pieces never overlap):
+    # loss tokens of every update applied (rl_step's trained_tokens: sampled tokens of the groups
+    # trained, after dynamic sampling; a skipped update counts none);
+    tokens_trained: int = 0
+    # tokens sampled by the rollouts received (loss_mask tokens of every group delivered, those
+    # dropped as too stale or uninformative included; held-out evaluations not counted);
+    tokens_generated: int = 0
+    # wall seconds the learner waited for rollouts (all of the generation when synchronous,
+    # what training did not hide when asynchronous)
+    rollout_seconds: float = 0.0
 
 
 def evaluate(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
@@ -191,8 +202,10 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
                         dynamic_sampling=cfg.algo.dynamic_sampling, is_cap=cfg.algo.is_cap,
                         kl_beta=cfg.algo.kl_beta, grad_clip=cfg.optim.grad_clip,
                         minibatches=cfg.train.minibatches, temperature=cfg.sampling.temperature)
-    metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
+    metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
+                                start_step=step)
     stack.callback(metrics_out.close)
+    drop_rows_after(out / "rollouts.jsonl", step)
     rollouts_log = stack.enter_context(open(out / "rollouts.jsonl", "a", encoding="utf-8"))
     evals: list[dict] = []
     params = dict(model.named_parameters())
@@ -215,6 +228,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
         run_eval()
     deadline = Deadline(cfg.max_seconds)
     skipped_in_row = 0
+    tokens_trained, tokens_generated, rollout_seconds = 0, 0, 0.0  # RLResult's
     with StepProgress(cfg.train.steps, start=step, enabled=cfg.log.progress, description="rl",
                       metric="reward") as progress:
         while step < cfg.train.steps and not deadline.passed():
@@ -226,6 +240,9 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             staleness = [step - g.oldest_version for g in groups]
             rewards = [t.reward for g in groups for t in g.trajectories]  # before dynamic sampling drops any
             m = rl_step(model, opt, groups, algo, tokenizer.pad_token_id, ref_model)
+            tokens_trained += int(m.get("trained_tokens", 0))
+            tokens_generated += int(roll.work.get("tokens", 0))
+            rollout_seconds += t1 - t0
             with warnings.catch_warnings():  # a skipped update still advances the schedule, by design
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
                 sched.step()
@@ -262,7 +279,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     save()
     final = out / "final"
     save_model_folder(model, tokenizer, final)
-    return RLResult(out, final, step, evals)
+    return RLResult(out, final, step, evals, tokens_trained, tokens_generated, rollout_seconds)
 
 
 __all__ = ["RLResult", "evaluate", "run_rl"]

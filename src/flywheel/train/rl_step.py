@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from flywheel.rollout.advantages import ESTIMATORS, informative
+from flywheel.train.forward import set_learner_mode
 from flywheel.train.rl_losses import Aggregation, policy_loss
 from flywheel.train.shared_prefix import PlainPlan, attention_cost, plan_batch, plan_kinds
 from flywheel.types import TrajectoryGroup
@@ -181,7 +182,7 @@ def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, p
     keep = batch["mask"] != 0  # (B, T - 1), row-major order = the plan's N positions
     if int(keep.sum()) != plan.targets_N.numel():
         raise ValueError("loss_mask and ids disagree in length for some trajectory")
-    model.train()
+    set_learner_mode(model, dropout=False)  # the sampler's mode: on-policy logprobs are equal
     logp_N, entropy_N = loss_position_logprobs(model, plan, cfg.autocast_bf16, cfg.temperature)
     logp = torch.zeros_like(batch["mask"]).masked_scatter(keep, logp_N)
     ref = None

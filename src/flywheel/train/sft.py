@@ -30,6 +30,7 @@ import torch
 from flywheel.config import SFTConfig
 from flywheel.train.batching import DataOrder, pad_batch
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
+from flywheel.train.forward import set_learner_mode
 from flywheel.train.losses import sft_loss
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
@@ -48,6 +49,11 @@ class SFTResult:
     steps: int
     resumed_from: int | None
     last: dict = field(default_factory=dict)  # last logged train / eval metrics
+    # loss tokens (the targets predicted: loss_mask[1:] of each example) summed over every
+    # optimizer step this call ran, a skipped non-finite update included (it was computed);
+    # validation and evaluator tokens are not. A resumed run counts only the steps after its
+    # checkpoint, so the ledger records of a run's pieces add up to the run, never twice.
+    tokens_trained: int = 0
 
 
 def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[str], None] = print) -> SFTResult:
@@ -56,7 +62,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     out = Path(cfg.output_dir)
     ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
     model, tokenizer = load(ckpt or cfg.model, dtype=cfg.dtype, device=cfg.device)
-    model.train()
+    set_learner_mode(model, dropout=cfg.train.dropout)
     evaluator = evaluator or _import_evaluator(cfg.eval.evaluator)
 
     # ---- data
@@ -88,7 +94,8 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     if ckpt is not None:
         step = resumed_from = restore_trainer_state(ckpt, optimizer, scheduler, order, log)
 
-    metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None)
+    metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
+                            start_step=step)
     pad_id = tokenizer.pad_token_id
     last: dict = {}
 
@@ -100,10 +107,11 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
         record = {}
         if val_examples:
             record["val_loss"] = _val_loss(model, val_examples, tc.micro_batch_size, pad_id, cfg.eval.max_batches)
+            set_learner_mode(model, dropout=tc.dropout)
         if evaluator is not None:
             model.eval()
             record.update({f"eval/{k}": v for k, v in evaluator(model, tokenizer).items()})
-            model.train()
+            set_learner_mode(model, dropout=tc.dropout)
         if record:
             metrics.log(step, **record)
             last.update(record)
@@ -112,6 +120,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
 
     deadline = Deadline(cfg.max_seconds)
     stopped_early = False
+    tokens_trained = 0  # SFTResult.tokens_trained
     # ---- the loop
     with StepProgress(total_steps, start=step, enabled=cfg.log.progress) as progress:
         while step < total_steps and not deadline.passed():
@@ -137,6 +146,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
             lr = scheduler.get_last_lr()[0]
             scheduler.step()
             step += 1
+            tokens_trained += n_trained
             dt = time.perf_counter() - t0
             loss_value = nll_sum / max(1, n_trained)
             record = {"loss": loss_value, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": n_tokens / dt,
@@ -162,7 +172,8 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     save_model_folder(model, tokenizer, final)
     metrics.close()
     log(f"done: {step} steps; model saved to {final}")
-    return SFTResult(output_dir=out, final_model=final, steps=step, resumed_from=resumed_from, last=last)
+    return SFTResult(output_dir=out, final_model=final, steps=step, resumed_from=resumed_from, last=last,
+                     tokens_trained=tokens_trained)
 
 
 def _adamw(model, cfg: SFTConfig) -> torch.optim.AdamW:
@@ -188,7 +199,6 @@ def _val_loss(model, examples: list[Example], micro: int, pad_id: int, max_batch
         _, m = sft_loss(model, ids.to(device), attn.to(device), tmask.to(device), normalizer=1.0)
         total += m["nll_sum"]
         count += m["tokens"]
-    model.train()
     return total / max(1, count)
 
 

@@ -48,6 +48,8 @@ from dataclasses import dataclass
 
 import torch
 
+from flywheel.train.forward import logits_at
+
 
 @dataclass
 class PlainPlan:
@@ -191,38 +193,6 @@ def _cache_kwarg(model) -> str | None:
     """transformers 5 names the cache argument `cache`; 4.x called it `past_key_values`."""
     params = inspect.signature(model.forward).parameters
     return next((k for k in ("cache", "past_key_values") if k in params), None)
-
-
-_LOGITS_TO_KEEP_MASK: dict[type, bool] = {}
-
-
-def logits_at(model, keep: torch.Tensor, out: dict | None = None, **inputs) -> torch.Tensor:
-    """(n, V) logits of `model(**inputs)` at the n True positions of keep (B, S), row-major.
-
-    Uses the model's own `logits_to_keep` with a boolean mask where it takes one
-    (transformers >= 5: the vocabulary projection runs on those n positions only); otherwise
-    projects every position and selects. `out["cache"]` receives the returned KV cache.
-    The first call for a model class finds out which; SharedPrefixPlan's prefix forward (no
-    cache passed in) always comes before its suffix forward, whose cache a failed try would
-    have extended."""
-    cls = type(model)
-    if _LOGITS_TO_KEEP_MASK.get(cls, True) and "logits_to_keep" in inspect.signature(model.forward).parameters:
-        try:
-            res = model(**inputs, logits_to_keep=keep)
-            if res.logits.ndim == 2 and res.logits.shape[0] == int(keep.sum()):
-                _LOGITS_TO_KEEP_MASK[cls] = True
-                return _keep_cache(res, out).logits
-        except (IndexError, RuntimeError, TypeError, ValueError):
-            pass
-        _LOGITS_TO_KEEP_MASK[cls] = False
-    res = model(**inputs)
-    return _keep_cache(res, out).logits[keep]
-
-
-def _keep_cache(res, out: dict | None):
-    if out is not None:
-        out["cache"] = getattr(res, "cache", None) or getattr(res, "past_key_values", None)
-    return res
 
 
 # ---------------------------------------------------------------------------------- planning

@@ -1,0 +1,63 @@
+"""The learner's forward through a model's own `forward`, for any causal LM transformers loads.
+
+Every recipe (SFT, DPO, RL) gets its logits here, never by reaching into a model's modules
+(`model.model`, `model.lm_head`, `model.transformer`): those names differ by family (GPT-2
+keeps its decoder as `transformer`, Gemma soft-caps logits after the head), and only the
+model's forward knows them all.
+
+The lean part is the vocabulary projection: a (B, S, V) logits tensor costs B*S*V floats, so
+where the model takes a boolean `logits_to_keep` (transformers >= 5, every family built on
+`slice_logits_to_keep`) the head runs on the kept positions only; elsewhere every position is
+projected and the kept ones are selected, with the same numbers.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+_LOGITS_TO_KEEP_MASK: dict[type, bool] = {}  # model class -> takes a boolean logits_to_keep
+
+
+def logits_at(model, keep: torch.Tensor, out: dict | None = None, **inputs) -> torch.Tensor:
+    """(n, V) logits of `model(**inputs)` at the n True positions of keep (B, S), row-major.
+
+    `out["cache"]` receives the returned KV cache. The first call for a model class finds out
+    whether it takes the boolean mask; a caller that passes a cache in (SharedPrefixPlan's
+    suffix forward) always comes after a call without one (its prefix forward), so a failed
+    try never extends a cache."""
+    cls = type(model)
+    if _LOGITS_TO_KEEP_MASK.get(cls, True) and "logits_to_keep" in inspect.signature(model.forward).parameters:
+        try:
+            res = model(**inputs, logits_to_keep=keep)
+            if res.logits.ndim == 2 and res.logits.shape[0] == int(keep.sum()):
+                _LOGITS_TO_KEEP_MASK[cls] = True
+                return _keep_cache(res, out).logits
+        except (IndexError, RuntimeError, TypeError, ValueError):
+            pass
+        _LOGITS_TO_KEEP_MASK[cls] = False
+    res = model(**inputs)
+    return _keep_cache(res, out).logits[keep]
+
+
+def projects_kept_only(model) -> bool | None:
+    """Whether `logits_at` projects only the kept positions for this model's class (None: not
+    called yet)."""
+    return _LOGITS_TO_KEEP_MASK.get(type(model))
+
+
+def _keep_cache(res, out: dict | None):
+    if out is not None:
+        out["cache"] = getattr(res, "cache", None) or getattr(res, "past_key_values", None)
+    return res
+
+
+def set_learner_mode(model, dropout: bool) -> None:
+    """Put the model in the mode its learner computes in: `dropout=False` is eval mode, so
+    every dropout (modules, and the functional dropout attention applies when
+    `module.training`) is off and the learner's logprobs are the sampler's; gradients flow
+    all the same. RL and DPO compare logprobs with a sampler's or a reference's, so they
+    always pass False; SFT follows `train.dropout`. (Hugging Face's gradient checkpointing
+    runs only in train mode; flywheel does not turn it on.)"""
+    model.train(dropout)
