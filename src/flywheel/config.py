@@ -57,7 +57,9 @@ class SFTDataConfig(Config):
     val_fraction: float = Field(0.0, ge=0, lt=1, description="hold out this share of train when no val files")
     format: Literal["auto", "chat", "prompt_completion"] = "auto"
     max_length: int = Field(2048, ge=2, description="max tokens per example")
-    overlong: Literal["truncate", "skip"] = Field("truncate", description="what to do past max_length")
+    overlong: Literal["truncate", "skip"] = Field("truncate", description=(
+        "a line past max_length: cut it to max_length (a warning each) or skip it; a line cutting "
+        "would leave with no trained token is skipped either way"))
     on_error: Literal["raise", "skip"] = Field(
         "raise", description="bad lines: stop with an error, or skip them with a warning each")
     add_eos: bool = Field(True, description="prompt/completion: end the completion with the eos token")

@@ -90,7 +90,7 @@ def test_sft_with_an_unknown_override_exits_2(runner, tmp_path):
     result = runner.invoke(app, ["sft", str(config), "train.steps=3", "train.stepz=3"])
     assert result.exit_code == 2
     assert ("  train.stepz: unknown key; valid keys here are: "
-            "batch_size, epochs, micro_batch_size, seed, steps\n") in result.stderr
+            "batch_size, dropout, epochs, micro_batch_size, seed, steps\n") in result.stderr
     assert "Traceback" not in result.output and result.stdout == ""
 
 
@@ -101,6 +101,27 @@ def test_help_lists_the_commands(runner):
     assert {"model", "generate", "sft"} <= listed
     model_help = runner.invoke(app, ["model", "--help"])
     assert model_help.exit_code == 0 and "tiny" in model_help.output
+
+
+@pytest.mark.parametrize("columns", [60, 200])
+def test_help_reads_as_paragraphs_at_any_width(runner, columns):
+    """Docstrings wrapped at 100 columns used to keep their breaks: "curates its" / "failures"."""
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": str(columns), "TERMINAL_WIDTH": str(columns)})
+    text = " ".join(line.strip("│ ").strip() for line in result.output.splitlines())
+    assert "curates its failures, trains, gates and promotes." in re.sub(r"\s+", " ", text)
+    if columns == 200:  # wide enough: each command's description is one line
+        assert re.search(r"│ demo\s+A simulated production world .* the `demo:` line\.\s+│", result.output)
+
+
+def test_paragraphs_joins_lines_and_keeps_items():
+    from flywheel.cli.help import paragraphs
+
+    assert paragraphs("""a b
+        c
+
+        d
+        - e
+        - f""") == "a b c\n\nd\n- e\n- f"
 
 
 def test_serve_refuses_a_negative_number_of_ingestion_workers(runner, tiny):

@@ -406,3 +406,34 @@ def test_folder_without_tokenizer(folder, tmp_path):
     shutil.copy(folder / "model.safetensors", tmp_path)
     with pytest.raises(ModelLoadError, match="has no tokenizer"):
         load(tmp_path)
+
+
+def _copy(folder, dest):
+    shutil.copytree(folder, dest)
+    return dest
+
+
+def test_a_folder_without_tokenizer_json_is_refused_by_name(folder, tmp_path):
+    """It used to load an empty tokenizer (2 special tokens against 320 embedding rows), and
+    sft / generate then failed later with "prompt 0 is empty"."""
+    bare = _copy(folder, tmp_path / "bare")
+    (bare / "tokenizer.json").unlink()
+    with pytest.raises(ModelLoadError, match="names PreTrainedTokenizerFast, which is built from tokenizer.json, "
+                                             "and the folder has no tokenizer.json"):
+        load(bare)
+    cfg = json.loads((bare / "tokenizer_config.json").read_text())
+    del cfg["tokenizer_class"]  # AutoTokenizer then picks the model family's class
+    (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"no vocabulary besides its 2 special tokens.*absent: tokenizer.json"):
+        load_tokenizer(bare)
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(folder, tmp_path):
+    big = _copy(folder, tmp_path / "big")
+    tok = load_tokenizer(big)
+    tok.add_tokens([f"<extra_{i}>" for i in range(100)])  # ids 259..358 against 320 rows
+    tok.save_pretrained(big)
+    with pytest.raises(ModelLoadError, match="makes ids up to 358 but the model's embedding has 320 rows"):
+        load(big)
+    model, smaller = load(folder)  # 259 ids in 320 rows: padding rows are fine
+    assert len(smaller) < model.get_input_embeddings().weight.shape[0]

@@ -205,3 +205,14 @@ def test_report_summary_and_default_warning(tok, tmp_path):
     assert report.files == [a, b]
     assert report.summary() == "2 examples from 2 files (4 lines): 1 invalid skipped, 1 with nothing to train skipped"
     assert DataReport(files=["x"], lines=3, examples=3).summary() == "3 examples from 1 file (3 lines)"
+
+
+def test_readme_states_the_overlong_default():
+    """README said over-long conversations were an error while the default cut them: the
+    default and README's sentence are checked together."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert SFTDataConfig.model_fields["overlong"].default == "truncate"
+    assert "is cut to it by default" in readme and "`data.overlong=skip` drops it instead" in readme
+    assert "over-long conversations — are an" not in readme

@@ -6,6 +6,7 @@ import typer
 
 from flywheel.cli import data, demo, dpo, economics, env, generate, loop, model, models, rl, sft, traces
 from flywheel.cli import serve
+from flywheel.cli.help import reflow_help
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
                   no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -22,6 +23,7 @@ app.command("serve")(serve.serve)
 app.command("sft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sft.sft)
 app.command("dpo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(dpo.dpo)
 app.command("rl", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(rl.rl)
+reflow_help(app)
 
 
 def main() -> None:

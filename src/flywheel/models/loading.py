@@ -16,6 +16,7 @@ class ModelLoadError(ValueError):
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt")  # where a vocabulary lives
 _GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
@@ -71,12 +72,19 @@ def load_tokenizer(path: str | Path):
             declared = json.loads((path / "tokenizer_config.json").read_text()).get("tokenizer_class")
         except json.JSONDecodeError as e:
             raise ModelLoadError(f"{path / 'tokenizer_config.json'}: invalid JSON at line {e.lineno}: {e.msg}") from None
-    cls = PreTrainedTokenizerFast if declared in _GENERIC_TOKENIZER_CLASSES and (path / "tokenizer.json").exists() \
-        else AutoTokenizer
+    if declared in _GENERIC_TOKENIZER_CLASSES and not (path / "tokenizer.json").exists():
+        raise ModelLoadError(f"{str(path)!r}: tokenizer_config.json names {declared}, which is built from "
+                             "tokenizer.json, and the folder has no tokenizer.json")
+    cls = PreTrainedTokenizerFast if declared in _GENERIC_TOKENIZER_CLASSES else AutoTokenizer
     try:
         tok = cls.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # transformers raises many types here; name the folder
         raise ModelLoadError(f"{str(path)!r}: cannot load a tokenizer: {e}") from e
+    if len(tok.get_vocab()) <= len(tok.get_added_vocab()):  # only special tokens: nothing read the vocabulary
+        absent = [f for f in VOCABULARY_FILES if not (path / f).exists()]
+        raise ModelLoadError(f"{str(path)!r}: the tokenizer built from this folder has no vocabulary besides its "
+                             f"{len(tok.get_added_vocab())} special tokens; its vocabulary file is missing "
+                             f"(absent: {', '.join(absent)})")
     if tok.pad_token_id is None:  # batching needs a pad id; reuse eos as most recipes do
         tok.pad_token = tok.eos_token
     return tok
@@ -101,4 +109,14 @@ def load(path: str | Path, dtype: str = "float32", device: str = "cpu"):
     except Exception as e:
         raise ModelLoadError(f"{str(path)!r}: transformers could not load the model: {e}") from e
     tokenizer = load_tokenizer(path)
+    check_vocabulary_fits(path, tokenizer, model.get_input_embeddings().weight.shape[0])
     return model.to(device).eval(), tokenizer
+
+
+def check_vocabulary_fits(path: str | Path, tokenizer, embedding_rows: int) -> None:
+    """ModelLoadError when the tokenizer makes ids the model cannot embed. A tokenizer smaller
+    than the embedding is fine (padding rows, as the tiny models have)."""
+    top = max(tokenizer.get_vocab().values()) + 1
+    if top > embedding_rows:
+        raise ModelLoadError(f"{str(path)!r}: the tokenizer makes ids up to {top - 1} but the model's embedding "
+                             f"has {embedding_rows} rows; tokenizer and weights do not belong together")
