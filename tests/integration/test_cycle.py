@@ -73,7 +73,7 @@ def test_cycle_trains_gates_and_promotes(world):
         assert prod.eval_scores["candidate"] == cand
         assert fw.registry.verify("v2") == []
         stages = {r.stage for r in fw.ledger.read()}
-        assert {"curation", "rl", "eval"} <= stages
+        assert {"curation", "rl_rollout", "rl_train", "eval"} <= stages
         outcomes = [json.loads(line) for line in fw.outcomes_path.read_text().splitlines()]
         assert [(o["cycle"], o["promoted"]) for o in outcomes] == [("c1", True)]
         # the next cycle starts from v2 and, with no new failures since c1, rejects its candidate

@@ -241,13 +241,12 @@ def _write_report(fw, out: Path, rows: list[DayRow], console) -> None:
     report_dir = out / "report"
     outcomes = read_cycles(fw.outcomes_path) if fw.outcomes_path.exists() else []
     rep = build_report(fw.ledger.read(), outcomes, sources={"ledger": str(fw.ledger.path)})
-    paths = write_report(rep, report_dir)
-    (report_dir / "families.png").write_bytes(family_plot(rows))
+    paths = write_report(rep, report_dir, extra_plots={"families.png": family_plot(rows)})
     table = markdown_table(rows)
     (report_dir / "demo-table.md").write_text(table + "\n", encoding="utf-8")
     console.print(table)
-    console.print(f"report: {report_dir / 'index.html'}, {report_dir / 'families.png'}, "
-                  + ", ".join(sorted(p.name for n, p in paths.items() if n.endswith('.png'))))
+    console.print(f"report: {report_dir / 'index.html'}, "
+                  + ", ".join(p.name for n, p in paths.items() if n.endswith('.png')))
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:

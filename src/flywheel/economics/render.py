@@ -19,6 +19,7 @@ th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 .note{color:#555;font-size:.85em;max-width:60em}
 .estimate{border-left:4px solid #e69500;padding-left:.8em}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+figcaption{color:#555;font-size:.85em}
 """
 
 
@@ -79,7 +80,8 @@ def html_page(report: EconomicsReport, plots: dict[str, bytes]) -> str:
         alt = name.removesuffix(".png").replace("_", " ")
         cls = ' class="estimate"' if "estimate" in name else ""
         imgs.append(f'<figure{cls}><img alt="{html.escape(alt)}" '
-                    f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"></figure>')
+                    f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+                    f'<figcaption>{html.escape(name)}</figcaption></figure>')
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f"<title>flywheel economics report</title><style>{_CSS}</style></head><body>"
@@ -87,13 +89,23 @@ def html_page(report: EconomicsReport, plots: dict[str, bytes]) -> str:
             f"{tables}<h2>Plots</h2>{''.join(imgs)}</body></html>\n")
 
 
-def write_report(report: EconomicsReport, out_dir: str | Path) -> dict[str, Path]:
-    """Write every plot as PNG and index.html into `out_dir`; returns name -> path."""
+def write_report(report: EconomicsReport, out_dir: str | Path,
+                 extra_plots: dict[str, bytes] | None = None) -> dict[str, Path]:
+    """Write every plot as PNG and index.html into `out_dir`; returns name -> path.
+    `extra_plots` (file name -> PNG bytes, e.g. the demo's families.png) are written and shown
+    on the page first, before the report's own plots."""
     from flywheel.economics.plots import render_all
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plots = render_all(report)
+    own = render_all(report)
+    clash = sorted(set(own) & set(extra_plots or {}))
+    if clash:
+        raise ValueError(f"extra_plots {clash} would overwrite the report's own plots of the same name")
+    bad = sorted(n for n in (extra_plots or {}) if not n.endswith(".png") or "/" in n or "\\" in n)
+    if bad:
+        raise ValueError(f"extra_plots names must be plain file names ending in .png, got {bad}")
+    plots = {**(extra_plots or {}), **own}
     paths = {}
     for name, png in plots.items():
         (out / name).write_bytes(png)

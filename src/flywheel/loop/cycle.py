@@ -293,13 +293,13 @@ def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
             result = run_rl(stage_config(fw.cfg, "rl", **common, env=env), log=log)
         seconds = time.perf_counter() - t0
         if stop_requested():  # cut short: not done; a resumed cycle continues from its checkpoint
-            _record_cost(fw, st, stage, seconds)
+            _record_train_cost(fw, st, stage, seconds, result)  # the resumed run counts only its own steps
             fw.save(st)
             return
         current = str(result.final_model)
         st.stages_run.append({"stage": stage, "examples": n, "steps": result.steps, "seconds": seconds,
                               "final_model": current})
-        _record_cost(fw, st, stage, seconds)
+        _record_train_cost(fw, st, stage, seconds, result)
         fw.save(st)
         _crash_point(f"train:{stage}")
     ran = [s for s in st.stages_run if "skipped" not in s]
@@ -314,14 +314,15 @@ def _evaluate(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
     if st.new_failures:
         env = ReplayEnvironment(Path(st.files["new_failures"]))
         suites.append(Suite(fw.cfg.gate.new_failures, env, env.tasks("train"), fw.cfg.eval.new_failures_max_tokens))
-    seconds = 0.0
+    seconds, generated = 0.0, 0
     for who, path in (("incumbent", st.incumbent_path), ("candidate", st.candidate_path)):
         result = evaluate_model(path, suites)
         st.scores[who] = result.scores
         seconds += result.seconds
+        generated += result.tokens_generated
         log(f"{st.id}: {who}: " + ", ".join(f"{k} {v:.3f}" for k, v in result.scores.items()))
     st.seconds["evaluate"] = seconds
-    _record_cost(fw, st, "eval", seconds)
+    _record_cost(fw, st, "eval", seconds, tokens_generated=generated)
 
 
 def _decide(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
@@ -387,9 +388,29 @@ def _log_outcome(fw: Flywheel, st: CycleState) -> None:
     append_line(fw.outcomes_path, outcome.model_dump_json())
 
 
-def _record_cost(fw: Flywheel, st: CycleState, stage: str, seconds: float) -> None:
-    rec = fw.ledger.record(stage, hardware=fw.cfg.hardware, seconds=seconds, cycle=st.id)
+def _record_cost(fw: Flywheel, st: CycleState, stage: str, seconds: float, **tokens: int) -> None:
+    rec = fw.ledger.record(stage, hardware=fw.cfg.hardware, seconds=seconds, cycle=st.id, **tokens)
     st.usd += rec.usd
+
+
+def train_cost_entries(stage: str, seconds: float, result) -> list[tuple[str, float, dict[str, int]]]:
+    """The ledger records of one training stage run: (ledger stage, seconds, token counts).
+
+    SFT and DPO: one record, `tokens_trained`. RL: `rl_rollout` with the seconds the learner
+    waited for rollouts and the tokens they sampled, and `rl_train` with the rest of the stage's
+    seconds (updates, weight sync, its held-out evaluations) and the loss tokens; together they
+    cost what the stage held. Counts are the run's own (a resumed run's exclude what the run it
+    resumed counted), so a stage cut short and resumed is recorded in pieces that never overlap."""
+    if stage != "rl":
+        return [(stage, seconds, {"tokens_trained": result.tokens_trained})]
+    wait = min(max(result.rollout_seconds, 0.0), seconds)
+    return [("rl_rollout", wait, {"tokens_generated": result.tokens_generated}),
+            ("rl_train", seconds - wait, {"tokens_trained": result.tokens_trained})]
+
+
+def _record_train_cost(fw: Flywheel, st: CycleState, stage: str, seconds: float, result) -> None:
+    for name, secs, tokens in train_cost_entries(stage, seconds, result):
+        _record_cost(fw, st, name, secs, **tokens)
 
 
 # ---------------------------------------------------------------------------- driving a cycle
