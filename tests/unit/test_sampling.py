@@ -74,3 +74,23 @@ def pytest_approx(values):
     import pytest
 
     return pytest.approx(values, abs=1e-6)
+
+
+def test_top_logprobs_are_sorted_and_share_the_sampled_tokens_distribution():
+    """Processed rows report the filtered distribution (alternatives outside its support
+    are -inf and dropped by top_pairs), raw and greedy rows the temperature-1 one; ids past
+    `known` (vocabulary padding) are never listed."""
+    from flywheel.inference.sampling import reported_logprobs, top_logprobs, top_pairs
+
+    logits = torch.tensor([[0.0, 3.0, 2.0, 1.0, 5.0]]).repeat(3, 1)  # (3, 5); id 4: vocabulary padding
+    temperature, top_k, top_p = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([2, 2, 2]), torch.ones(3)
+    lp_B_V = reported_logprobs(logits, temperature, top_k, top_p, torch.tensor([True, False, True]))
+    kept = (logits[0, [4, 1]] / 0.5).log_softmax(-1)  # top_k=2 at temperature 0.5 keeps ids 4 and 1
+    assert torch.allclose(lp_B_V[0, [4, 1]], kept) and torch.isinf(lp_B_V[0, [0, 2, 3]]).all()
+    raw = logits[1].log_softmax(-1)  # the raw row, and the greedy row although processed
+    assert torch.allclose(lp_B_V[1], raw) and torch.allclose(lp_B_V[2], raw)
+    ids, lps = top_logprobs(lp_B_V, 3, known=4)  # (3, 3) each
+    assert ids[1:].tolist() == [[1, 2, 3], [1, 2, 3]] and ids[0, 0] == 1
+    assert (lps[:, :-1] >= lps[:, 1:]).all() and (lps.exp().sum(-1) <= 1 + 1e-6).all()
+    assert top_pairs(ids[0].tolist(), lps[0].tolist(), 3) == [(1, lps[0, 0].item())]
+    assert top_pairs(ids[1].tolist(), lps[1].tolist(), 2) == [(1, raw[1].item()), (2, raw[2].item())]

@@ -52,7 +52,10 @@ sampling and before the step's forward, one token per sample row still generatin
 row's last report holds its stop token, if any), `whole=False`. In whole-batch mode the
 engine only returns whole results, so the whole completion is reported once, with
 `whole=True`, right before the future resolves. The text, stop strings included, is the
-caller's to derive (the final text is the resolved `Sample.text`).
+caller's to derive (the final text is the resolved `Sample.text`). Submitted with
+`report_logprobs=True`, the callback gets a fourth argument, `{sample index: [(logprob,
+alternatives) of each reported token]}` (alternatives: the token's `Sample.top_logprobs`
+entry, None without `top_logprobs`).
 
 Aborting: `abort(future)` stops a job whose caller went away (a client that closed its
 stream). A job still queued is cancelled (it never runs; the future is cancelled). A job
@@ -91,8 +94,10 @@ class BatchResult:
     engine: Sampler
 
 
-TokenCallback = Callable[[str, dict[int, list[int]], bool], None]
-"""on_tokens(label, {sample index: token ids sampled since the last report}, whole); see the module doc."""
+TokenCallback = Callable[..., None]
+"""on_tokens(label, {sample index: token ids sampled since the last report}, whole[, logprobs]);
+see the module doc."""
+TokenLogprobs = dict[int, list[tuple[float, list[tuple[int, float]] | None]]]
 
 
 class JobFuture(Future):
@@ -129,6 +134,7 @@ class _Job:
     seed: int | None
     on_tokens: TokenCallback | None = None
     future: JobFuture = field(default_factory=JobFuture)
+    report_logprobs: bool = False  # on_tokens also gets the tokens' logprobs
 
 
 class BatchScheduler:
@@ -174,10 +180,11 @@ class BatchScheduler:
             return (self._next or self._current)[1]
 
     def submit(self, prompt: Sequence[int], params: SamplingParams, seed: int | None = None,
-               on_tokens: TokenCallback | None = None) -> JobFuture:
+               on_tokens: TokenCallback | None = None, report_logprobs: bool = False) -> JobFuture:
         """Queue one prompt; the future resolves to a `BatchResult` (or the engine's exception).
-        on_tokens: called with the job's new tokens as they are sampled (see the module doc)."""
-        job = _Job(list(prompt), params, seed, on_tokens)
+        on_tokens: called with the job's new tokens as they are sampled (see the module doc);
+        report_logprobs: with their logprobs too."""
+        job = _Job(list(prompt), params, seed, on_tokens, report_logprobs=report_logprobs)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
@@ -279,7 +286,7 @@ class BatchScheduler:
             return
         self._count(batch)
         for job, samples in zip(batch, results):
-            _report(job, label, {i: list(s.token_ids) for i, s in enumerate(samples)}, whole=True)
+            _report_whole(job, label, samples)
             job.future.set_result(BatchResult(samples, label, engine))
 
     def _execute_alone(self, engine: Sampler, label: str, job: _Job) -> None:
@@ -289,7 +296,7 @@ class BatchScheduler:
             job.future.set_exception(e)
             return
         self._count([job])
-        _report(job, label, {i: list(s.token_ids) for i, s in enumerate(samples)}, whole=True)
+        _report_whole(job, label, samples)
         job.future.set_result(BatchResult(samples, label, engine))
 
     def _count(self, batch: list[_Job]) -> None:
@@ -362,12 +369,15 @@ class BatchScheduler:
 class _Row:
     """Host-side state of one sample row of the running batch."""
 
-    __slots__ = ("job", "index", "stops", "max_new", "strings", "tokens", "logprobs", "finish")
+    __slots__ = ("job", "index", "stops", "max_new", "strings", "top", "tokens", "logprobs", "tops", "finish")
 
-    def __init__(self, job: "_Active", index: int, stops: frozenset[int], max_new: int, strings: tuple[str, ...]):
+    def __init__(self, job: "_Active", index: int, stops: frozenset[int], max_new: int, strings: tuple[str, ...],
+                 top: int = 0):
         self.job, self.index, self.stops, self.max_new, self.strings = job, index, stops, max_new, strings
+        self.top = top  # alternatives per token (SamplingParams.top_logprobs)
         self.tokens: list[int] = []
         self.logprobs: list[float] = []
+        self.tops: list[list[tuple[int, float]]] = []  # each token's alternatives, when top > 0
         self.finish: tuple[str, int | str | None] | None = None  # (finish_reason, stop_reason)
 
 
@@ -418,6 +428,7 @@ class _RunningBatch:
         self.temperature = self.top_k = self.top_p = self.processed = self.pos_next = self.start = None
         self.needs = None
         self.any_processed = False
+        self.k_max = 0  # most alternatives per token any row asks for
         self.padded = False  # some row cannot see column 0: attention needs a mask
 
     # ---------------------------------------------------------------- joining
@@ -474,7 +485,7 @@ class _RunningBatch:
             sp = j.params
             stops = frozenset(sp.stop_token_ids) | (frozenset() if sp.ignore_eos else frozenset(engine.eos_ids))
             for i in range(sp.n):
-                row = _Row(a, i, stops, sp.max_tokens, tuple(sp.stop))
+                row = _Row(a, i, stops, sp.max_tokens, tuple(sp.stop), sp.top_logprobs)
                 a.rows.append(row)
                 new_rows.append(row)
                 rows_uniq.append(unique[tuple(j.prompt)])
@@ -558,6 +569,7 @@ class _RunningBatch:
 
         self.needs = Needs.of(self.temperature, self.top_k, self.top_p)
         self.any_processed = bool(self.processed.any())
+        self.k_max = max((r.top for r in self.rows), default=0)
         self.padded = bool((self.start > 0).any())
 
     # ---------------------------------------------------------------- stepping
@@ -583,18 +595,25 @@ class _RunningBatch:
         torch, engine = self.torch, self.engine
         from flywheel.inference.decoder import KVCache
         from flywheel.inference.engine import _processed_logprobs
-        from flywheel.inference.sampling import sample_tokens
+        from flywheel.inference.sampling import reported_logprobs, sample_tokens, top_logprobs, top_pairs
 
         with engine._lock, torch.inference_mode():
             logits = self.logits
             tok, lp = sample_tokens(logits, self.temperature, self.top_k, self.top_p, engine.generator,
                                     needs=self.needs)
-            if self.any_processed:
+            tops = None
+            if self.k_max:  # the token's logprob and its alternatives from one (B, V) table
+                lp_B_V = reported_logprobs(logits, self.temperature, self.top_k, self.top_p, self.processed, self.needs)
+                lp = lp_B_V.gather(-1, tok[:, None]).squeeze(-1)
+                known = min(getattr(engine, "known_tokens", engine.vocab_size), engine.vocab_size)
+                ids_B_K, lps_B_K = top_logprobs(lp_B_V, self.k_max, known)
+                tops = (ids_B_K.tolist(), lps_B_K.tolist())
+            elif self.any_processed:
                 lp = torch.where(self.processed, _processed_logprobs(logits, tok, self, self.needs), lp)
             toks, lps = tok.tolist(), lp.tolist()
             keep: list[int] = []
             finished: list[_Active] = []
-            reports: dict[int, tuple[_Job, dict[int, list[int]]]] = {}
+            reports: dict[int, tuple[_Job, dict[int, list[int]], TokenLogprobs]] = {}
             for b, row in enumerate(self.rows):
                 t = toks[b]
                 if row.job.job.future.aborted:  # the caller went away: the row leaves, the token is dropped
@@ -605,8 +624,14 @@ class _RunningBatch:
                     continue
                 row.tokens.append(t)
                 row.logprobs.append(lps[b])
+                pairs = top_pairs(tops[0][b], tops[1][b], row.top) if row.top else None
+                if pairs is not None:
+                    row.tops.append(pairs)
                 if row.job.job.on_tokens is not None:
-                    reports.setdefault(id(row.job), (row.job.job, {}))[1][row.index] = [t]
+                    _, ids, lp_report = reports.setdefault(id(row.job), (row.job.job, {}, {}))
+                    ids[row.index] = [t]
+                    if row.job.job.report_logprobs:
+                        lp_report[row.index] = [(lps[b], pairs)]
                 if t in row.stops:
                     row.finish = ("stop", t)
                 elif len(row.tokens) >= row.max_new:
@@ -623,8 +648,8 @@ class _RunningBatch:
             self.stats.live_rows = len(keep)
             # reported before the next forward (a client gets its token one forward sooner);
             # finished jobs resolve after it, while an accelerator runs it
-            for job, tokens in reports.values():
-                _report(job, self.label, tokens)
+            for job, tokens, lp_report in reports.values():
+                _report(job, self.label, tokens, logprobs=lp_report)
             if not keep:
                 self.rows, self.cache, self.logits, self.buf = [], None, None, None
                 return finished
@@ -666,7 +691,7 @@ class _RunningBatch:
                 text = text[:cut] if cut >= 0 else text
             samples.append(Sample(token_ids=row.tokens, logprobs=row.logprobs, finish_reason=reason,
                                   version=a.version, prompt_index=0, stop_reason=stop_reason, text=text,
-                                  prompt_len=len(job.prompt)))
+                                  prompt_len=len(job.prompt), top_logprobs=row.tops if row.top else None))
         s = self.stats
         s.jobs += 1
         s.rows += len(a.rows)
@@ -676,14 +701,26 @@ class _RunningBatch:
             job.future.set_result(BatchResult(samples, self.label, engine))
 
 
-def _report(job: _Job, label: str, tokens: dict[int, list[int]], whole: bool = False) -> None:
-    """Hand a job's new tokens to its on_tokens callback; a failing callback fails nothing."""
+def _report(job: _Job, label: str, tokens: dict[int, list[int]], whole: bool = False,
+            logprobs: TokenLogprobs | None = None) -> None:
+    """Hand a job's new tokens (and their logprobs, if it asked) to its on_tokens callback;
+    a failing callback fails nothing."""
     if job.on_tokens is None:
         return
     try:
-        job.on_tokens(label, tokens, whole)
+        if job.report_logprobs:
+            job.on_tokens(label, tokens, whole, logprobs or {})
+        else:
+            job.on_tokens(label, tokens, whole)
     except Exception:  # noqa: BLE001
         log.exception("the on_tokens callback of a job failed")
+
+
+def _report_whole(job: _Job, label: str, samples: list[Sample]) -> None:
+    """Report a whole-batch job's samples at once."""
+    lps = {i: list(zip(s.logprobs, s.top_logprobs or [None] * len(s.token_ids))) for i, s in enumerate(samples)} \
+        if job.report_logprobs else None
+    _report(job, label, {i: list(s.token_ids) for i, s in enumerate(samples)}, whole=True, logprobs=lps)
 
 
 def _reseed(engine: Sampler, seed: int) -> None:

@@ -22,7 +22,8 @@ import torch
 from flywheel.inference.decoder import LeanDecoder, unsupported_reason
 from flywheel.inference.hf_runner import HFRunner
 from flywheel.inference.sampler import Sample, SamplingParams
-from flywheel.inference.sampling import Needs, filter_logits, sample_tokens
+from flywheel.inference.sampling import (Needs, filter_logits, reported_logprobs, sample_tokens, top_logprobs,
+                                         top_pairs)
 
 
 class LocalEngine:
@@ -45,6 +46,7 @@ class LocalEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
+        self.known_tokens = len(tokenizer)  # ids past it (vocabulary padding) have no token
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else torch.initial_seed() % (1 << 62))
         self._lock = threading.Lock()
@@ -175,6 +177,8 @@ class LocalEngine:
         differ = needs.scale or needs.filter
         all_processed = differ and all(processed)
         mixed_processed = differ and any(processed) and not all_processed
+        k_max = max(sp.top_logprobs for sp in row_params)  # alternatives per token (0: none)
+        known = min(self.known_tokens, self.vocab_size)
 
         # ---- prefill the distinct prompts once, then fan out
         cache = self.runner.new_cache(R, P + T_new)
@@ -185,6 +189,10 @@ class LocalEngine:
         out_tok = torch.zeros(R, T_new, dtype=torch.long, device=dev)
         out_lp = torch.zeros(R, T_new, dtype=torch.float32, device=dev)
         n_out = torch.zeros(R, dtype=torch.long, device=dev)  # tokens kept per row
+        if k_max:
+            K = min(k_max, known)
+            out_top_ids = torch.zeros(R, T_new, K, dtype=torch.long, device=dev)  # (R, T, K)
+            out_top_lp = torch.full((R, T_new, K), float("-inf"), device=dev)  # (R, T, K)
         hit_token = torch.zeros(R, dtype=torch.bool, device=dev)  # ended by a stop token
         hit_string: dict[int, str] = {}
         live = _LiveRows(idx=torch.arange(R, device=dev), temperature=temperature, top_k=top_k, top_p=top_p,
@@ -198,7 +206,11 @@ class LocalEngine:
         while True:
             tok, lp = sample_tokens(logits, live.temperature, live.top_k, live.top_p, self.generator,
                                     processed_logprobs=all_processed, needs=needs)
-            if mixed_processed:
+            if k_max:  # the token's logprob and its alternatives from one (B, V) table
+                lp_B_V = reported_logprobs(logits, live.temperature, live.top_k, live.top_p, live.processed, needs)
+                lp = lp_B_V.gather(-1, tok[:, None]).squeeze(-1)
+                out_top_ids[live.idx, t], out_top_lp[live.idx, t] = top_logprobs(lp_B_V, K, known)
+            elif mixed_processed:
                 lp = torch.where(live.processed, _processed_logprobs(logits, tok, live, needs), lp)
             out_tok[live.idx, t] = tok
             out_lp[live.idx, t] = lp
@@ -224,6 +236,8 @@ class LocalEngine:
         lps_per_row = [row[:n] for row, n in zip(out_lp.cpu().tolist(), lengths)]
         texts = self._decode_batch(ids_per_row)
         hits = hit_token.tolist()
+        if k_max:
+            top_ids, top_lps = out_top_ids.cpu().tolist(), out_top_lp.cpu().tolist()
         results: list[list[Sample]] = [[] for _ in prompts]
         for r, (i, _) in enumerate(rows):
             ids, text = ids_per_row[r], texts[r]
@@ -235,9 +249,11 @@ class LocalEngine:
                 reason, stop_reason = "stop", ids[-1]
             else:
                 reason, stop_reason = "length", None
+            k = row_params[r].top_logprobs
+            tops = [top_pairs(a, b, k) for a, b in zip(top_ids[r][:len(ids)], top_lps[r][:len(ids)])] if k else None
             results[i].append(Sample(token_ids=ids, logprobs=lps_per_row[r], finish_reason=reason,
                                      version=self.version, prompt_index=i, stop_reason=stop_reason,
-                                     text=text, prompt_len=len(prompts[i])))
+                                     text=text, prompt_len=len(prompts[i]), top_logprobs=tops))
         return results
 
     def _decode_batch(self, ids: list[list[int]]) -> list[str]:

@@ -25,6 +25,9 @@ class SamplingParams:
       - "processed": log-probability under the distribution actually sampled from, after
         temperature scaling and top-k / top-p renormalisation (greedy rows: under the
         temperature-1 distribution, as there is no sampling distribution).
+    `top_logprobs=k` (> 0) also returns, for every sampled token, the k most likely tokens
+    of the tokenizer's vocabulary under that same distribution (`Sample.top_logprobs`);
+    0 costs nothing.
     """
 
     n: int = 1
@@ -36,6 +39,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings; the text excludes them, the ids keep the token
     ignore_eos: bool = False
     logprobs_mode: Literal["raw", "processed"] = "raw"
+    top_logprobs: int = 0  # alternatives per sampled token; 0 = none
 
     def __post_init__(self):
         problems = []
@@ -53,6 +57,8 @@ class SamplingParams:
             problems.append(f"stop strings must be non-empty strings, got {self.stop!r}")
         if self.logprobs_mode not in ("raw", "processed"):
             problems.append(f"logprobs_mode must be 'raw' or 'processed', got {self.logprobs_mode!r}")
+        if not isinstance(self.top_logprobs, int) or self.top_logprobs < 0:
+            problems.append(f"top_logprobs must be an integer >= 0, got {self.top_logprobs!r}")
         if problems:
             raise ValueError("invalid SamplingParams: " + "; ".join(problems))
         # accept lists from JSON / YAML
@@ -65,7 +71,9 @@ class Sample:
     """One completion. `token_ids[i]` was sampled with log-probability `logprobs[i]`
     (see SamplingParams for the distribution). When a stop token or stop string ended the
     sample, the token that did it is the last of `token_ids`; `text` excludes a stop string
-    (OpenAI semantics) but keeps nothing after it."""
+    (OpenAI semantics) but keeps nothing after it. With `SamplingParams.top_logprobs=k`,
+    `top_logprobs[i]` holds token i's alternatives: up to k (id, logprob) pairs, best first,
+    under the distribution of `logprobs[i]` (tokens outside a filtered support left out)."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -76,6 +84,7 @@ class Sample:
     text: str | None = None
     prompt_len: int = 0
     extra: dict = field(default_factory=dict)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 @runtime_checkable

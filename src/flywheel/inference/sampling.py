@@ -78,3 +78,30 @@ def sample_tokens(logits_B_V: torch.Tensor, temperature_B: torch.Tensor, top_k_B
         base = torch.where(greedy_B[:, None], logits_B_V, filtered) if needs.greedy else filtered
     logprobs = base.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
     return tokens, logprobs
+
+
+def reported_logprobs(logits_B_V: torch.Tensor, temperature_B: torch.Tensor, top_k_B: torch.Tensor,
+                      top_p_B: torch.Tensor, processed_B: torch.Tensor, needs: Needs | None = None) -> torch.Tensor:
+    """(B, V) the log-probabilities each row reports, for its sampled token and its top
+    alternatives alike: the filtered sampling distribution (`filter_logits`) for processed
+    rows that sample, the raw temperature-1 one for the others (raw rows, greedy rows)."""
+    raw = logits_B_V.float()
+    needs = needs or Needs.of(temperature_B, top_k_B, top_p_B)
+    base = raw
+    if bool(processed_B.any()) and (needs.scale or needs.filter):
+        filtered = filter_logits(raw, temperature_B, top_k_B, top_p_B, needs)
+        base = torch.where((processed_B & (temperature_B > 0))[:, None], filtered, raw)
+    return base.log_softmax(-1)
+
+
+def top_logprobs(logprobs_B_V: torch.Tensor, k: int, known: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids_B_K, logprobs_B_K): each row's k most likely ids, best first, among ids < known
+    (the tokenizer's; None: all). Entries past a filtered row's support are -inf."""
+    lp = logprobs_B_V if known is None else logprobs_B_V[:, :known]
+    values, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)  # sorted, descending
+    return ids, values
+
+
+def top_pairs(ids_K: list[int], logprobs_K: list[float], k: int) -> list[tuple[int, float]]:
+    """One token's first k alternatives as (id, logprob) pairs, those of probability 0 left out."""
+    return [(i, lp) for i, lp in zip(ids_K[:k], logprobs_K[:k]) if lp != float("-inf")]

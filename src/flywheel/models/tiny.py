@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.models.loading import quiet_transformers
+from flywheel.models.token_bytes import bytes_to_unicode
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -55,7 +56,7 @@ def build_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     alphabet = ByteLevel.alphabet()  # the 256 printable stand-ins for bytes
-    byte_to_char = _bytes_to_unicode()
+    byte_to_char = bytes_to_unicode()
     vocab = {byte_to_char[b]: b for b in range(N_BYTES)}
     assert set(vocab) == set(alphabet)
     raw = Tokenizer(models.BPE(vocab=vocab, merges=[], ignore_merges=True))
@@ -73,20 +74,6 @@ def build_tokenizer():
     tok.chat_template = chat_template()
     tok.padding_side = "left"
     return tok
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable-character map (used by ByteLevel)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    printable += list(range(ord("®"), ord("ÿ") + 1))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return chars
 
 
 def build_tiny_model(out: str | Path, spec: TinySpec = TinySpec()) -> Path:

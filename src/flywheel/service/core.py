@@ -10,8 +10,10 @@ Streaming (`stream: true`): `chat`/`completions` return an `EventStream` instead
 response. Its job reports its tokens after every decode step (the scheduler's
 `on_tokens`, handed to the event loop with one loop call per step however many streams
 there are), and each choice's text goes out as it is sampled (`responses.TextStream`:
-complete characters only, stop strings and tool calls held back); when the job ends, each
-choice's last chunks carry the rest of its final text, its tool calls and finish_reason,
+complete characters only, stop strings and tool calls held back; with `logprobs`, a content
+chunk carries the entries of the tokens that complete its text: `responses.LogprobStream`);
+when the job ends, each choice's last chunks carry the rest of its final text (and
+logprobs), its tool calls and finish_reason,
 then come the usage chunk (`stream_options.include_usage`) and `data: [DONE]`. The
 response is only started once the first tokens came, so a request refused by the engine
 still gets a plain JSON error, and `system_fingerprint` is the version actually serving it.
@@ -52,6 +54,7 @@ from flywheel.envs.parsing import HermesParser, ToolCallParser
 from flywheel.inference.batching import BatchResult, BatchScheduler
 from flywheel.inference.sampler import SamplingParams
 from flywheel.loop.trace_schema import describe
+from flywheel.models.token_bytes import token_table
 from flywheel.service import responses as R
 from flywheel.service.errors import OpenAIError, bad
 from flywheel.service.schemas import ChatCompletionRequest, CompletionRequest
@@ -187,7 +190,7 @@ class OpenAIService:
         for i, s in enumerate(result.samples):
             message, finish = R.assistant_message(s.text or "", tools_offered=bool(c.tools),
                                                   finish_reason=s.finish_reason, parser=self.parser)
-            lp = R.chat_logprobs(R.token_logprobs(tok, s)) if c.req.logprobs else None
+            lp = R.chat_logprobs(token_table(tok), s) if c.req.logprobs else None
             choices.append({"index": i, "message": message, "logprobs": lp, "finish_reason": finish})
         return choices
 
@@ -275,7 +278,8 @@ class OpenAIService:
             return response, self._chat_events(c, response, results)
 
         stream = EventStream(self, chat=True, rid=R.new_id("chatcmpl"), include_usage=c.req.include_usage,
-                             texts=texts, choices=lambda i, r: self._chat_choices(c, r), respond=respond)
+                             texts=texts, choices=lambda i, r: self._chat_choices(c, r), respond=respond,
+                             logprobs=token_table(self.engine.tokenizer) if c.req.logprobs else None)
         await stream.start([(c.prompt, c.params, c.req.seed)])
         return stream
 
@@ -332,12 +336,17 @@ class OpenAIService:
             raise bad(param, f"{budget} is too large: the prompt has {prompt_len} tokens and the model's "
                              f"context is {ctx}, so at most {left} can be generated")
         greedy = req.temperature == 0 or req.top_p == 0
+        # logprobs as OpenAI reports them: under the distribution sampled from ("processed")
+        asked = req.logprobs is not None and req.logprobs is not False
         return SamplingParams(n=req.n, temperature=0.0 if greedy else req.temperature,
-                              top_p=1.0 if greedy else req.top_p, max_tokens=budget, stop=req.stop_strings)
+                              top_p=1.0 if greedy else req.top_p, max_tokens=budget, stop=req.stop_strings,
+                              logprobs_mode="processed" if asked else "raw",
+                              top_logprobs=getattr(req, "top_logprobs", None) or 0)
 
-    def _submit(self, prompt: list[int], params: SamplingParams, seed: int | None, on_tokens=None):
+    def _submit(self, prompt: list[int], params: SamplingParams, seed: int | None, on_tokens=None,
+                report_logprobs: bool = False):
         try:
-            return self.scheduler.submit(prompt, params, seed, on_tokens=on_tokens)
+            return self.scheduler.submit(prompt, params, seed, on_tokens=on_tokens, report_logprobs=report_logprobs)
         except RuntimeError as e:  # closed: the server is shutting down
             raise OpenAIError(str(e), status=503, type="server_error") from None
 
@@ -395,10 +404,11 @@ class _Waker:
 class _StreamJob:
     """One scheduler job of a stream and the streamed text of its samples."""
 
-    def __init__(self, texts: list[R.TextStream]):
+    def __init__(self, texts: list[R.TextStream], logprobs: list[R.LogprobStream] | None = None):
         self.texts = texts
+        self.logprobs = logprobs  # per sample, when the request asked for logprobs
         self.future = None
-        self.reports: deque[tuple[str, dict[int, list[int]], bool]] = deque()
+        self.reports: deque[tuple[str, dict[int, list[int]], bool, dict | None]] = deque()
         self.started = False  # tokens were reported
         self.result: BatchResult | None = None
         self.choices: list[dict[str, Any]] | None = None  # set when the job has ended
@@ -413,8 +423,11 @@ class EventStream:
     def __init__(self, service: OpenAIService, *, chat: bool, rid: str, include_usage: bool,
                  texts: Callable[[int], list[R.TextStream]],
                  choices: Callable[[int, BatchResult], list[dict[str, Any]]],
-                 respond: Callable[..., tuple[dict[str, Any], list[TraceEvent]]]):
+                 respond: Callable[..., tuple[dict[str, Any], list[TraceEvent]]], logprobs=None):
+        """logprobs: the tokenizer's TokenTable when a chat request asked for logprobs (each
+        content chunk then carries its tokens' entries)."""
         self.service, self.chat, self.rid = service, chat, rid
+        self._table = logprobs
         self.created = int(time.time())
         self.include_usage = include_usage
         self._texts, self._choices, self._respond = texts, choices, respond
@@ -430,8 +443,8 @@ class EventStream:
     # ---------------------------------------------------------------- scheduler side (worker thread)
 
     def _on_tokens(self, job: _StreamJob):
-        def report(label: str, tokens: dict[int, list[int]], whole: bool) -> None:
-            job.reports.append((label, tokens, whole))
+        def report(label: str, tokens: dict[int, list[int]], whole: bool, logprobs=None) -> None:
+            job.reports.append((label, tokens, whole, logprobs))
             self._waker(self)
         return report
 
@@ -446,9 +459,11 @@ class EventStream:
         """Submit the jobs; return once the first tokens came (or raise the OpenAIError of a
         job that failed before: the response has not started, so it can still be an error)."""
         for i, (prompt, params, seed) in enumerate(jobs):
-            job = _StreamJob(self._texts(i))
+            texts = self._texts(i)
+            job = _StreamJob(texts, None if self._table is None else [R.LogprobStream(self._table) for _ in texts])
             try:
-                job.future = self.service._submit(prompt, params, seed, on_tokens=self._on_tokens(job))
+                job.future = self.service._submit(prompt, params, seed, on_tokens=self._on_tokens(job),
+                                                  report_logprobs=job.logprobs is not None)
             except OpenAIError:
                 self._abort()
                 raise
@@ -522,20 +537,26 @@ class EventStream:
             # a job that ended sends the rest of its text in its last chunks; so does a job of
             # an engine that only returns whole results (reported whole, right before its end)
             if not done:
-                for _, tokens, whole in reports:
+                for _, tokens, whole, logprobs in reports:
                     if whole:
                         continue
                     for k, ids in sorted(tokens.items()):
                         piece = job.texts[k].feed(ids)
+                        lp = None
+                        if job.logprobs is not None:
+                            job.logprobs[k].feed(ids, (logprobs or {}).get(k, ()))
+                            lp = job.logprobs[k].take(piece) if piece else None
                         if piece:
                             index = self._index(job, k)
-                            out.append(mk.chat(index, {"content": piece}) if self.chat else mk.text(index, piece))
+                            out.append(mk.chat(index, {"content": piece}, logprobs=lp) if self.chat
+                                       else mk.text(index, piece))
                 continue
             job.result = job.future.result()  # raises what generation raised
             job.choices = self._choices(i, job.result)
-            for choice, text in zip(job.choices, job.texts):
+            for k, (choice, text) in enumerate(zip(job.choices, job.texts)):
                 if self.chat:
-                    out.extend(mk.chat_end(choice, text.finish(choice["message"].get("content") or "")))
+                    sent = job.logprobs[k].sent if job.logprobs is not None else 0
+                    out.extend(mk.chat_end(choice, text.finish(choice["message"].get("content") or ""), sent))
                 else:
                     out.extend(mk.text_end(choice, text.finish(choice["text"])))
         return out

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from flywheel.envs.parsing import HermesParser, ToolCallParser
 from flywheel.inference.sampler import Sample
+from flywheel.models.token_bytes import TokenTable, token_text
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,32 @@ def token_logprobs(tokenizer, sample: Sample) -> list[tuple[str, float]]:
     return [(tokenizer.decode([t], skip_special_tokens=False), lp) for t, lp in zip(ids, lps)]
 
 
-def chat_logprobs(pairs: Sequence[tuple[str, float]]) -> dict[str, Any]:
-    return {"content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
-                        for tok, lp in pairs], "refusal": None}
+def chat_logprobs(table: TokenTable, sample: Sample) -> dict[str, Any]:
+    """A chat choice's `logprobs`: one entry per token of the message, i.e. without a final
+    stop token and without ids that have no token (vocabulary padding: they make no text).
+    Each entry's `bytes` are its token's own (see token_bytes), so the entries' bytes join
+    into the UTF-8 of the message's text; `top_logprobs` holds the sample's alternatives
+    (`[]` when none were asked for)."""
+    ids, lps, tops = sample.token_ids, sample.logprobs, sample.top_logprobs
+    if isinstance(sample.stop_reason, int) and ids and ids[-1] == sample.stop_reason:
+        ids, lps = ids[:-1], lps[:-1]
+    entries = (logprob_entry(table, t, lp, tops[i] if tops is not None else None)
+               for i, (t, lp) in enumerate(zip(ids, lps)))
+    return {"content": [e for e in entries if e is not None], "refusal": None}
+
+
+def logprob_entry(table: TokenTable, token_id: int, logprob: float,
+                  alternatives: Sequence[tuple[int, float]] | None) -> dict[str, Any] | None:
+    """One token's entry of `logprobs.content` (None for an id without a token)."""
+    raw = table.bytes_of(token_id)
+    if raw is None:
+        return None
+    top = []
+    for alt, alt_lp in alternatives or ():
+        alt_raw = table.bytes_of(alt)
+        if alt_raw is not None:
+            top.append({"token": token_text(alt_raw), "logprob": alt_lp, "bytes": list(alt_raw)})
+    return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw), "top_logprobs": top}
 
 
 def completion_logprobs(pairs: Sequence[tuple[str, float]]) -> dict[str, Any]:
@@ -156,6 +180,45 @@ class TextStream:
         return rest
 
 
+class LogprobStream:
+    """The logprob entries of one streamed chat choice, sent with the chunk whose text
+    completes their tokens: `feed` the reported tokens, `take` after sending a piece of
+    text. A token that makes no text of its own (a special token) goes with the next one
+    that does, so a final stop token is never sent here; whatever is not sent when the
+    choice ends goes in its last chunks (`Chunks.chat_end`, from the final entries)."""
+
+    def __init__(self, table: TokenTable):
+        self.table = table
+        self.pending: list[tuple[dict[str, Any], int]] = []  # (entry, bytes of text it makes)
+        self.sent = 0  # entries sent
+        self.text_bytes = 0  # bytes of the text sent
+        self._covered = 0  # bytes of text the sent entries make
+
+    def feed(self, ids: Sequence[int], reported: Sequence[tuple[float, Any]]) -> None:
+        for t, (lp, alternatives) in zip(ids, reported):
+            entry = logprob_entry(self.table, t, lp, alternatives)
+            if entry is not None:
+                self.pending.append((entry, self.table.text_bytes(t)))
+
+    def take(self, piece: str) -> dict[str, Any] | None:
+        """After `piece` was sent: the `logprobs` of its chunk (None if no entry is due)."""
+        self.text_bytes += len(piece.encode("utf-8"))
+        total, cut, cut_total = self._covered, 0, self._covered
+        for j, (_, n) in enumerate(self.pending):
+            if total + n > self.text_bytes:
+                break
+            total += n
+            if n:
+                cut, cut_total = j + 1, total
+        if not cut:
+            return None
+        out = [e for e, _ in self.pending[:cut]]
+        del self.pending[:cut]
+        self.sent += cut
+        self._covered = cut_total
+        return {"content": out, "refusal": None}
+
+
 class Chunks:
     """The chunk objects of one streamed response (`chat.completion.chunk` or streamed
     `text_completion`); with include_usage every chunk has `usage: null` and `usage()` makes
@@ -182,20 +245,26 @@ class Chunks:
     def usage(self, usage: dict[str, int]) -> dict[str, Any]:
         return {**self.head, "choices": [], "usage": usage}
 
-    def chat_end(self, choice: dict[str, Any], rest: str) -> Iterator[dict[str, Any]]:
+    def chat_end(self, choice: dict[str, Any], rest: str, sent_logprobs: int = 0) -> Iterator[dict[str, Any]]:
         """The last chunks of a chat choice: the rest of its content, its tool calls, its
-        logprobs, its finish_reason."""
+        logprobs (those after the `sent_logprobs` entries already streamed), its finish_reason."""
         i, message = choice["index"], choice["message"]
+        logprobs = choice.get("logprobs")
+        if logprobs is not None:
+            logprobs = {**logprobs, "content": logprobs["content"][sent_logprobs:]}
+            if not logprobs["content"] and (sent_logprobs or rest):
+                logprobs = None
         if rest:
-            yield self.chat(i, {"content": rest})
+            yield self.chat(i, {"content": rest}, logprobs=logprobs)
+            logprobs = None
         for k, call in enumerate(message.get("tool_calls") or []):
             fn = call["function"]
             yield self.chat(i, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
                                                 "function": {"name": fn["name"], "arguments": ""}}]})
             if fn["arguments"]:
                 yield self.chat(i, {"tool_calls": [{"index": k, "function": {"arguments": fn["arguments"]}}]})
-        if choice.get("logprobs"):
-            yield self.chat(i, {}, logprobs=choice["logprobs"])
+        if logprobs is not None:
+            yield self.chat(i, {}, logprobs=logprobs)
         yield self.chat(i, {}, choice["finish_reason"])
 
     def text_end(self, choice: dict[str, Any], rest: str) -> Iterator[dict[str, Any]]:

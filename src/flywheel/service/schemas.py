@@ -71,7 +71,7 @@ class ChatCompletionRequest(_Body):
     parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=0)  # only the sampled token's logprob
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)  # alternatives per token (needs logprobs)
     response_format: dict[str, Any] | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -83,6 +83,13 @@ class ChatCompletionRequest(_Body):
         if isinstance(v, list):
             return [{k: x for k, x in m.items() if x is not None and not (k == "annotations" and x == [])}
                     if isinstance(m, dict) else m for m in v]
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v: int | None, info) -> int | None:
+        if v is not None and not info.data.get("logprobs"):
+            raise ValueError("the 'top_logprobs' parameter is only allowed when 'logprobs' is enabled")
         return v
 
     @field_validator("response_format")
