@@ -6,6 +6,9 @@ Each repeat runs `--calls` calls of each system back to back (plain, cold, warm,
 first repeat warms up and is dropped. p50/p99 are over all kept calls of a system; `ratio` is
 the median over repeats of (plain p50 / warm p50) in that repeat, so drift of this shared
 machine between repeats cancels. Calls are issued one at a time from one client thread.
+`warm_share` is the share of pool requests (warm-up repeat included) served by an already-started
+sandbox, from `SandboxPool.stats()`: 1.0 unless sandboxes had to be restarted (one that cannot get
+clean restarts on every request, see docs/security.md).
 """
 
 from __future__ import annotations
@@ -79,6 +82,7 @@ def main() -> None:
                     continue
                 calls[name] += ts
                 per_rep[name].append(statistics.median(ts))
+        pool_stats = pool.stats()
     finally:
         pool.close()
     load1 = os.getloadavg()
@@ -99,10 +103,14 @@ def main() -> None:
     for k in ("plain", "cold", "warm"):
         lines.append(f"| {names[k]} | {ms[k][0]:.2f} | {ms[k][1]:.2f} | {ms[k][0] / ms['warm'][0]:.1f}x |")
     lines += ["", f"ratio = median over repeats of plain p50 / warm p50: {statistics.median(ratios):.1f} "
-              f"(range {min(ratios):.1f}-{max(ratios):.1f}). Targets: warm p50 <= 3 ms, ratio >= 5."]
+              f"(range {min(ratios):.1f}-{max(ratios):.1f}). Targets: warm p50 <= 3 ms, ratio >= 5.",
+              "", f"Pool requests served warm: {pool_stats['warm']} of {pool_stats['requests']} "
+              f"(warm_share {pool_stats['warm_share']:.3f}; restarted {pool_stats['restarted']}); interpreter "
+              f"prefix {sys.prefix}."]
     last = (f"sandbox: warm_p50_ms={ms['warm'][0]:.2f} ratio={statistics.median(ratios):.2f} "
             f"warm_p99_ms={ms['warm'][1]:.2f} cold_p50_ms={ms['cold'][0]:.2f} cold_p99_ms={ms['cold'][1]:.2f} "
-            f"plain_p50_ms={ms['plain'][0]:.2f} threads=1")
+            f"plain_p50_ms={ms['plain'][0]:.2f} warm_share={pool_stats['warm_share']:.3f} "
+            f"restarted={pool_stats['restarted']} threads=1")
     common.append_report("bench/sandbox.py: sandboxed print(1+1), cold and warm vs plain subprocess",
                          "\n".join(lines), last, write=not args.no_report)
 

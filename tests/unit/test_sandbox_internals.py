@@ -80,6 +80,19 @@ def test_bwrap_options_isolate_and_order_mounts(tmp_path):
             os.close(fd)
 
 
+def test_root_binds_leave_only_read_only_mount_points_in_private_dirs():
+    opts = bwrap.root_binds(["/opt/py", "/tmp/a/b/venv", "/tmp/a/c", "/tmp/v", "/tmp/v/lib", "/dev/shm/x/y",
+                             "/opt/py/lib"])
+    assert opts == ["--tmpfs", "/dev/shm/x", "--ro-bind", "/dev/shm/x/y", "/dev/shm/x/y",
+                    "--ro-bind", "/opt/py", "/opt/py",
+                    "--tmpfs", "/tmp/a", "--ro-bind", "/tmp/a/b/venv", "/tmp/a/b/venv",
+                    "--ro-bind", "/tmp/a/c", "/tmp/a/c", "--ro-bind", "/tmp/v", "/tmp/v",
+                    "--remount-ro", "/dev/shm/x", "--remount-ro", "/tmp/a"]
+    for bad in ("/tmp", "/tmp/", "/dev"):
+        with pytest.raises(ValueError, match="private"):
+            bwrap.root_binds([bad])
+
+
 @pytest.mark.parametrize("cwd, inside", [(".", "/workspace"), ("a/b", "/workspace/a/b"), ("a/../c", "/workspace/c")])
 def test_inside_cwd(cwd, inside):
     assert bwrap.inside_cwd(cwd) == inside

@@ -17,8 +17,8 @@ See docs/security.md for the threat model and what is NOT protected.
 from .limits import Limits
 from .pool import SandboxPool
 from .probe import UNSAFE_ENV, sandbox_available, unavailable_reason
-from .result import ExecResult, SandboxError, SandboxUnavailable, UnsafeSandboxWarning
+from .result import ExecResult, SandboxDirtyWarning, SandboxError, SandboxUnavailable, UnsafeSandboxWarning
 from .sandbox import Sandbox
 
-__all__ = ["SandboxError", "SandboxUnavailable", "UnsafeSandboxWarning", "ExecResult", "Limits", "Sandbox",
-           "SandboxPool", "sandbox_available", "unavailable_reason", "UNSAFE_ENV"]
+__all__ = ["SandboxError", "SandboxUnavailable", "UnsafeSandboxWarning", "SandboxDirtyWarning", "ExecResult",
+           "Limits", "Sandbox", "SandboxPool", "sandbox_available", "unavailable_reason", "UNSAFE_ENV"]

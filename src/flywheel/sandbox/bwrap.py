@@ -16,6 +16,8 @@ Facts that shaped this:
   uid): /etc is NOT mounted whole (its shadow file would be readable), only a fixed subset.
 - Mounts apply in order: /tmp's tmpfs comes before the Python binds so a venv under /tmp stays
   visible, and `--remount-ro /` comes last.
+- A bind inside /tmp (a clone's venv at /tmp/clone/.venv) needs the directories leading to it,
+  which would be writable, unremovable parts of the private /tmp: see `root_binds`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ PASSWD = "nobody:x:65534:65534:nobody:/tmp:/usr/sbin/nologin\n"
 GROUP = "nogroup:x:65534:\n"
 HOSTS = "127.0.0.1 localhost\n::1 localhost ip6-localhost\n"
 TOP_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
+PRIVATE_DIRS = ("/dev/shm", "/tmp")  # the sandbox's own writable tmpfs mounts (a pool empties them)
 
 
 def python_roots() -> list[str]:
@@ -53,6 +56,37 @@ def python_roots() -> list[str]:
             continue
         out.append(p)
     return out
+
+
+def root_binds(roots) -> list[str]:
+    """bwrap options binding `roots` (host paths) read-only at their host paths; they come after
+    the tmpfs mounts of PRIVATE_DIRS.
+
+    Contract: every entry directly inside a private dir that these options create is a read-only
+    mount point, and nothing else is. A root directly inside one is bound there; a deeper one
+    hangs from an empty tmpfs on its first directory below the private dir, remounted read-only
+    once its binds are made. So the sandboxed code cannot write next to a root, nor rename, remove
+    or chmod the path to it, and a cleaner that removes everything but mount points gets the
+    private dir clean. Nested roots are bound once (the outermost)."""
+    kept: list[str] = []
+    for r in sorted({posixpath.normpath(r) for r in roots}):
+        if not any(r == q or r.startswith(q + "/") for q in kept):
+            kept.append(r)
+    opts: list[str] = []
+    skeletons: list[str] = []
+    for r in kept:
+        for d in PRIVATE_DIRS:
+            if r == d or d.startswith(r + "/"):
+                raise ValueError(f"a read-only bind of {r} would cover the sandbox's private {d}")
+            if r.startswith(d + "/"):
+                top = posixpath.join(d, r[len(d) + 1:].split("/")[0])
+                if top != r and top not in skeletons:
+                    skeletons.append(top)
+                    opts += ["--tmpfs", top]
+        opts += ["--ro-bind", r, r]
+    for top in skeletons:
+        opts += ["--remount-ro", top]
+    return opts
 
 
 def default_env() -> dict[str, str]:
@@ -146,8 +180,7 @@ def options(spec: Spec, status_w: int) -> tuple[list[str], list[int]]:
     for dest, content in (("passwd", PASSWD), ("group", GROUP), ("hosts", HOSTS), ("hostname", "sandbox\n")):
         o += ["--ro-bind-data", data(dest, content.encode()), f"/etc/{dest}"]
     o += ["--proc", "/proc", "--dev", "/dev", *sized("/dev/shm"), "--remount-ro", "/dev", *sized("/tmp")]
-    for root in [*python_roots(), *spec.extra_ro]:
-        o += ["--ro-bind", root, root]
+    o += root_binds([*python_roots(), *spec.extra_ro])
     for dest, content in spec.files.items():
         o += ["--ro-bind-data", data(os.path.basename(dest), content), dest]
     if spec.workspace is not None:

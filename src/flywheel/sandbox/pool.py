@@ -7,6 +7,9 @@ filled from the request's `workspace` before it runs, mirrored back into it afte
 emptied. A server that died, stopped answering, or could not clean up (e.g. SysV IPC objects
 left behind) is killed with its sandbox and replaced before its next request, so a request that
 broke its sandbox returns an ExecResult with `error` set and the next one gets a clean sandbox.
+A sandbox whose /tmp or /dev/shm cannot be emptied (no request to blame: a mount layout bug)
+would restart on every request: the pool says so once, with a SandboxDirtyWarning and a logged
+warning naming what was left; `stats()` counts warm and restarted requests.
 
 Thread-safe: each call takes an idle worker from a queue (blocking while all `size` are busy);
 from asyncio use `loop.run_in_executor(None, pool.run_python, code)`.
@@ -19,17 +22,21 @@ trees use `Sandbox`, which bind-mounts it).
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import queue
 import threading
 import time
+import warnings
 import weakref
 from pathlib import Path
 
 from . import bwrap, classify, probe, workspace as wsmod
 from .limits import Limits
-from .result import ExecResult, SandboxError
+from .result import ExecResult, SandboxDirtyWarning, SandboxError
 from .sandbox import _stdin_bytes, _workspace
-from .worker import Worker
+from .worker import Worker, dirty
+
+log = logging.getLogger("flywheel.sandbox")
 
 
 class _Spawner:
@@ -100,6 +107,9 @@ class SandboxPool:
         self._workers = [Worker(limits, self.isolated, self.preload, self._spawner, env) for _ in range(size)]
         self._idle: queue.Queue = queue.Queue()
         self._closed = False
+        self._stats = dict.fromkeys(("requests", "warm", "restarted", "recycled", "unclean"), 0)
+        self._stats_lock = threading.Lock()
+        self._warned_dirty = False
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._spawner)
         try:
             with concurrent.futures.ThreadPoolExecutor(size) as ex:  # starts overlap; Popen is on the spawner
@@ -108,6 +118,7 @@ class SandboxPool:
             self.close()
             raise
         for w in self._workers:
+            self._warn_dirty(w.dirty, 3)
             self._idle.put(w)
 
     @property
@@ -117,6 +128,16 @@ class SandboxPool:
     @property
     def size(self) -> int:
         return len(self._workers)
+
+    def stats(self) -> dict[str, float]:
+        """Counters since construction: `requests` that reached a sandbox, of which `warm` (served
+        by a started sandbox) and `restarted` (a fresh sandbox was started for it first);
+        `recycled` sandboxes killed after a request (died, timed out, not clean), of which
+        `unclean` because the server could not get clean; `warm_share` = warm / requests."""
+        with self._stats_lock:
+            out: dict[str, float] = dict(self._stats)
+        out["warm_share"] = out["warm"] / out["requests"] if out["requests"] else 1.0
+        return out
 
     def preload_errors(self) -> dict[str, str]:
         """Modules from `preload` that failed to import in the servers (name -> error)."""
@@ -163,6 +184,23 @@ class SandboxPool:
 
     # -- internals ------------------------------------------------------------------------
 
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            for k, v in deltas.items():
+                self._stats[k] += v
+
+    def _warn_dirty(self, left: list[str], stacklevel: int) -> None:
+        """Once per pool: a sandbox could not empty its /tmp or /dev/shm (`left`: what and why)."""
+        with self._stats_lock:
+            if not left or self._warned_dirty:
+                return
+            self._warned_dirty = True
+        msg = (f"flywheel.sandbox: SandboxPool cannot get its sandboxes clean between requests, so every "
+               f"request restarts its sandbox (~30x slower than warm); left behind: {'; '.join(left[:3])}. "
+               f"Warned once per pool; stats() counts the restarts.")
+        warnings.warn(msg, SandboxDirtyWarning, stacklevel=stacklevel)
+        log.warning(msg)
+
     def _acquire(self) -> Worker:
         while True:
             if self._closed:
@@ -182,8 +220,12 @@ class SandboxPool:
         try:
             if self._closed:
                 raise SandboxError("the sandbox pool is closed")
-            if not w.alive:
+            if w.alive:
+                self._count(requests=1, warm=1)
+            else:
+                self._count(requests=1, restarted=1)
                 w.restart()
+                self._warn_dirty(w.dirty, 4)
             return self._run_on(w, header, ws, data, timeout)
         finally:
             if self._closed:
@@ -208,7 +250,10 @@ class SandboxPool:
         except (EOFError, OSError, ValueError):
             died = True
         pids, ooms = w.counter_deltas()
-        broken = died or host_timeout or not resp.get("clean", True)
+        unclean = not (died or host_timeout) and not resp.get("clean", True)
+        broken = died or host_timeout or unclean
+        self._count(recycled=int(broken), unclean=int(unclean))
+        self._warn_dirty(dirty(resp), 5)
         if broken:
             w.stop()  # before touching the workspace: nothing may still write to it
         try:

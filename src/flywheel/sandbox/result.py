@@ -32,6 +32,10 @@ class UnsafeSandboxWarning(UserWarning):
     """Untrusted code is about to run WITHOUT isolation (the explicit unsafe opt-in)."""
 
 
+class SandboxDirtyWarning(RuntimeWarning):
+    """A warm pool's sandbox cannot get clean between requests, so each request restarts it."""
+
+
 @dataclass
 class ExecResult:
     """One execution. `returncode` is None when the sandbox killed the code (timeout, output

@@ -19,14 +19,16 @@ Isolation between requests, and what the server does about each channel:
   cannot open /proc/<server>/mem or /proc/<server>/fd/* to tamper with later requests or reach
   the host pipe (ptrace is also refused by the seccomp filter). If the server dies anyway (OOM
   kill under the memory cap), the host reports the request and starts a fresh sandbox.
-- files: /tmp and /dev/shm are emptied; the workspace is a per-server host directory that the
-  host fills before and empties after each request.
+- files: /tmp and /dev/shm are emptied but for their read-only mount points, what cannot be
+  removed is reported as `dirty` (in the ready frame and each answer); the workspace is a
+  per-server host directory that the host fills before and empties after each request.
 - SysV IPC objects outlive processes: if a request left any, the server asks to be recycled.
 Without a pid namespace (the unsafe mode) the server instead kills the child's session and, as a
 child subreaper, every orphan reparented to it.
 """
 
 import atexit
+import errno
 import gc
 import json
 import os
@@ -192,32 +194,55 @@ def _kill_all(pidns, child_pid, reaped, timeout_s=2.0):
             return not left
 
 
+_MODES = {}  # private dir -> its mode before any request (a request may chmod it to hide files)
+
+
+def _rm_fix(func, p, exc):  # rmtree onerror: the request may have chmod-ed a directory to 000
+    os.chmod(os.path.dirname(p), 0o700)
+    os.chmod(p, 0o700) if os.path.isdir(p) and not os.path.islink(p) else None
+    func(p)
+
+
 def _clear_dir(path):
-    """Empty a directory of ours (/tmp, /dev/shm). True when nothing is left in it."""
+    """Empty a private dir (/tmp, /dev/shm) but for its (read-only, see bwrap.root_binds) mount
+    points; restore its mode, drop its user xattrs. Returns what is left, with why ([]: clean)."""
     try:
-        dev = os.stat(path).st_dev
+        st = os.stat(path)
+        os.chmod(path, _MODES.setdefault(path, st.st_mode & 0o7777))
+        try:
+            names = os.listxattr(path)
+        except OSError as e:
+            if e.errno != errno.EOPNOTSUPP:  # EOPNOTSUPP: a tmpfs without xattrs holds none
+                raise
+            names = []
+        for name in names:
+            if name.startswith("user."):
+                os.removexattr(path, name)
         entries = list(os.scandir(path))
-    except OSError:
-        return True
+    except OSError as e:
+        return [f"{path}: {e}"]
+    errors = {}
     for e in entries:
         try:
-            if e.stat(follow_symlinks=False).st_dev != dev:
-                continue  # a mount point (e.g. a read-only bind under /tmp): not ours to clear
+            if e.stat(follow_symlinks=False).st_dev != st.st_dev:
+                continue  # a mount point: not ours to clear
             if e.is_dir(follow_symlinks=False):
-                def fix(func, p, exc):
-                    os.chmod(os.path.dirname(p), 0o700)
-                    os.chmod(p, 0o700) if os.path.isdir(p) and not os.path.islink(p) else None
-                    func(p)
                 os.chmod(e.path, 0o700)
-                shutil.rmtree(e.path, onerror=fix)
+                shutil.rmtree(e.path, onerror=_rm_fix)
             else:
                 os.unlink(e.path)
-        except OSError:
-            pass
+        except OSError as err:
+            errors[e.path] = f"{e.path}: {err}"
     try:
-        return all(x.stat(follow_symlinks=False).st_dev != dev for x in os.scandir(path))
-    except OSError:
-        return False
+        left = [x.path for x in os.scandir(path) if x.stat(follow_symlinks=False).st_dev == st.st_dev]
+    except OSError as e:
+        return [f"{path}: {e}"]
+    return [errors.get(p, f"{p}: still there") for p in left]
+
+
+def _dirty():
+    """What clearing /tmp and /dev/shm could not remove (at most 8 lines; [] when clean)."""
+    return (_clear_dir("/tmp") + _clear_dir("/dev/shm"))[:8]
 
 
 def _ipc_clean():
@@ -356,9 +381,10 @@ def main(argv):
             resource.setrlimit(getattr(resource, "RLIMIT_" + name), (soft, hard))
         except (ValueError, OSError) as e:
             errors["rlimit " + name] = repr(e)
+    dirty = _dirty() if cfg["pidns"] else []  # before any request: what no request can be blamed for
     gc.collect()
     gc.freeze()
-    write_frame(wfd, {"ready": True, "pid": os.getpid(), "errors": errors})
+    write_frame(wfd, {"ready": True, "pid": os.getpid(), "errors": errors, "dirty": dirty})
     while True:
         try:
             req, blobs = read_frame(rfd)
@@ -366,7 +392,8 @@ def main(argv):
             os._exit(0)
         resp, out, err = handle(req, blobs, cfg)
         if cfg["pidns"]:  # private /tmp and /dev/shm only exist inside the sandbox
-            resp["clean"] = _clear_dir("/tmp") & _clear_dir("/dev/shm") & _ipc_clean() & resp.get("clean", True)
+            resp["dirty"] = _dirty()
+            resp["clean"] = not resp["dirty"] and _ipc_clean() and resp.get("clean", True)
         write_frame(wfd, resp, [out, err])
 
 

@@ -35,6 +35,12 @@ FRAME_SLACK = 1 << 16
 SERVER_DIR = "/opt/flywheel-sandbox"  # where server.py and protocol.py are placed inside the sandbox
 
 
+def dirty(frame: dict) -> list[str]:
+    """The server's `dirty` list (what its cleaner could not remove), size-capped: it is untrusted."""
+    v = frame.get("dirty")
+    return [str(x)[:300] for x in v[:8]] if isinstance(v, list) else []
+
+
 class Worker:
     def __init__(self, limits: Limits, isolated: bool, preload: tuple[str, ...], spawn: Callable,
                  env: dict[str, str] | None = None):
@@ -45,6 +51,7 @@ class Worker:
         self.dir: str | None = None
         self.init_pid: int | None = None  # host pid of the sandbox's pid 1 (the server)
         self.errors: dict[str, str] = {}  # preload / rlimit failures reported by the server
+        self.dirty: list[str] = []  # what the fresh server could not clear from /tmp, /dev/shm (see dirty())
         self.dead = True
         self._counters = (0, 0)
         self._lock = threading.Lock()  # stop() may come from close() on another thread
@@ -122,6 +129,7 @@ class Worker:
             if status_fd is not None:
                 self.init_pid = self._read_status(status_fd)
         self.errors = hdr.get("errors", {})
+        self.dirty = dirty(hdr)
         if self.cg is not None:  # cap the tree at the server's idle footprint + memory_mb
             used = self.cg.memory_usage()
             if used is not None:
