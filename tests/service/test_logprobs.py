@@ -127,6 +127,18 @@ def test_logprob_bytes_rebuild_the_text_and_name_partial_characters(live):
     assert all(e.top_logprobs == [] for e in entries)
 
 
+def test_legacy_completion_logprobs_name_tokens_the_same_way(live):
+    service, _, client = live
+    with scripted(service.engine, TEXT):
+        r = client.completions.create(model="flywheel", prompt="Say café!\n", max_tokens=12, temperature=0,
+                                      logprobs=0)
+    choice = r.choices[0]
+    assert choice.text == TEXT
+    assert choice.logprobs.tokens == ["c", "a", "f", "bytes:\\xc3", "bytes:\\xa9", "!"]
+    assert choice.logprobs.text_offset == [0, 1, 2, 3, 3, 4]  # é starts at character 3
+    assert len(choice.logprobs.token_logprobs) == 6
+
+
 def test_vocabulary_padding_never_appears(live):
     """The random model samples ids past the tokenizer's vocabulary (they make no text):
     the logprobs hold one entry per token of the message, none with empty bytes."""

@@ -226,7 +226,7 @@ class OpenAIService:
         """The choices of prompt i: indices i * n + j."""
         out = []
         for j, s in enumerate(result.samples):
-            lp = R.completion_logprobs(R.token_logprobs(result.engine.tokenizer, s)) \
+            lp = R.completion_logprobs(token_table(result.engine.tokenizer), s) \
                 if c.req.logprobs is not None else None
             out.append({"index": i * c.req.n + j, "text": s.text or "", "logprobs": lp,
                         "finish_reason": s.finish_reason})

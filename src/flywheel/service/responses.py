@@ -60,12 +60,12 @@ def assistant_message(text: str, *, tools_offered: bool, finish_reason: str,
     return {"role": "assistant", "content": text}, finish_reason
 
 
-def token_logprobs(tokenizer, sample: Sample) -> list[tuple[str, float]]:
-    """(token text, logprob) of each sampled token, without a final stop token."""
+def _message_tokens(sample: Sample) -> tuple[list[int], list[float]]:
+    """The sample's token ids and logprobs without a final stop token."""
     ids, lps = sample.token_ids, sample.logprobs
     if isinstance(sample.stop_reason, int) and ids and ids[-1] == sample.stop_reason:
         ids, lps = ids[:-1], lps[:-1]
-    return [(tokenizer.decode([t], skip_special_tokens=False), lp) for t, lp in zip(ids, lps)]
+    return list(ids), list(lps)
 
 
 def chat_logprobs(table: TokenTable, sample: Sample) -> dict[str, Any]:
@@ -74,9 +74,7 @@ def chat_logprobs(table: TokenTable, sample: Sample) -> dict[str, Any]:
     Each entry's `bytes` are its token's own (see token_bytes), so the entries' bytes join
     into the UTF-8 of the message's text; `top_logprobs` holds the sample's alternatives
     (`[]` when none were asked for)."""
-    ids, lps, tops = sample.token_ids, sample.logprobs, sample.top_logprobs
-    if isinstance(sample.stop_reason, int) and ids and ids[-1] == sample.stop_reason:
-        ids, lps = ids[:-1], lps[:-1]
+    (ids, lps), tops = _message_tokens(sample), sample.top_logprobs
     entries = (logprob_entry(table, t, lp, tops[i] if tops is not None else None)
                for i, (t, lp) in enumerate(zip(ids, lps)))
     return {"content": [e for e in entries if e is not None], "refusal": None}
@@ -96,13 +94,22 @@ def logprob_entry(table: TokenTable, token_id: int, logprob: float,
     return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw), "top_logprobs": top}
 
 
-def completion_logprobs(pairs: Sequence[tuple[str, float]]) -> dict[str, Any]:
-    offsets, at = [], 0
-    for tok, _ in pairs:
-        offsets.append(at)
-        at += len(tok)
-    return {"tokens": [t for t, _ in pairs], "token_logprobs": [lp for _, lp in pairs],
-            "top_logprobs": None, "text_offset": offsets}
+def completion_logprobs(table: TokenTable, sample: Sample) -> dict[str, Any]:
+    """A completion choice's `logprobs` (the legacy format): each token of the text named as
+    in chat (its own bytes; `bytes:\\xNN` for part of a character), ids without a token left
+    out; `text_offset` is the index in the text of the first character the token starts or
+    completes (special tokens make no text)."""
+    tokens, logprobs, offsets, text = [], [], [], b""
+    for t, lp in zip(*_message_tokens(sample)):
+        raw = table.bytes_of(t)
+        if raw is None:
+            continue
+        tokens.append(token_text(raw))
+        logprobs.append(lp)
+        offsets.append(len(text.decode("utf-8", errors="ignore")))
+        if t not in table.special:
+            text += raw
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": offsets}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
