@@ -190,3 +190,29 @@ def test_chmod_of_tmp_or_shm_keeps_nothing_for_the_next_request():
         r = pool.run_python(REVEAL)
         assert r.ok and r.stdout == f"{_skeleton(bwrap.python_roots())} [] None\n", r
         assert pool.stats()["restarted"] == 0
+
+
+NESTED = r"""
+import os
+os.makedirs("/tmp/a/b/c")
+open("/tmp/a/b/c/secret", "w").write("s")
+os.chmod("/tmp/a/b", 0)
+os.utime("/tmp", (1234567, 7654321))
+print("nested")
+"""
+AFTER_NESTED = r"""
+import os
+st = os.stat("/tmp")
+print(sorted(os.listdir("/tmp")), st.st_atime == 1234567 or st.st_mtime == 7654321)
+"""
+
+
+def test_a_nested_unreadable_folder_is_cleared_and_times_do_not_carry_over():
+    """rmtree's error handler retried os.open without flags (TypeError): the server died and
+    lost the request's output. /tmp's times were a channel between requests too."""
+    with SandboxPool(1, FAST) as pool:
+        r = pool.run_python(NESTED)
+        assert r.ok and r.stdout == "nested\n", r
+        r = pool.run_python(AFTER_NESTED)
+        assert r.ok and r.stdout == f"{_skeleton(bwrap.python_roots())} False\n", r
+        assert pool.stats()["restarted"] == 0

@@ -108,8 +108,20 @@ def test_bad_verifier_payloads_are_dropped_with_their_reason_and_the_rest_kept()
         ("t0", "rl", "verifier task: missing field 'prompt'"),
         ("t1", "rl", "verifier task: unknown field 'oops' (Task fields: id, prompt, answer, tools, metadata, split)"),
         ("t2", "rl", "verifier task: must be a JSON object, got array"),
-        ("t3", "rl", "verifier env 'no_such_env' is neither a built-in environment nor 'module:load'"),
+        ("t3", "rl", "verifier env 'no_such_env' is neither a built-in environment nor listed in curation.environments"),
         ("t4", "rl", "verifier task: prompt[0] must be a message object with a string 'role'")]
+
+
+def test_a_verifier_names_only_environments_the_operator_trusts(tmp_path):
+    """Feedback comes from clients, and replaying a verifier runs its environment's loader: an
+    import path (or a file) names code to run, so only built-ins and curation.environments count."""
+    task = {"prompt": "1+1=", "answer": "2"}
+    names = ["os:abort", f"{tmp_path}/evil.py:load", "examples.custom_env:load"]
+    traces = [trace(i, f"q{i}", score=0.0, verifier=StoredVerifier(n, task)) for i, n in enumerate(names)]
+    out = curate(traces, cfg=ALL_TRAIN)
+    assert out.rl.train == [] and [d["trace_id"] for d in out.report.dropped] == ["t0", "t1", "t2"]
+    trusting = ALL_TRAIN.model_copy(update={"environments": ["examples.custom_env:load"]})
+    assert [i.row["env"] for i in curate(traces, cfg=trusting).rl.train] == ["examples.custom_env:load"]
 
 
 def test_a_correction_becomes_an_sft_row_with_the_trace_tools():

@@ -88,9 +88,10 @@ def test_root_binds_leave_only_read_only_mount_points_in_private_dirs():
                     "--tmpfs", "/tmp/a", "--ro-bind", "/tmp/a/b/venv", "/tmp/a/b/venv",
                     "--ro-bind", "/tmp/a/c", "/tmp/a/c", "--ro-bind", "/tmp/v", "/tmp/v",
                     "--remount-ro", "/dev/shm/x", "--remount-ro", "/tmp/a"]
-    for bad in ("/tmp", "/tmp/", "/dev"):
+    for bad in ("/tmp", "/tmp/", "/dev", "/", "//"):
         with pytest.raises(ValueError, match="private"):
             bwrap.root_binds([bad])
+    assert bwrap.root_binds(["//tmp/a/b"]) == bwrap.root_binds(["/tmp/a/b"])  # normpath keeps a leading //
 
 
 @pytest.mark.parametrize("cwd, inside", [(".", "/workspace"), ("a/b", "/workspace/a/b"), ("a/../c", "/workspace/c")])

@@ -141,14 +141,17 @@ def _read(t: StoredTrace, cfg: CurationConfig) -> _Seen:
                  latest(t, "correction"), latest(t, "verifier"))
 
 
-def _known_env(name: str) -> bool:
-    return name != "replay" and (name in list_envs() or ":" in name)
+def _trusted_env(name: str, cfg: CurationConfig) -> bool:
+    """Verifiers come from clients and replaying one runs its environment's loader: only the
+    built-ins and what the operator listed in `curation.environments` are replayed."""
+    return name != "replay" and (name in list_envs() or name in cfg.environments)
 
 
-def _rl(s: _Seen) -> _Candidate:
+def _rl(s: _Seen, cfg: CurationConfig) -> _Candidate:
     v, t = s.verifier, s.trace
-    if not _known_env(v.env):
-        raise Unusable(f"verifier env {v.env!r} is neither a built-in environment nor 'module:load'")
+    if not _trusted_env(v.env, cfg):
+        raise Unusable(f"verifier env {v.env!r} is neither a built-in environment nor listed in "
+                       "curation.environments")
     try:
         task = task_from_dict(v.task, default_id=t.id)
     except ValueError as e:
@@ -236,7 +239,7 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
                 continue
             report.failures_with_verifier += kind == "rl"
             try:
-                found[kind].append(build(s))
+                found[kind].append(build(s, cfg) if kind == "rl" else build(s))
             except (Unusable, AttributeError, KeyError, TypeError) as e:
                 report.drop(t.id, kind, str(e) if isinstance(e, Unusable) else f"{type(e).__name__}: {e}")
         if s.response is not None or s.correction is not None:

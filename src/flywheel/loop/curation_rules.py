@@ -50,6 +50,9 @@ class CurationConfig(Config):
     ngram: int = Field(13, ge=1, description="word n-gram length for decontamination")
     max_pairs_per_prompt: int = Field(4, ge=1, description="DPO pairs per prompt (one per distinct bad response)")
     seed: str = Field("flywheel", description="salt of the held-out split; change it to draw a new split")
+    environments: list[str] = Field(default_factory=list, description=(
+        "environments a verifier may name besides the built-ins ('package.module:load' or 'file.py:load'): "
+        "a verifier arrives with feedback from clients, and replaying it imports and runs its loader"))
 
     @model_validator(mode="after")
     def _consistent(self) -> CurationConfig:

@@ -11,7 +11,9 @@ from the vocabulary instead:
   - anything else: the UTF-8 of the token decoded alone.
 Ids without a token (the model's vocabulary padding past the tokenizer's) have None.
 Concatenating the bytes of a completion's tokens (special tokens left out) gives the UTF-8
-of its text. The table is built once per tokenizer and cached.
+of its text for byte-level vocabularies (tested); a decoder that edits text (a SentencePiece
+one stripping the first space, `clean_up_tokenization_spaces`) makes the text differ from the
+bytes by those edits. The table is built once per tokenizer and cached.
 
 `token_text` names a token as OpenAI does: its text when its bytes are valid UTF-8, else
 `bytes:\\xNN...` (a literal backslash, x and two hex digits per byte).

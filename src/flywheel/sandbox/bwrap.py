@@ -69,7 +69,9 @@ def root_binds(roots) -> list[str]:
     or chmod the path to it, and a cleaner that removes everything but mount points gets the
     private dir clean. Nested roots are bound once (the outermost)."""
     kept: list[str] = []
-    for r in sorted({posixpath.normpath(r) for r in roots}):
+    for r in sorted({"/" + posixpath.normpath(r).lstrip("/") for r in roots}):  # normpath keeps a leading //
+        if r == "/":
+            raise ValueError("a read-only bind of / would cover the whole sandbox, its private dirs included")
         if not any(r == q or r.startswith(q + "/") for q in kept):
             kept.append(r)
     opts: list[str] = []

@@ -39,6 +39,8 @@ from .worker import Worker, dirty
 log = logging.getLogger("flywheel.sandbox")
 
 
+UNCLEAN_STREAK = 3  # unclean requests in a row that make the pool warn
+
 class _Spawner:
     """A long-lived thread that starts the sandboxes: bwrap's --die-with-parent fires when the
     *thread* that forked it exits, so it must not be a caller's (possibly short-lived) thread."""
@@ -110,6 +112,7 @@ class SandboxPool:
         self._stats = dict.fromkeys(("requests", "warm", "restarted", "recycled", "unclean"), 0)
         self._stats_lock = threading.Lock()
         self._warned_dirty = False
+        self._unclean_streak = 0  # requests in a row whose sandbox could not get clean
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._spawner)
         try:
             with concurrent.futures.ThreadPoolExecutor(size) as ex:  # starts overlap; Popen is on the spawner
@@ -190,7 +193,8 @@ class SandboxPool:
                 self._stats[k] += v
 
     def _warn_dirty(self, left: list[str], stacklevel: int) -> None:
-        """Once per pool: a sandbox could not empty its /tmp or /dev/shm (`left`: what and why)."""
+        """Once per pool: a fresh sandbox could not empty its /tmp or /dev/shm, or UNCLEAN_STREAK
+        requests in a row left one that could not (`left`: what and why)."""
         with self._stats_lock:
             if not left or self._warned_dirty:
                 return
@@ -253,7 +257,11 @@ class SandboxPool:
         unclean = not (died or host_timeout) and not resp.get("clean", True)
         broken = died or host_timeout or unclean
         self._count(recycled=int(broken), unclean=int(unclean))
-        self._warn_dirty(dirty(resp), 5)
+        with self._stats_lock:
+            self._unclean_streak = self._unclean_streak + 1 if unclean else 0
+            streak = self._unclean_streak
+        if streak >= UNCLEAN_STREAK:  # one request can leave a mess; the pool's layout leaves one every time
+            self._warn_dirty(dirty(resp), 5)
         if broken:
             w.stop()  # before touching the workspace: nothing may still write to it
         try:

@@ -199,7 +199,11 @@ _MODES = {}  # private dir -> its mode before any request (a request may chmod i
 
 def _rm_fix(func, p, exc):  # rmtree onerror: the request may have chmod-ed a directory to 000
     os.chmod(os.path.dirname(p), 0o700)
-    os.chmod(p, 0o700) if os.path.isdir(p) and not os.path.islink(p) else None
+    if os.path.isdir(p) and not os.path.islink(p):
+        os.chmod(p, 0o700)
+        if func in (os.open, os.scandir, os.listdir):  # rmtree could not enter it: clear it now
+            shutil.rmtree(p, onerror=_rm_fix)
+            return
     func(p)
 
 
@@ -231,10 +235,11 @@ def _clear_dir(path):
                 shutil.rmtree(e.path, onerror=_rm_fix)
             else:
                 os.unlink(e.path)
-        except OSError as err:
-            errors[e.path] = f"{e.path}: {err}"
+        except Exception as err:  # OSError, or RecursionError on a very deep tree: reported, never fatal
+            errors[e.path] = f"{e.path}: {err!r}"
     try:
         left = [x.path for x in os.scandir(path) if x.stat(follow_symlinks=False).st_dev == st.st_dev]
+        os.utime(path, (0, 0))  # its times were a channel to the next request
     except OSError as e:
         return [f"{path}: {e}"]
     return [errors.get(p, f"{p}: still there") for p in left]

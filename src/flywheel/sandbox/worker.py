@@ -36,9 +36,10 @@ SERVER_DIR = "/opt/flywheel-sandbox"  # where server.py and protocol.py are plac
 
 
 def dirty(frame: dict) -> list[str]:
-    """The server's `dirty` list (what its cleaner could not remove), size-capped: it is untrusted."""
+    """The server's `dirty` list (what its cleaner could not remove), size-capped and escaped
+    (repr: no newline or control character reaches a log): the request chose those names."""
     v = frame.get("dirty")
-    return [str(x)[:300] for x in v[:8]] if isinstance(v, list) else []
+    return [repr(str(x)[:300]) for x in v[:8]] if isinstance(v, list) else []
 
 
 class Worker:

@@ -34,6 +34,8 @@ def logits_at(model, keep: torch.Tensor, out: dict | None = None, **inputs) -> t
             if res.logits.ndim == 2 and res.logits.shape[0] == int(keep.sum()):
                 _LOGITS_TO_KEEP_MASK[cls] = True
                 return _keep_cache(res, out).logits
+        except torch.OutOfMemoryError:
+            raise  # says nothing of the mask; the full projection would need more memory still
         except (IndexError, RuntimeError, TypeError, ValueError):
             pass
         _LOGITS_TO_KEEP_MASK[cls] = False
