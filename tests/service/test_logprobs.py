@@ -24,12 +24,7 @@ HELLO = [{"role": "user", "content": "Say café!"}]
 TEXT = "café!"  # what the scripted model writes (é is two byte tokens)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -28,12 +28,7 @@ CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluat
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "12+34="}]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the machine is shared; the tiny model needs no more
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -36,12 +36,7 @@ HELLO = [{"role": "user", "content": "Say something."}]
 WAIT_S = 30  # liveness bound of the holds below (never reached when the behaviour is right)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
 
 
 @pytest.fixture(scope="module")
