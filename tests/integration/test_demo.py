@@ -48,3 +48,15 @@ def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     assert (report / "families.png").stat().st_size > 1000 and (report / "index.html").exists()
     table = (report / "demo-table.md").read_text().splitlines()
     assert table[0].startswith("| week | day | served | traffic | add failed") and len(table) == 4
+    # every stage recorded the tokens it processed, the baseline evaluation of v1 included
+    from flywheel.economics.ledger import read_ledger
+
+    records = read_ledger(out / "ledger.jsonl")
+    evals = [r for r in records if r.stage == "eval"]
+    assert evals[0].extra["what"] == "v1 before the first week" and all(r.tokens_generated > 0 for r in evals)
+    stages = [(r.stage, r.tokens_trained, r.tokens_generated) for r in records]
+    assert all(r.tokens_trained > 0 for r in records if r.stage == "sft"), stages
+    rollouts = [r for r in records if r.stage == "rl_rollout"]  # one RL step may train nothing (flat groups)
+    assert rollouts and all(r.tokens_generated > 0 for r in rollouts), stages
+    assert all(r.tokens_served > 0 for r in records if r.stage == "serve")
+    assert "<figcaption>families.png</figcaption>" in (report / "index.html").read_text()  # embedded

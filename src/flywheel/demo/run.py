@@ -147,7 +147,10 @@ def _production_scores(fw, cfg) -> dict[str, float]:
     from flywheel.loop.evaluation import evaluate_model, suite_from_config
 
     prod = fw.registry.production()
-    return evaluate_model(prod.path, [suite_from_config(n, s) for n, s in cfg.eval.suites.items()]).scores
+    result = evaluate_model(prod.path, [suite_from_config(n, s) for n, s in cfg.eval.suites.items()])
+    fw.ledger.record("eval", hardware=fw.cfg.hardware, seconds=result.seconds,
+                     tokens_generated=result.tokens_generated, extra={"what": f"{prod.id} before the first week"})
+    return result.scores
 
 
 def _traffic(fw, serving, world: WorldConfig, tasks, week: int, day: int, run_day, console) -> DayRow:
