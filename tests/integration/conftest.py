@@ -33,3 +33,13 @@ def arith_warm_start(tmp_path_factory) -> Path:
         log={"progress": False}, threads=2), SFTConfig),
         evaluator=heldout_success(load_env("arithmetic"), tasks=100, max_tokens=6), log=lambda m: None)
     return result.final_model
+
+
+@pytest.fixture(scope="session")
+def untrained_tiny(tmp_path_factory) -> Path:
+    """A random tiny model (hidden 32) for tests of the machinery, whose outcome must not
+    depend on what a model learns."""
+    from flywheel.models import TinySpec, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("untrained") / "tiny",
+                            TinySpec(hidden=32, layers=2, heads=4, ffn=64, max_positions=512))

@@ -1,7 +1,11 @@
 """A flywheel cycle end to end on the arithmetic task: failed production traces with a
 verifier -> curated RL tasks -> RL from the production model -> gate on new failures and a
 frozen regression suite -> promotion; and SIGKILL at each stage followed by a resume that
-neither promotes twice nor loses a trace nor corrupts the registry."""
+neither promotes twice nor loses a trace nor corrupts the registry.
+
+Only the first test depends on learning (slow: a warm start, 40 RL steps). The others run a
+two-step cycle from an untrained model under a gate that admits any candidate (delta 0,
+epsilon 1) or none (delta 0.9), so their outcome is fixed and they check the machinery."""
 
 from __future__ import annotations
 
@@ -22,21 +26,27 @@ from flywheel.loop.loop_config import LoopConfig
 from flywheel.config import validate
 
 
-def _config(data_dir: Path, **gate) -> dict:
+N_TRACES = 160  # failed production traces seeded
+
+
+def _config(data_dir: Path, quick: bool = False, **gate) -> dict:
+    """quick: 2 RL steps of 2 groups and an 8-task suite, for the machinery tests."""
+    steps, groups, suite = (2, 2, 8) if quick else (40, 8, 100)
     return {
         "data_dir": str(data_dir),
         "curation": {"heldout_fraction": 0.25},
         "train": {"order": ["sft", "rl"], "rl": {
-            "train": {"steps": 40, "groups_per_step": 8, "group_size": 8, "seed": 0},
+            "train": {"steps": steps, "groups_per_step": groups, "group_size": 8, "seed": 0},
             "sampling": {"temperature": 1.0, "max_tokens": 6}, "optim": {"lr": 1e-4},
-            "eval": {"tasks": 20}, "log": {"progress": False}, "checkpoint": {"every": 10}, "threads": 2}},
-        "eval": {"suites": {"arith": {"env": "arithmetic", "tasks": 100, "max_tokens": 6}},
+            "eval": {"tasks": 20}, "log": {"progress": False}, "checkpoint": {"every": 1 if quick else 10},
+            "threads": 2}},
+        "eval": {"suites": {"arith": {"env": "arithmetic", "tasks": suite, "max_tokens": 6}},
                  "new_failures_max_tokens": 6},
         "gate": {"delta": 0.05, "epsilon": 0.05, **gate},
     }
 
 
-def _seed_world(cfg: LoopConfig, model: Path, n: int = 160) -> None:
+def _seed_world(cfg: LoopConfig, model: Path, n: int = N_TRACES) -> None:
     """Production model v1 and `n` failed traces on train-split pairs, each with a verifier."""
     tasks = load_env("arithmetic").tasks("train", n=n, seed=7)
     with Flywheel(cfg) as fw:
@@ -50,18 +60,28 @@ def _seed_world(cfg: LoopConfig, model: Path, n: int = 160) -> None:
 
 
 @pytest.fixture
-def world(tmp_path, arith_warm_start):
+def learning_world(tmp_path, arith_warm_start):
     cfg = validate(_config(tmp_path / "data"), LoopConfig)
     _seed_world(cfg, arith_warm_start)
     return cfg
 
 
-def test_cycle_trains_gates_and_promotes(world):
+@pytest.fixture
+def world(tmp_path, untrained_tiny):
+    """A quick cycle whose gate admits any candidate: promotion does not depend on learning."""
+    cfg = validate(_config(tmp_path / "data", quick=True, delta=0.0, epsilon=1.0), LoopConfig)
+    _seed_world(cfg, untrained_tiny)
+    return cfg
+
+
+@pytest.mark.slow
+def test_cycle_trains_gates_and_promotes(learning_world):
+    world = learning_world
     logs = []
     with Flywheel(world) as fw:
         st = run_cycle(fw, log=logs.append)
         assert st.done and st.outcome == "promoted", (st.decision, logs)
-        assert st.curation["items"]["rl"]["train"] + st.curation["items"]["rl"]["heldout"] == 160
+        assert st.curation["items"]["rl"]["train"] + st.curation["items"]["rl"]["heldout"] == N_TRACES
         assert st.new_failures == st.curation["items"]["rl"]["heldout"] >= 20
         assert [s["stage"] for s in st.stages_run] == ["sft", "rl"]
         assert "skipped" in st.stages_run[0]  # no corrections, so no SFT examples
@@ -77,13 +97,13 @@ def test_cycle_trains_gates_and_promotes(world):
         outcomes = [json.loads(line) for line in fw.outcomes_path.read_text().splitlines()]
         assert [(o["cycle"], o["promoted"]) for o in outcomes] == [("c1", True)]
         # the next cycle starts from v2 and, with no new failures since c1, rejects its candidate
-        assert fw.since_cursor("v2") == st.trace_cursor == 160
+        assert fw.since_cursor("v2") == st.trace_cursor == N_TRACES
         assert fw.new_failures_since(st.trace_cursor) == 0
 
 
-def test_cycle_rejects_below_delta_and_records_why(tmp_path, arith_warm_start):
-    cfg = validate(_config(tmp_path / "data", delta=0.9), LoopConfig)
-    _seed_world(cfg, arith_warm_start)
+def test_cycle_rejects_below_delta_and_records_why(tmp_path, untrained_tiny):
+    cfg = validate(_config(tmp_path / "data", quick=True, delta=0.9), LoopConfig)
+    _seed_world(cfg, untrained_tiny)
     with Flywheel(cfg) as fw:
         st = run_cycle(fw, log=lambda m: None)
         assert st.outcome == "rejected"
@@ -118,7 +138,7 @@ def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point):
     child = subprocess.run([sys.executable, "-c", _CHILD, str(path), point], capture_output=True, text=True, timeout=300)
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
     with Flywheel(world) as fw:
-        assert fw.traces.count() == 160
+        assert fw.traces.count() == N_TRACES
         st = run_cycle(fw, log=lambda m: None)
         assert st.id == "c1" and st.done and st.outcome == "promoted", st.decision
         history = fw.registry.history()
@@ -126,7 +146,7 @@ def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point):
         assert [v.id for v in fw.registry.list()] == ["v1", "v2"]  # registered once
         assert fw.registry.verify("v2") == []
         assert len(fw.outcomes_path.read_text().splitlines()) == 1
-        assert fw.traces.count() == 160
+        assert fw.traces.count() == N_TRACES
 
 
 def test_loop_cycle_command(world, tmp_path):

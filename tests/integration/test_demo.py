@@ -14,6 +14,7 @@ SMALL_BASE = {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64, "demos": 200, "s
               "lr": 3e-3, "warmup": 5}
 
 
+@pytest.mark.slow  # a learning outcome: make test-all
 def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     from flywheel.demo import base as demo_base
     from typer.main import get_command

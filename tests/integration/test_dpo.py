@@ -35,6 +35,7 @@ def cfg(model, data_file, out, **over):
     return validate(base, DPOConfig)
 
 
+@pytest.mark.slow  # a learning outcome: make test-all
 def test_dpo_learns_the_preferences(model, tmp_path):
     rows = [pair(f"{a}+{b}?", str(a + b), str(a + b + 1)) for a in range(4) for b in range(4)]
     data = write(tmp_path / "pairs.jsonl", rows)

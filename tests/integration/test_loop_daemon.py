@@ -45,20 +45,22 @@ def _status(data_dir: Path) -> dict:
         return {}
 
 
-def test_daemon_serves_ingests_cycles_promotes_and_stops_on_sigterm(tmp_path, arith_warm_start):
+def test_daemon_serves_ingests_cycles_promotes_and_stops_on_sigterm(tmp_path, untrained_tiny):
+    """The machinery, not learning: a 2-step cycle from an untrained model under a gate that
+    admits any candidate (delta 0, epsilon 1)."""
     data = tmp_path / "data"
     raw = {
         "data_dir": str(data), "serve": {"port": 0},
         "trigger": {"min_new_failures": 60, "poll_s": 0.3},
         "train": {"order": ["rl"], "rl": {
-            "train": {"steps": 30, "groups_per_step": 8, "group_size": 8}, "sampling": {"max_tokens": 6},
+            "train": {"steps": 2, "groups_per_step": 2, "group_size": 8}, "sampling": {"max_tokens": 6},
             "eval": {"tasks": 20}, "log": {"progress": False}, "threads": 2}},
-        "eval": {"suites": {"arith": {"env": "arithmetic", "tasks": 100, "max_tokens": 6}}, "new_failures_max_tokens": 6},
-        "gate": {"delta": 0.05, "epsilon": 0.05},
+        "eval": {"suites": {"arith": {"env": "arithmetic", "tasks": 8, "max_tokens": 6}}, "new_failures_max_tokens": 6},
+        "gate": {"delta": 0.0, "epsilon": 1.0},
     }
     cfg = validate(raw, LoopConfig)
     with Flywheel(cfg) as fw:
-        fw.registry.promote(fw.registry.register(arith_warm_start).id, "initial")
+        fw.registry.promote(fw.registry.register(untrained_tiny).id, "initial")
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(raw))
     proc = subprocess.Popen([sys.executable, "-m", "flywheel.cli.main", "loop", "run", str(path)],

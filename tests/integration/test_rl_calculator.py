@@ -22,6 +22,7 @@ def answers_from_memory(tmp_path_factory):
     return calculator_from_memory_warm_start(tmp_path_factory.mktemp("calc-warm"))
 
 
+@pytest.mark.slow  # a learning outcome: make test-all
 def test_grpo_teaches_a_policy_that_answers_from_memory_to_call_its_calculator(answers_from_memory, tmp_path):
     model, copying = answers_from_memory
     assert copying >= 0.8, f"stage 1 did not learn to copy numbers through the tool: held-out success {copying}"

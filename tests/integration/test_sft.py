@@ -52,6 +52,7 @@ def losses(out_dir) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(Path(out_dir) / "metrics.jsonl") if "loss" in r}
 
 
+@pytest.mark.slow  # a learning outcome: make test-all
 def test_sft_learns_single_digit_addition(setup, tmp_path):
     root, model, data = setup
     calls = []
