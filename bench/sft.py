@@ -58,7 +58,8 @@ def main() -> None:
     from flywheel.config import SFTConfig, validate
     from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
     from flywheel.models import load_tokenizer
-    from flywheel.train.batching import DataOrder, pad_batch
+    from flywheel.rollout.data_order import DataOrder
+    from flywheel.train.batching import pad_batch
     from flywheel.train.metrics import read_metrics
     from flywheel.train.sft import run_sft
     from flywheel.train.sft_data import load_sft_examples

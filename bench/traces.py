@@ -204,7 +204,7 @@ def main() -> None:
     posters = [int(p) for p in args.posters.split(",")]
     threads = common.set_threads(args.threads)
     model = common.tiny_model()
-    from flywheel.loop import TraceStore
+    from flywheel.traces import TraceStore
     from flywheel.service.ingest_pool import default_ingest_workers
 
     workers = default_ingest_workers() if args.ingest_workers is None else args.ingest_workers

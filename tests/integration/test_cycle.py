@@ -116,7 +116,7 @@ _CHILD = textwrap.dedent("""
     import os, signal, sys, yaml
     from flywheel.config import validate
     from flywheel.loop import cycle as cycle_module
-    from flywheel.loop import registry as registry_module
+    from flywheel.registry import registry as registry_module
     from flywheel.loop.loop_config import LoopConfig
     point = sys.argv[2]
     def crash(name):

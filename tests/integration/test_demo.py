@@ -20,8 +20,8 @@ def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     from typer.main import get_command
 
     from flywheel.cli.main import app
-    from flywheel.loop import Registry
-    from flywheel.loop.trace_store import TraceStore
+    from flywheel.registry import Registry
+    from flywheel.traces.store import TraceStore
 
     monkeypatch.setenv("FLYWHEEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(demo_base, "RECIPE", {**SMALL_BASE, "family": demo_base.RECIPE["family"]})

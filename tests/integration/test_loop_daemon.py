@@ -19,7 +19,7 @@ import yaml
 from flywheel.config import validate
 from flywheel.envs import load_env
 from flywheel.loop.cycle import Flywheel
-from flywheel.loop.daemon import STATUS_FILE
+from flywheel.service.daemon import STATUS_FILE
 from flywheel.loop.loop_config import LoopConfig
 
 pytest.importorskip("uvicorn")

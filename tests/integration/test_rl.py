@@ -6,7 +6,7 @@ from flywheel.config import RLConfig, validate
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.train.metrics import read_metrics
 from flywheel.train.rl import run_rl
-from flywheel.train.run_state import TrainError
+from flywheel.errors import TrainError
 
 
 def cfg(model, out, **over):

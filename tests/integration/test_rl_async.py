@@ -14,10 +14,10 @@ import pytest
 from flywheel.config import RLConfig, validate
 from flywheel.envs import load_env
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.train.batching import DataOrder
+from flywheel.rollout.data_order import DataOrder
 from flywheel.train.metrics import read_metrics
 from flywheel.train.rl import run_rl
-from flywheel.train.run_state import TrainError
+from flywheel.errors import TrainError
 
 
 @pytest.fixture(scope="module")

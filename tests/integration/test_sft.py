@@ -17,7 +17,7 @@ from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.train.checkpoint import list_checkpoints
 from flywheel.train.metrics import read_metrics
-from flywheel.train.run_state import TrainError
+from flywheel.errors import TrainError
 from flywheel.train.sft import run_sft
 
 ROWS = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(10) for b in range(10)]

@@ -5,8 +5,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from flywheel.loop import TraceStore
-from flywheel.loop.trace_encoding import NotJSON, decode_json
+from flywheel.traces import TraceStore
+from flywheel.traces.encoding import NotJSON, decode_json
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.service import OpenAIService
 from flywheel.service.app import create_app

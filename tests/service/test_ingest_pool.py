@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import orjson
 import pytest
 
-from flywheel.loop.trace_batch import NotABatch, prepare_body
+from flywheel.traces.batch import NotABatch, prepare_body
 from flywheel.service.ingest_pool import IngestPool, IngestWorkerDied, default_ingest_workers
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from flywheel.inference import LocalEngine, Sample, SamplingParams
-from flywheel.loop import Registry, TraceStore
+from flywheel.registry import Registry
+from flywheel.traces import TraceStore
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
 from flywheel.service import OpenAIService, ProductionFollower, TraceStoreSink, registry_lookup
 from flywheel.service.app import create_app

@@ -10,7 +10,7 @@ import pytest
 
 from flywheel.inference import Sample, SamplingParams
 from flywheel.inference.batching import BatchScheduler
-from flywheel.loop import TraceStore
+from flywheel.traces import TraceStore
 from flywheel.service.traces import TraceEvent, TraceStoreSink
 
 

@@ -21,7 +21,7 @@ import torch
 
 from flywheel.inference import LocalEngine, Sample, SamplingParams
 from flywheel.inference.batching import BatchScheduler
-from flywheel.loop import TraceStore
+from flywheel.traces import TraceStore
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
 from flywheel.service import OpenAIService, TraceStoreSink
 from flywheel.service.app import create_app

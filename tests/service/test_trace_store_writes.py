@@ -7,7 +7,7 @@ import sqlite3
 import time
 from datetime import datetime, timedelta, timezone
 
-from flywheel.loop import TraceStore
+from flywheel.traces import TraceStore
 
 
 def _records():
@@ -50,7 +50,7 @@ def test_the_sqlite_fast_path_writes_what_sqlalchemy_core_writes(tmp_path):
 def test_the_content_hash_format_never_changes():
     """Stored hashes decide duplicate vs conflict for retries: the hashed text is fixed (this
     value was computed by the first implementation)."""
-    from flywheel.loop.trace_encoding import digest, validate_trace
+    from flywheel.traces.encoding import digest, validate_trace
 
     sent = {"idempotency_key": "k", "messages": [{"role": "user", "content": "2+2="}],
             "response": {"role": "assistant", "content": "4"}, "created_at": "2025-01-02T03:04:05+01:00",

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from flywheel.config import DPODataConfig, SFTDataConfig
 from flywheel.loop.curation import curate, write_curated
 from flywheel.loop.curation_rules import CurationConfig, choose_heldout, heldout_score, outcome, prompt_hash
-from flywheel.loop.trace_results import StoredFeedback, StoredTrace, StoredVerifier
+from flywheel.traces.results import StoredFeedback, StoredTrace, StoredVerifier
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from flywheel.cli.main import app
 from flywheel.config import SFTDataConfig
-from flywheel.envs import HermesParser, load_env
+from flywheel.envs import load_env
+from flywheel.models.tool_calls import HermesParser
 from flywheel.envs.base import Policy
 from flywheel.envs.demos import collect_demos, make_demos
 from flywheel.models import ChatRenderer

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from flywheel.cli.main import app
-from flywheel.envs import Environment, HermesParser, Rubric, Tool, ToolError, list_envs, load_env, tool
+from flywheel.envs import Environment, Rubric, Tool, ToolError, list_envs, load_env, tool
+from flywheel.models.tool_calls import HermesParser
 from flywheel.envs.base import Policy
 from flywheel.envs.registry import EnvLoadError
 from flywheel.envs.rubric import EpisodeState, RewardFn

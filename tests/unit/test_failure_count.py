@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from datetime import datetime, timedelta, timezone
 
-from flywheel.loop import TraceStore
+from flywheel.traces import TraceStore
 from flywheel.loop.curation_rules import CurationConfig, outcome
 from flywheel.loop.failure_count import NewFailures
 

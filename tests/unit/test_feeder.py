@@ -5,7 +5,7 @@ from collections import deque
 
 from flywheel.orchestrate.feeder import RolloutFeeder
 from flywheel.orchestrate.worker import WorkResult
-from flywheel.train.batching import DataOrder
+from flywheel.rollout.data_order import DataOrder
 from flywheel.types import Task, Trajectory, TrajectoryGroup
 
 

@@ -21,16 +21,10 @@ from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
 from flywheel.cli.main import app
-from flywheel.loop import (
-    InvalidModelFolder,
-    Registry,
-    RegistryError,
-    StatusError,
-    VersionNotFound,
-)
-from flywheel.loop import registry as registry_module
-from flywheel.loop.registry_storage import VersionRow
-from flywheel.loop.trace_db import writing
+from flywheel.registry import InvalidModelFolder, Registry, RegistryError, StatusError, VersionNotFound
+from flywheel.registry import registry as registry_module
+from flywheel.registry.storage import VersionRow
+from flywheel.traces.db import writing
 
 
 def fake_model(folder: Path, seed: int = 0) -> Path:

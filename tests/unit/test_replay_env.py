@@ -12,7 +12,7 @@ from flywheel.envs import load_env
 from flywheel.envs.replay import ROUTE_KEY, ReplayEnvironment, ReplayError, records_of
 from flywheel.loop.curation import curate, write_curated
 from flywheel.loop.curation_rules import CurationConfig
-from flywheel.loop.trace_results import StoredFeedback, StoredTrace, StoredVerifier
+from flywheel.traces.results import StoredFeedback, StoredTrace, StoredVerifier
 
 
 def reward(env, task, text: str) -> float:

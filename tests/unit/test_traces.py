@@ -18,17 +18,11 @@ from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from flywheel.cli.main import app
-from flywheel.loop import (
-    IdempotencyConflict,
-    InvalidRecord,
-    SchemaVersionError,
-    TraceIn,
-    TraceNotFound,
-    TraceStore,
-    import_jsonl,
+from flywheel.traces import (
+    IdempotencyConflict, InvalidRecord, SchemaVersionError, TraceIn, TraceNotFound, TraceStore, import_jsonl,
 )
-from flywheel.loop.trace_db import pragma, writing
-from flywheel.loop.trace_tables import SCHEMA_VERSION_KEY, Base, MetaRow, TraceRow
+from flywheel.traces.db import pragma, writing
+from flywheel.traces.tables import SCHEMA_VERSION_KEY, Base, MetaRow, TraceRow
 
 POSTGRES = os.environ.get("FLYWHEEL_TEST_POSTGRES_URL")
 
@@ -142,8 +136,8 @@ def test_a_mixed_batch_stores_the_valid_records_and_names_the_bad_ones(store):
 def test_writers_of_one_process_queue_for_a_bounded_time(store, monkeypatch):
     """Writers of one process take turns on a lock; one that waits longer than WRITE_WAIT_S
     (another process holding the database, say) gives up without writing anything."""
-    from flywheel.loop import TraceStoreBusy
-    from flywheel.loop import trace_store as module
+    from flywheel.traces import TraceStoreBusy
+    from flywheel.traces import store as module
 
     monkeypatch.setattr(module, "WRITE_WAIT_S", 0.2)
     with store._write_lock:  # the turn of another writer that does not end

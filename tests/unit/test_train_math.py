@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from flywheel.train.batching import DataOrder, pad_batch
+from flywheel.rollout.data_order import DataOrder
+from flywheel.train.batching import pad_batch
 from flywheel.train.losses import token_nll_sum
 from flywheel.train.schedule import warmup_cosine
 

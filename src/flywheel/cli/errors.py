@@ -14,7 +14,7 @@ def user_errors():
     from flywheel.envs.registry import EnvLoadError
     from flywheel.models import ChatTemplateError, ModelLoadError
     from flywheel.train.sft_data import DataError
-    from flywheel.train.run_state import TrainError
+    from flywheel.errors import TrainError
 
     try:
         yield

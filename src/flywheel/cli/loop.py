@@ -52,7 +52,7 @@ def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HEL
 def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
     """Serve the production model, take traces and feedback, and run cycles when triggered,
     until SIGTERM / Ctrl-C (a cycle in progress stops after its current step and resumes next time)."""
-    from flywheel.loop.daemon import LoopDaemon
+    from flywheel.service.daemon import LoopDaemon
 
     with user_errors():
         cfg = _load(config, ctx.args)
@@ -73,7 +73,7 @@ def status(data_dir: Path = typer.Option(Path("flywheel-data"), "--data-dir", he
            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """The daemon's state, the production model, and the cycles so far."""
     from flywheel.loop.cycle import CycleError, read_states
-    from flywheel.loop.daemon import STATUS_FILE
+    from flywheel.service.daemon import STATUS_FILE
     from flywheel.process import pid_alive
 
     status_path = data_dir / STATUS_FILE
@@ -90,7 +90,7 @@ def status(data_dir: Path = typer.Option(Path("flywheel-data"), "--data-dir", he
               | {"scores": st.scores, "reasons": st.decision.get("reasons", [])} for st in states]
     production = None
     if (data_dir / "registry" / "registry.db").exists():
-        from flywheel.loop import Registry
+        from flywheel.registry import Registry
 
         with Registry(data_dir / "registry") as reg:
             prod = reg.production()

@@ -25,7 +25,8 @@ def _registry(location: str | None):
     """Open the registry; report refusals as one line and exit code 2."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from flywheel.loop import Registry, RegistryError, SchemaVersionError
+    from flywheel.registry import Registry, RegistryError
+    from flywheel.traces import SchemaVersionError
 
     try:
         with Registry(location) as registry:

@@ -18,7 +18,7 @@ DB_HELP = "SQLAlchemy URL of the trace database (default: SQLite at ./flywheel-d
 def _store_errors():
     from sqlalchemy.exc import SQLAlchemyError
 
-    from flywheel.loop import SchemaVersionError, TraceStoreError
+    from flywheel.traces import SchemaVersionError, TraceStoreError
 
     try:
         yield
@@ -36,7 +36,7 @@ def import_(
     batch_size: int = typer.Option(500, "--batch-size", min=1, help="records per transaction"),
 ) -> None:
     """Store the traces of FILE; report each bad line as FILE:LINE: reason (exit 1 if any)."""
-    from flywheel.loop import TraceStore, import_jsonl
+    from flywheel.traces import TraceStore, import_jsonl
 
     with _store_errors(), TraceStore(db) as store:
         report = import_jsonl(store, file, source=source, batch_size=batch_size)
@@ -51,7 +51,7 @@ def import_(
 @app.command("stats")
 def stats(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
     """Counts of traces and feedback, by source and by model."""
-    from flywheel.loop import TraceStore
+    from flywheel.traces import TraceStore
 
     with _store_errors(), TraceStore(db) as store:
         s = store.stats()

@@ -95,7 +95,7 @@ def day_plan(cfg: WorldConfig, week: int, day: int) -> list[tuple[str, int]]:
 
 def call_expression(text: str) -> str | None:
     """The `expression` of the first well-formed calc call in an assistant turn, else None."""
-    from flywheel.envs.parsing import HermesParser
+    from flywheel.models.tool_calls import HermesParser
 
     for call in HermesParser().parse(text).tool_calls:
         if call.name == "calc" and isinstance(call.arguments.get("expression"), str):

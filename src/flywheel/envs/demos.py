@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.envs.base import Environment, Policy
-from flywheel.envs.parsing import HermesParser, ToolCallParser
+from flywheel.models.tool_calls import HermesParser, ToolCallParser
 from flywheel.envs.runner import EpisodeResult, play_many
 from flywheel.types import Message
 

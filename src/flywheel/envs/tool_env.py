@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from flywheel.envs.base import Env, StepResult
-from flywheel.envs.parsing import HermesParser, ToolCallParser
+from flywheel.models.tool_calls import HermesParser, ToolCallParser
 from flywheel.envs.rubric import EpisodeState, Rubric
 from flywheel.envs.tools import EpisodeFinished, Tool, ToolError  # noqa: F401  (EpisodeFinished re-exported)
 from flywheel.types import Message, Task

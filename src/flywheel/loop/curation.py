@@ -52,7 +52,7 @@ from flywheel.loop.curation_rules import (
     training_messages,
     training_reply,
 )
-from flywheel.loop.trace_results import StoredTrace, StoredVerifier
+from flywheel.traces.results import StoredTrace, StoredVerifier
 
 KINDS = ("rl", "sft", "dpo", "replay")
 SIDES = ("train", "heldout")

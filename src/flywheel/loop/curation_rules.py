@@ -30,7 +30,7 @@ from typing import Any, Iterable, Literal
 from pydantic import Field, model_validator
 
 from flywheel.config import Config
-from flywheel.loop.trace_results import StoredFeedback, StoredTrace
+from flywheel.traces.results import StoredFeedback, StoredTrace
 
 Verdict = Literal["pass", "fail", "neutral"]
 Outcome = Literal["pass", "fail", "neutral", "unknown"]

@@ -91,8 +91,8 @@ class Flywheel:
 
     def __init__(self, cfg: LoopConfig):
         from flywheel.economics.ledger import Ledger
-        from flywheel.loop.registry import Registry
-        from flywheel.loop.trace_store import TraceStore
+        from flywheel.registry.registry import Registry
+        from flywheel.traces.store import TraceStore
 
         # read once, when the loop opens: a bad anchor file fails here, not in every cycle
         self.anchor = read_anchor_rows(cfg.train.anchor_data) if cfg.train.anchor_rows else []

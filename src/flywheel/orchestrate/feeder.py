@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from flywheel.buffer import VersionedBuffer
 from flywheel.orchestrate.worker import WorkItem, WorkResult
-from flywheel.train.batching import DataOrder
+from flywheel.rollout.data_order import DataOrder
 from flywheel.types import Task, TrajectoryGroup
 
 

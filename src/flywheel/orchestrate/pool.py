@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from flywheel.train.run_state import TrainError
+from flywheel.errors import TrainError
 from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
 from flywheel.rollout.episodes import EpisodeLoop, play_groups
 

@@ -50,10 +50,10 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from flywheel.envs.parsing import HermesParser, ToolCallParser
+from flywheel.models.tool_calls import HermesParser, ToolCallParser
 from flywheel.inference.batching import BatchResult, BatchScheduler
 from flywheel.inference.sampler import SamplingParams
-from flywheel.loop.trace_schema import describe
+from flywheel.traces.schema import describe
 from flywheel.models.token_bytes import token_table
 from flywheel.service import responses as R
 from flywheel.service.errors import OpenAIError, bad

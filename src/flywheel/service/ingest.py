@@ -11,7 +11,7 @@ event loop keeps serving completions meanwhile.
 
 The batch route is the ingestion hot path (batches of hundreds of ~2 KB traces): the raw
 body goes to an `IngestPool` (service/ingest_pool.py), which decodes it (orjson) and
-validates, encodes and hashes each record on its own (flywheel.loop.trace_batch), in a
+validates, encodes and hashes each record on its own (flywheel.traces.batch), in a
 worker process or in a thread; a thread then writes the rows and encodes the answer
 (orjson), so the event loop only moves bytes. There is no request model: it would validate
 the whole batch a second time and refuse it for one bad record.
@@ -27,8 +27,8 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from flywheel.loop.trace_batch import NotABatch, PreparedBatch
-from flywheel.loop.trace_encoding import NotJSON, decode_json
+from flywheel.traces.batch import NotABatch, PreparedBatch
+from flywheel.traces.encoding import NotJSON, decode_json
 from flywheel.service.errors import OpenAIError
 from flywheel.service.ingest_pool import IngestPool, IngestWorkerDied
 
@@ -47,7 +47,7 @@ def _json_response(content: Any, status_code: int = 200) -> Response:
 
 def ingest_router(store, pool: IngestPool | None = None) -> APIRouter:
     """The routes over `store`; `pool` prepares batch bodies (default: in a thread of the server)."""
-    from flywheel.loop import TraceNotFound, TraceStoreBusy, TraceStoreError
+    from flywheel.traces import TraceNotFound, TraceStoreBusy, TraceStoreError
 
     router = APIRouter()
     pool = pool or IngestPool(0)

@@ -1,12 +1,12 @@
 """Worker processes for POST /v1/traces, so trace ingestion is not held to one core by the GIL.
 
 Nearly all of a batch's cost is decoding, validating, encoding and hashing its records
-(`flywheel.loop.trace_batch.prepare_body`), pure Python work under the GIL. An `IngestPool`
+(`flywheel.traces.batch.prepare_body`), pure Python work under the GIL. An `IngestPool`
 sends each large request body, as bytes, to one of `workers` processes and gets back a
 `PreparedBatch`; the server's own process only moves bytes and writes the rows to the
 database (in one transaction, as before). Several bodies in flight are prepared in parallel.
 
-Workers are forked from a forkserver: a clean interpreter that has imported flywheel.loop,
+Workers are forked from a forkserver: a clean interpreter that has imported flywheel.traces,
 not the server, which holds torch, the model and their threads. A body under `inline_bytes`
 is prepared in a thread of the server instead: its round trip to a worker costs more than
 it saves. If a worker dies, nothing is lost (nothing of that body was written): the pool
@@ -27,12 +27,12 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime, timezone
 
-from flywheel.loop.trace_batch import NotABatch, PreparedBatch, prepare_body
-from flywheel.loop.trace_encoding import NotJSON
+from flywheel.traces.batch import NotABatch, PreparedBatch, prepare_body
+from flywheel.traces.encoding import NotJSON
 
 log = logging.getLogger(__name__)
 
-WORKER_MODULE = "flywheel.loop.trace_batch"
+WORKER_MODULE = "flywheel.traces.batch"
 
 
 class IngestWorkerDied(RuntimeError):
@@ -91,7 +91,7 @@ class IngestPool:
 
     def start(self) -> None:
         """Start the workers now rather than with the first large body: the forkserver imports
-        flywheel.loop (~1 s) before it forks them, time a server would rather spend before its
+        flywheel.traces (~1 s) before it forks them, time a server would rather spend before its
         first request."""
         if self.workers:
             executor = self._pool()

@@ -1,6 +1,6 @@
 """The hook between the model registry and serving: follow the production version.
 
-The registry (flywheel.loop.registry) is not imported here. It hands serving a
+The registry (flywheel.registry.registry) is not imported here. It hands serving a
 `ProductionLookup`: a callable returning the production version as `(label, model_dir)`,
 or None when there is none yet; `registry_lookup(registry)` makes one from a Registry. `ProductionFollower` polls it on its own thread and, when
 the label changes, loads the new folder and switches the service to it, off the request

@@ -35,7 +35,7 @@ import logging
 import uuid
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from flywheel.envs.parsing import HermesParser, ToolCallParser
+from flywheel.models.tool_calls import HermesParser, ToolCallParser
 from flywheel.inference.sampler import Sample
 from flywheel.models.token_bytes import TokenTable, token_text
 

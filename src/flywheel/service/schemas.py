@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI-compatible endpoints (responses are built as plain dicts).
 
-Messages and tools reuse the trace store's shapes (`flywheel.loop.trace_schema`, TypedDicts
+Messages and tools reuse the trace store's shapes (`flywheel.traces.schema`, TypedDicts
 validated into plain dicts), so a request the server accepts is a trace the store accepts.
 Unknown fields are refused with their name; OpenAI fields that this server cannot honour are
 accepted only at their neutral value (e.g. `presence_penalty=0`) and refused otherwise,
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from flywheel.loop.trace_schema import ChatMessage, ToolDef
+from flywheel.traces.schema import ChatMessage, ToolDef
 
 _UNSUPPORTED_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0}
 

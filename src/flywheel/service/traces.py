@@ -150,6 +150,6 @@ class TraceStoreSink:
 
 def open_trace_sink(url: str | None, **kw) -> TraceStoreSink:
     """A sink over a new TraceStore at `url` (None: the default SQLite file); closes it on close()."""
-    from flywheel.loop import TraceStore
+    from flywheel.traces import TraceStore
 
     return TraceStoreSink(TraceStore(url, default_source="serve"), close_store=True, **kw)

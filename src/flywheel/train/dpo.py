@@ -17,7 +17,8 @@ from typing import Callable
 import torch
 
 from flywheel.config import DPOConfig
-from flywheel.train.batching import DataOrder, pad_batch
+from flywheel.rollout.data_order import DataOrder
+from flywheel.train.batching import pad_batch
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.dpo_data import load_pairs
 from flywheel.train.forward import set_learner_mode

@@ -30,12 +30,13 @@ from typing import Callable
 import torch
 
 from flywheel.config import RLConfig
-from flywheel.train.batching import DataOrder
+from flywheel.rollout.data_order import DataOrder
 from flywheel.train.checkpoint import load_state, save_checkpoint, save_model_folder
 from flywheel.train.metrics import MetricsWriter, drop_rows_after
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import RLStepConfig, rl_step
-from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.errors import TrainError
+from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
 from flywheel.train.stop import Deadline
 from flywheel.train.schedule import warmup_cosine
 

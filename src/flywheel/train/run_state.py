@@ -10,12 +10,9 @@ from typing import Callable
 
 import torch
 
-from flywheel.train.batching import DataOrder
+from flywheel.errors import TrainError
+from flywheel.rollout.data_order import DataOrder
 from flywheel.train.checkpoint import latest_checkpoint, list_checkpoints, load_state, rng_state, set_rng_state
-
-
-class TrainError(RuntimeError):
-    """A training run cannot start or continue; the message says why."""
 
 
 def seed_everything(seed: int) -> None:

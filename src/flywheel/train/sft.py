@@ -28,13 +28,15 @@ from typing import Callable
 import torch
 
 from flywheel.config import SFTConfig
-from flywheel.train.batching import DataOrder, pad_batch
+from flywheel.rollout.data_order import DataOrder
+from flywheel.train.batching import pad_batch
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.forward import set_learner_mode
 from flywheel.train.losses import sft_loss
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.progress import StepProgress
-from flywheel.train.run_state import TrainError, restore_trainer_state, start_run, trainer_state
+from flywheel.errors import TrainError
+from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
 from flywheel.train.stop import Deadline
 from flywheel.train.schedule import warmup_cosine
 from flywheel.train.sft_data import Example, load_sft_examples

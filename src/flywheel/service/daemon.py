@@ -121,7 +121,7 @@ class LoopDaemon:
     # ---- serving
 
     def _start_serving(self, fw):
-        from flywheel.loop.serving import serve_production
+        from flywheel.service.serving import serve_production
 
         serving = serve_production(fw, self.cfg.serve.host, self.cfg.serve.port)
         self.url = serving.url

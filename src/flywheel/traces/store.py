@@ -27,10 +27,10 @@ from pydantic import ValidationError
 from sqlalchemy import JSON, DateTime, exists, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
-from flywheel.loop.trace_batch import PreparedBatch, prepare_traces
-from flywheel.loop.trace_db import Encoded, ensure_schema, open_engine, schema_version, writing
-from flywheel.loop.trace_encoding import HASH, ID, JSON_COLUMNS, KEY, TRACE_COLUMNS, NotJSON, feedback_row, utc_naive
-from flywheel.loop.trace_results import (
+from flywheel.traces.batch import PreparedBatch, prepare_traces
+from flywheel.traces.db import Encoded, ensure_schema, open_engine, schema_version, writing
+from flywheel.traces.encoding import HASH, ID, JSON_COLUMNS, KEY, TRACE_COLUMNS, NotJSON, feedback_row, utc_naive
+from flywheel.traces.results import (
     BatchResult,
     IdempotencyConflict,
     InvalidRecord,
@@ -42,8 +42,8 @@ from flywheel.loop.trace_results import (
     TraceStats,
     TraceStoreBusy,
 )
-from flywheel.loop.trace_schema import FeedbackIn, describe
-from flywheel.loop.trace_tables import FeedbackRow, TraceRow
+from flywheel.traces.schema import FeedbackIn, describe
+from flywheel.traces.tables import FeedbackRow, TraceRow
 
 _TRACES = TraceRow.__table__
 _FEEDBACK = FeedbackRow.__table__
@@ -97,7 +97,7 @@ class TraceStore:
         return self.add_prepared(prepare_traces(records, source or self.default_source))
 
     def add_prepared(self, batch: PreparedBatch) -> BatchResult:
-        """Store a batch that `flywheel.loop.trace_batch` prepared (here or in another process)."""
+        """Store a batch that `flywheel.traces.batch` prepared (here or in another process)."""
         results: list[RecordResult | None] = [None] * batch.size
         for refused in batch.invalid:
             results[refused.index] = refused

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, Engine, create_engine, event, insert, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import StaticPool
 
-from flywheel.loop.trace_tables import SCHEMA_VERSION, SCHEMA_VERSION_KEY, Base, MetaRow
+from flywheel.traces.tables import SCHEMA_VERSION, SCHEMA_VERSION_KEY, Base, MetaRow
 
 DEFAULT_DIR = Path("flywheel-data")
 _WRITE = "flywheel_write"

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.loop.trace_store import TraceStore
+from flywheel.traces.store import TraceStore
 
 
 @dataclass

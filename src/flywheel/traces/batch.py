@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from flywheel.loop.trace_encoding import NotJSON, decode_json, new_trace_ids, trace_row, utc_naive, validate_trace
-from flywheel.loop.trace_results import RecordResult
-from flywheel.loop.trace_schema import describe
+from flywheel.traces.encoding import NotJSON, decode_json, new_trace_ids, trace_row, utc_naive, validate_trace
+from flywheel.traces.results import RecordResult
+from flywheel.traces.schema import describe
 
 
 class NotABatch(ValueError):

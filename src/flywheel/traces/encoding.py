@@ -24,8 +24,8 @@ import orjson
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
-from flywheel.loop.trace_db import Encoded
-from flywheel.loop.trace_schema import TRACE_IN, FeedbackIn
+from flywheel.traces.db import Encoded
+from flywheel.traces.schema import TRACE_IN, FeedbackIn
 
 _ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 _KNOWN_TOOLS: dict[str, None] = {}  # canonical JSON of tools lists that validated

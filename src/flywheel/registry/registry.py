@@ -43,7 +43,7 @@ from typing import Any
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.engine import make_url
 
-from flywheel.loop.registry_storage import (
+from flywheel.registry.storage import (
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
     STATUSES,
@@ -64,8 +64,8 @@ from flywheel.loop.registry_storage import (
     json_dict,
     sha256,
 )
-from flywheel.loop.trace_db import SchemaVersionError, open_engine, writing
-from flywheel.loop.trace_tables import MetaRow
+from flywheel.traces.db import SchemaVersionError, open_engine, writing
+from flywheel.traces.tables import MetaRow
 from flywheel.process import pid_alive
 
 

@@ -1,0 +1,84 @@
+"""The package layer order of docs/architecture.md, read from the source: every import of
+one flywheel package by another (module level and inside functions alike) points down the
+order, and pure modules import nothing heavy."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "flywheel"
+
+# top to bottom; a package may import its own modules, its layer's and those below
+LAYERS = [
+    {"cli"},
+    {"demo"},
+    {"service"},  # the faces: the command line drives the demo, the demo drives the service
+    {"loop"},
+    {"train"},
+    {"orchestrate"},
+    {"rollout", "buffer"},
+    {"envs", "inference", "weights"},
+    {"sandbox", "models", "traces", "registry", "economics"},
+]
+BASE = len(LAYERS)  # types.py, config.py, errors.py, files.py, process.py
+# `python -m flywheel.demo` is the CLI's demo command: the one edge allowed up the order
+ALLOWED = {("demo/__main__.py", "cli")}
+
+
+def layer(package: str) -> int:
+    return next((i for i, names in enumerate(LAYERS) if package in names), BASE)
+
+
+def imports(path: Path):
+    """(line, imported flywheel package, module) of every absolute flywheel import in the file."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("flywheel."):
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names if a.name.startswith("flywheel.")]
+        else:
+            continue
+        for name in names:
+            yield node.lineno, name.split(".")[1], name
+
+
+def upward_imports() -> list[str]:
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC)
+        package = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        for line, target, module in imports(path):
+            if target != package and layer(target) < layer(package) and (str(rel), target) not in ALLOWED:
+                found.append(f"src/flywheel/{rel}:{line}: {package} imports {module}, a layer above it")
+    return found
+
+
+def test_every_package_is_in_the_order():
+    packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages <= set().union(*LAYERS), sorted(packages - set().union(*LAYERS))
+
+
+def test_imports_point_down_the_layer_order():
+    assert upward_imports() == []
+
+
+def test_the_check_finds_an_upward_import(tmp_path, monkeypatch):
+    """The test above can fail: a module of `traces` importing `loop` is reported by file and line."""
+    fake = tmp_path / "flywheel"
+    (fake / "traces").mkdir(parents=True)
+    (fake / "traces" / "bad.py").write_text("import json\n\ndef f():\n    from flywheel.loop.cycle import run_cycle\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", fake)
+    assert upward_imports() == ["src/flywheel/traces/bad.py:4: traces imports flywheel.loop.cycle, a layer above it"]
+
+
+@pytest.mark.parametrize("module", ["flywheel.loop.gate", "flywheel.economics.catalog"])
+def test_pure_modules_import_nothing_heavy(module):
+    code = (f"import sys, {module}; "
+            "print(sorted(h for h in ('torch', 'sqlalchemy', 'fastapi', 'transformers') if h in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"importing {module} loads {out.strip()}"
