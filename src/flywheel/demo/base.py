@@ -1,16 +1,14 @@
 """The demo's first production model: a tiny model taught the week-1 family (add, with the calc
-tool) by SFT on scripted episodes. Built once and cached (first-time setup, ~5 CPU minutes):
-a 64-hidden, 2-layer, 4-head model (4 heads make the digit copying into and out of the tool
-call learnable in this budget; 2 heads were not).
+tool) by SFT on scripted episodes, built once and cached (first-time setup): a 64-hidden,
+2-layer, 4-head model (with 4 heads the digit copying into and out of the tool call is
+learnable in this budget; with 2 it was not).
 
 It stands in for a pretrained model, so what it learns has to be the general skill: copy the
-question's numbers into the call and the tool's result into the answer. Taught only the
-week-1 family's 2-3 digit additions (results up to 1998), it learned the leading "1" of a
-4-digit sum as a constant: given a tool result of 3575 it answered 1575, and the multiply
-family (products up to 9801) then stalled at 50-56 % after its three cycles. So its demos
-mix additions of 1-2, 2-3 and 3-4 digit numbers (`digits`); after 3,000 steps of 16 it copies
-arbitrary 4-digit results (46/60 in a probe, against 0/60) and answers ~93 % of the week-1
-family's held-out additions (measured 2026-12-01). It never sees "minus" or "times".
+question's numbers into the call and the tool's result into the answer. Taught only 2-3 digit
+additions, it learns a 4-digit result's leading "1" as a constant and later families stall;
+so its demos mix additions of 1-2, 2-3 and 3-4 digit numbers (`digits`), which teaches it to
+copy any 4-digit result. It never sees "minus" or "times". The probes behind these choices
+are in docs/benchmarks.md ("Measurements behind choices in the code").
 """
 
 from __future__ import annotations

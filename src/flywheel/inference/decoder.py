@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from flywheel.inference.kernels import dense_kernels, fuse, packed_available, packed_kernels
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
-# A oneDNN call costs ~12 us more than F.linear whatever its size (1 thread, torch 2.13): below
-# this hidden size the packed kernels lose (the demo's 64-hidden model decoded 32 calculator
-# episodes in 0.195 s packed, 0.174 s dense); at 256 they gain ~5 % at batch 64.
+# A oneDNN call has a fixed cost over F.linear whatever its size, so below this hidden size the
+# packed kernels lose to the dense ones (docs/benchmarks.md, "Measurements behind choices in
+# the code").
 PACKED_MIN_HIDDEN = 256
 
 

@@ -36,9 +36,8 @@ class RolloutError(TrainError):
 
 class InProcessRollouts:
     """Generation in the learner's process (synchronous RL). `threads`: torch threads while
-    generating (then restored): small-batch decoding is bound by op dispatch, and one thread
-    generated a bare calculator step in 0.34 s against 0.52 s with two on 2 cores (bench/async.py,
-    2026-12-01)."""
+    generating (then restored): small-batch decoding is bound by op dispatch, so fewer threads
+    than the learner's can be faster (bench/async.py measures it)."""
 
     def __init__(self, engine, env, group_size: int, params, renderer, threads: int | None = None):
         self.engine, self.env, self.group_size = engine, env, group_size

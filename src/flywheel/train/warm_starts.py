@@ -25,10 +25,9 @@ def calculator_warm_start(out: str | Path, demos: int = 4000, log: Callable[[str
     64-hidden, 2-layer, 4-head tiny model, SFT first on bare scripted demos (~180 tokens a row
     instead of ~1,000), where copying digits into the call and out of the result is learnt, until
     COPY_TARGET of held-out bare episodes succeed (checked every 50 steps, at most 1,500 steps),
-    then 200 steps on full demos. The copying emerges abruptly: for 1-2-digit products after
-    400-550 steps (tests/integration/test_rl_calculator.py), but for these 3-4-digit ones a
-    build on 2026-12-01 was still at 0 % after 1,500 steps (another, with 2 heads, reached 58 %
-    after 1,000): it logs a warning when stage 1 ends below the target."""
+    then 200 steps on full demos. The copying emerges abruptly and, for these 3-4-digit
+    products, not in every build within the budget: it logs a warning when stage 1 ends below
+    the target (docs/benchmarks.md, "Measurements behind choices in the code")."""
     from flywheel.config import SFTConfig, validate
     from flywheel.envs import load_env
     from flywheel.envs.demos import make_demos
@@ -77,14 +76,13 @@ def calculator_from_memory_warm_start(out: str | Path, direct_share: float = 0.7
 
     A 64-hidden, 2-layer, 4-head tiny model; stage 1: SFT on 3,000 scripted tool episodes until
     80 % of 20 held-out episodes succeed (checked every 50 steps, at most 1,000: the copying
-    into the call and out of the result emerges abruptly, after ~400-550 steps on one machine
-    and ~700 on another); then 200 more steps at lr 1e-3, because copying that just emerged
-    holds under greedy decoding but not under sampling at temperature 1 (measured on 128
-    sampled episodes: 9-23 % success without them, 77 % with them); stage 2: 40 steps on
-    1,000 demos of which `direct_share` answer at once ("The answer is 684."), after which
-    greedy decoding answers directly and fails while sampling still calls the tool in ~20-30 %
-    of episodes (without the 200 steps, RL then found no sampled success to reward). ~110 s
-    on 2 cores (2026-12-01)."""
+    into the call and out of the result emerges abruptly, at a step that varies by machine);
+    then 200 more steps at lr 1e-3, because copying that just emerged holds under greedy
+    decoding but not under sampling at temperature 1, and RL needs sampled successes to
+    reward; stage 2: 40 steps on 1,000 demos of which `direct_share` answer at once ("The
+    answer is 684."), after which greedy decoding answers directly and fails while sampling
+    still calls the tool in some episodes. The measurements behind these choices are in
+    docs/benchmarks.md ("Measurements behind choices in the code")."""
     import json
     import random
 
