@@ -95,13 +95,13 @@ def test_sigkill_of_the_whole_run_then_resume(model, tmp_path):
     config = tmp_path / "rl.yaml"
     config.write_text(json.dumps(dict(
         model=str(model), output_dir=str(out), env={"name": "arithmetic"},
-        train={"steps": 10, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
+        train={"steps": 6, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
         eval={"tasks": 8}, checkpoint={"every": 3, "keep": 5}, log={"progress": False}, threads=1,
         max_off_policy_steps=1)))
     cmd = [sys.executable, "-m", "flywheel.cli.main", "rl", str(config)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 90
-    while time.time() < deadline and not (out / "checkpoints" / "step_00000006" / "trainer_state.pt").exists():
+    while time.time() < deadline and not (out / "checkpoints" / "step_00000003" / "trainer_state.pt").exists():
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -112,8 +112,9 @@ def test_sigkill_of_the_whole_run_then_resume(model, tmp_path):
     assert done.returncode == 0, done.stderr
     assert "resumed from" in done.stdout + done.stderr
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
-    assert steps[-1] == 10
-    assert trained_tasks(out) == expected_tasks(10, 2)
+    assert steps == list(range(1, 7))  # each once: the killed run's rows past step 3 moved aside
+    assert [r["step"] for r in read_metrics(out / "rollouts.jsonl")] == list(range(1, 7))
+    assert trained_tasks(out) == expected_tasks(6, 2)
 
 
 def test_async_needs_worker_processes(model, tmp_path):
