@@ -92,10 +92,9 @@ class SandboxPool:
     `run_module('pytest', [...])` forks from an interpreter that has them already.
     `env`: extra environment variables of the servers, hence of every request.
 
-    pytest measured here (two trivial tests, this venv): cold ~1.4 s, of which 0.7 s is the
-    hypothesis plugin's import; pool with preload=['pytest'] ~220 ms; plus
-    env={'PYTEST_DISABLE_PLUGIN_AUTOLOAD': '1'} ~65 ms (pytest's own set-up); a lean runner that
-    imports the test module and calls the tests ~3 ms.
+    For pytest, preload=['pytest'] and env={'PYTEST_DISABLE_PLUGIN_AUTOLOAD': '1'} each cut a
+    run's start-up several-fold (plugin imports dominate it); docs/benchmarks.md ("Measurements
+    behind choices in the code") has the figures.
     """
 
     def __init__(self, size: int = 2, limits: Limits = Limits(), unsafe: bool | None = None,

@@ -40,9 +40,10 @@ class IngestWorkerDied(RuntimeError):
 
 
 def default_ingest_workers() -> int:
-    """The CPU count this process may use, at most 4: a worker prepares a ~2 KB trace in ~100
-    us of CPU and the server writes it in ~32 us, one transaction at a time (measured on a
-    2-core AMD EPYC), so past ~3 workers the single writer is the limit."""
+    """The CPU count this process may use, at most 4: a worker spends about three times as
+    long preparing a trace as the server's single writer spends writing it, so past ~3
+    workers the writer is the limit (docs/benchmarks.md, "Measurements behind choices in the
+    code")."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(4, usable))
 

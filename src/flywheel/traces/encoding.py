@@ -41,7 +41,7 @@ def canonical(value: Any) -> str:
 
     orjson: ~10x the stdlib's speed, which the ingestion rate needs. Its NaN and infinity
     become null; integers beyond 64 bits raise TypeError (the record is refused). Decoded to
-    str at once: measured faster than keeping orjson's bytes (the freed buffer is reused).
+    str at once, which is faster than keeping orjson's bytes (the freed buffer is reused).
     """
     return orjson.dumps(value, option=_ORJSON_OPTIONS).decode()
 
@@ -140,10 +140,9 @@ def new_trace_ids(count: int) -> list[str]:
     """`count` UUIDs version 7 (RFC 9562): 48 bits of Unix time in milliseconds, then 74 random bits.
 
     Time-ordered, so a batch's new ids land together at the end of the unique index on
-    `id`. Random (version 4) ids scatter every insert over the whole index: past ~75,000
-    traces, when the index no longer fits SQLite's page cache, a batch of 500 then read and
-    rewrote ~500 index pages, ~20 ms instead of ~2 ms (measured on SQLite 3.40). One clock
-    reading and one read of the OS's random source serve the whole batch."""
+    `id`. Random (version 4) ids scatter every insert over the whole index, so once the index
+    outgrows SQLite's page cache a batch rewrites a page per trace. One clock reading and one
+    read of the OS's random source serve the whole batch."""
     if count < 1:
         return []
     stamp = f"{time.time_ns() // 1_000_000 & 0xFFFFFFFFFFFF:012x}"
