@@ -85,3 +85,17 @@ def test_drop_rows_after_keeps_order_and_moves_torn_lines(tmp_path):
     assert log.read_text() == '{"step": 1, "a": 1}\n{"step": 2}\n'
     assert (tmp_path / "metrics.superseded.jsonl").read_text() == '{"step": 3}\n{"step": 2, "b"\n'
     assert drop_rows_after(log, 2) == 0 and drop_rows_after(tmp_path / "absent.jsonl", 0) == 0
+
+
+def test_a_fresh_start_sets_aside_an_earlier_process_s_step_0_rows(tmp_path):
+    """RL logs its step-0 evaluation before any checkpoint: a run killed then restarted fresh
+    (no checkpoint to resume) must not show step 0 twice."""
+    from flywheel.train.metrics import MetricsWriter
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 0, "eval/success": 0.1}\n{"step": 1, "loss": 2.0}\n')
+    writer = MetricsWriter(log, start_step=0)
+    writer.log(0, **{"eval/success": 0.2})
+    writer.close()
+    assert [r["eval/success"] for r in read_metrics(log)] == [0.2]
+    assert len(read_metrics(tmp_path / "metrics.superseded.jsonl")) == 2

@@ -605,7 +605,7 @@ class _RunningBatch:
             if self.k_max:  # the token's logprob and its alternatives from one (B, V) table
                 lp_B_V = reported_logprobs(logits, self.temperature, self.top_k, self.top_p, self.processed, self.needs)
                 lp = lp_B_V.gather(-1, tok[:, None]).squeeze(-1)
-                known = min(getattr(engine, "known_tokens", engine.vocab_size), engine.vocab_size)
+                known = engine.known_tokens
                 ids_B_K, lps_B_K = top_logprobs(lp_B_V, self.k_max, known)
                 tops = (ids_B_K.tolist(), lps_B_K.tolist())
             elif self.any_processed:

@@ -46,7 +46,8 @@ class LocalEngine:
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
-        self.known_tokens = len(tokenizer)  # ids past it (vocabulary padding) have no token
+        # ids below it have a token; those past it (vocabulary padding rows) have none
+        self.known_tokens = min(len(tokenizer), self.vocab_size)
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed if seed is not None else torch.initial_seed() % (1 << 62))
         self._lock = threading.Lock()
@@ -178,7 +179,7 @@ class LocalEngine:
         all_processed = differ and all(processed)
         mixed_processed = differ and any(processed) and not all_processed
         k_max = max(sp.top_logprobs for sp in row_params)  # alternatives per token (0: none)
-        known = min(self.known_tokens, self.vocab_size)
+        known = self.known_tokens
 
         # ---- prefill the distinct prompts once, then fan out
         cache = self.runner.new_cache(R, P + T_new)

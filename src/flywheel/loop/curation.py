@@ -30,6 +30,7 @@ One unusable record is dropped with its trace id and reason and never stops the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,7 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
     report = CurationReport(eval_prompts=len(index))
     found: dict[str, list[_Candidate]] = {k: [] for k in KINDS}
     groups: dict[str, list[_Seen]] = {}  # prompt hash -> traces with a response or correction
+    replay_in = functools.partial(_rl, cfg=cfg)  # RL tasks replay only environments cfg trusts
     for t in sorted(traces, key=lambda t: t.seq):
         report.traces += 1
         try:
@@ -232,14 +234,14 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
         report.failures += s.outcome == "fail"
         report.passes += s.outcome == "pass"
         report.with_correction += s.correction is not None
-        for kind, wanted, build in (("rl", s.outcome == "fail" and s.verifier is not None, _rl),
+        for kind, wanted, build in (("rl", s.outcome == "fail" and s.verifier is not None, replay_in),
                                     ("sft", s.correction is not None, _sft),
                                     ("replay", s.outcome == "pass" and s.response is not None, _replay)):
             if not wanted:
                 continue
             report.failures_with_verifier += kind == "rl"
             try:
-                found[kind].append(build(s, cfg) if kind == "rl" else build(s))
+                found[kind].append(build(s))
             except (Unusable, AttributeError, KeyError, TypeError) as e:
                 report.drop(t.id, kind, str(e) if isinstance(e, Unusable) else f"{type(e).__name__}: {e}")
         if s.response is not None or s.correction is not None:

@@ -199,7 +199,7 @@ class SandboxPool:
                 return
             self._warned_dirty = True
         msg = (f"flywheel.sandbox: SandboxPool cannot get its sandboxes clean between requests, so every "
-               f"request restarts its sandbox (~30x slower than warm); left behind: {'; '.join(left[:3])}. "
+               f"request restarts its sandbox (many times slower than a warm one); left behind: {'; '.join(left[:3])}. "
                f"Warned once per pool; stats() counts the restarts.")
         warnings.warn(msg, SandboxDirtyWarning, stacklevel=stacklevel)
         log.warning(msg)

@@ -30,6 +30,7 @@ When a choice ends, its last chunks carry whatever of the final text was not sen
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import uuid
@@ -99,16 +100,17 @@ def completion_logprobs(table: TokenTable, sample: Sample) -> dict[str, Any]:
     in chat (its own bytes; `bytes:\\xNN` for part of a character), ids without a token left
     out; `text_offset` is the index in the text of the first character the token starts or
     completes (special tokens make no text)."""
-    tokens, logprobs, offsets, text = [], [], [], b""
+    tokens, logprobs, offsets = [], [], []
+    chars, decoder = 0, codecs.getincrementaldecoder("utf-8")(errors="ignore")  # characters completed so far
     for t, lp in zip(*_message_tokens(sample)):
         raw = table.bytes_of(t)
         if raw is None:
             continue
         tokens.append(token_text(raw))
         logprobs.append(lp)
-        offsets.append(len(text.decode("utf-8", errors="ignore")))
+        offsets.append(chars)
         if t not in table.special:
-            text += raw
+            chars += len(decoder.decode(raw))
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": offsets}
 
 

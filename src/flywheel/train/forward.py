@@ -43,12 +43,6 @@ def logits_at(model, keep: torch.Tensor, out: dict | None = None, **inputs) -> t
     return _keep_cache(res, out).logits[keep]
 
 
-def projects_kept_only(model) -> bool | None:
-    """Whether `logits_at` projects only the kept positions for this model's class (None: not
-    called yet)."""
-    return _LOGITS_TO_KEEP_MASK.get(type(model))
-
-
 def _keep_cache(res, out: dict | None):
     if out is not None:
         out["cache"] = getattr(res, "cache", None) or getattr(res, "past_key_values", None)

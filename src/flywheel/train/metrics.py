@@ -10,12 +10,13 @@ from pathlib import Path
 
 class MetricsWriter:
     def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None, start_step: int = 0):
-        """start_step: the step the run starts (or resumes) from; rows an earlier process wrote
-        past it are moved aside first (`drop_rows_after`), so a resumed run's file reads as
-        one uninterrupted run."""
+        """start_step: the checkpoint step the run resumes from, 0 for a fresh start. Rows an
+        earlier process wrote past it are moved aside first (`drop_rows_after`), so the file
+        reads as one uninterrupted run; a fresh start keeps none (no checkpoint holds step 0,
+        so an earlier process's step-0 evaluation is its own)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        drop_rows_after(self.path, start_step)
+        drop_rows_after(self.path, start_step if start_step > 0 else -1)
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses at most a line
         self._tb = None
         if tensorboard_dir is not None:
