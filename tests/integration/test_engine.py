@@ -134,18 +134,20 @@ def test_stop_token_ends_each_row_on_its_own(engine):
 
 def test_stop_string_trims_text_and_keeps_the_token(engine):
     prompt = engine.encode(PROMPTS[1])
-    full_ids = _greedy(engine, prompt, 10)
-    # a stop string made of the bytes of tokens 3 and 4 (the tiny tokenizer is byte-level)
-    stop_bytes = bytes(t for t in full_ids[3:5] if t < 256)
-    if len(stop_bytes) < 2 or not stop_bytes.isascii():
-        pytest.skip("greedy continuation is not plain ASCII here")
-    stop = stop_bytes.decode()
-    (s,), = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=10, stop=(stop,),
-                                                     ignore_eos=True))
-    text = engine.tokenizer.decode(full_ids, skip_special_tokens=True)
+    params = SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True)
+    engine.generator.manual_seed(7)
+    full_ids = engine.generate([prompt], params)[0][0].token_ids  # varied, unlike a greedy loop
+    # the stop string: the first token (after the first) whose text is one printable ASCII
+    # character that the text before it, special tokens included, does not contain
+    k, stop = next((k, engine.tokenizer.decode([t])) for k, t in enumerate(full_ids) if k > 0
+                   and len(engine.tokenizer.decode([t])) == 1 and engine.tokenizer.decode([t]).isprintable()
+                   and engine.tokenizer.decode([t]).isascii()
+                   and engine.tokenizer.decode([t]) not in engine.tokenizer.decode(full_ids[:k]))
+    engine.generator.manual_seed(7)
+    (s,), = engine.generate([prompt], SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True, stop=(stop,)))
     assert s.finish_reason == "stop" and s.stop_reason == stop
-    assert s.text == text[:text.find(stop)]
-    assert engine.tokenizer.decode(s.token_ids).endswith(stop)
+    assert s.token_ids == full_ids[:k + 1]  # the token that made the stop string is kept
+    assert s.text == engine.tokenizer.decode(full_ids[:k], skip_special_tokens=True)
 
 
 def test_finished_rows_leave_the_batch_and_prompts_prefill_once(engine):

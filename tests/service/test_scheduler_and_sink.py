@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from flywheel.inference import Sample, SamplingParams
-from flywheel.inference.batching import BatchScheduler
+from flywheel.inference.scheduler import BatchScheduler
 from flywheel.traces import TraceStore
 from flywheel.service.traces import TraceEvent, TraceStoreSink
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from flywheel.inference import LocalEngine, Sample, SamplingParams
-from flywheel.inference.batching import BatchScheduler
+from flywheel.inference.scheduler import BatchScheduler
 from flywheel.traces import TraceStore
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
 from flywheel.service import OpenAIService, TraceStoreSink

@@ -3,7 +3,10 @@ the lean decoder does not cover. Same interface as LeanDecoder."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
+from transformers import DynamicCache
 
 
 class HFCache:
@@ -19,15 +22,11 @@ class HFRunner:
     def __init__(self, model):
         self.model = model
         self.device = next(model.parameters()).device
-        import inspect
-
         params = inspect.signature(model.forward).parameters
         # transformers >= 5.2x renamed `past_key_values` to `cache`
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     def new_cache(self, batch: int, capacity: int) -> HFCache:
-        from transformers import DynamicCache
-
         return HFCache(DynamicCache(config=self.model.config))
 
     @torch.inference_mode()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "cancelled"]  # cancelled: its caller aborted it
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,9 @@ class Sample:
     sample, the token that did it is the last of `token_ids`; `text` excludes a stop string
     (OpenAI semantics) but keeps nothing after it. With `SamplingParams.top_logprobs=k`,
     `top_logprobs[i]` holds token i's alternatives: up to k (id, logprob) pairs, best first,
-    under the distribution of `logprobs[i]` (tokens outside a filtered support left out)."""
+    under the distribution of `logprobs[i]` (tokens outside a filtered support left out).
+    `version` is the weights' version that produced the first token; an engine that lets
+    weights change while a sample decodes tags each token in `token_versions`."""
 
     token_ids: list[int]
     logprobs: list[float]
@@ -85,6 +87,7 @@ class Sample:
     prompt_len: int = 0
     extra: dict = field(default_factory=dict)
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    token_versions: list[int] | None = None  # per token, when weights changed mid-sample; None: all `version`
 
 
 @runtime_checkable

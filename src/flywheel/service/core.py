@@ -51,7 +51,7 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from flywheel.models.tool_calls import HermesParser, ToolCallParser
-from flywheel.inference.batching import BatchResult, BatchScheduler
+from flywheel.inference.scheduler import JobResult, BatchScheduler
 from flywheel.inference.sampler import SamplingParams
 from flywheel.traces.schema import describe
 from flywheel.models.token_bytes import token_table
@@ -184,7 +184,7 @@ class OpenAIService:
         params = self._params(req, len(prompt), req.budget, param, clip_default=True)
         return _Chat(req, messages, tools, prompt, params, t0)
 
-    def _chat_choices(self, c: _Chat, result: BatchResult) -> list[dict[str, Any]]:
+    def _chat_choices(self, c: _Chat, result: JobResult) -> list[dict[str, Any]]:
         tok = result.engine.tokenizer
         choices = []
         for i, s in enumerate(result.samples):
@@ -195,13 +195,13 @@ class OpenAIService:
         return choices
 
     def _chat_response(self, c: _Chat, rid: str, created: int, choices: list[dict[str, Any]],
-                       results: list[BatchResult]) -> dict[str, Any]:
+                       results: list[JobResult]) -> dict[str, Any]:
         [result] = results
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.name,
                 "system_fingerprint": result.label, "choices": choices,
                 "usage": R.usage(len(c.prompt), sum(len(s.token_ids) for s in result.samples))}
 
-    def _chat_events(self, c: _Chat, response: dict[str, Any], results: list[BatchResult]) -> list[TraceEvent]:
+    def _chat_events(self, c: _Chat, response: dict[str, Any], results: list[JobResult]) -> list[TraceEvent]:
         """One trace per choice."""
         [result] = results
         latency_ms = (time.perf_counter() - c.t0) * 1000
@@ -222,7 +222,7 @@ class OpenAIService:
         params = [self._params(req, len(p), req.budget, "max_tokens", clip_default=False) for p in prompts]
         return _Completion(req, prompts, params, t0)
 
-    def _completion_choices(self, c: _Completion, i: int, result: BatchResult) -> list[dict[str, Any]]:
+    def _completion_choices(self, c: _Completion, i: int, result: JobResult) -> list[dict[str, Any]]:
         """The choices of prompt i: indices i * n + j."""
         out = []
         for j, s in enumerate(result.samples):
@@ -233,7 +233,7 @@ class OpenAIService:
         return out
 
     def _completion_response(self, c: _Completion, rid: str, created: int, choices: list[dict[str, Any]],
-                             results: list[BatchResult | None]) -> dict[str, Any]:
+                             results: list[JobResult | None]) -> dict[str, Any]:
         """(results: one per prompt; `None` for a job of a stream cut short that never ran)"""
         ran = [(i, r) for i, r in enumerate(results) if r is not None]
         return {"id": rid, "object": "text_completion", "created": created, "model": self.name,
@@ -242,7 +242,7 @@ class OpenAIService:
                                  sum(len(s.token_ids) for _, r in ran for s in r.samples))}
 
     def _completion_events(self, c: _Completion, response: dict[str, Any],
-                           results: list[BatchResult | None]) -> list[TraceEvent]:
+                           results: list[JobResult | None]) -> list[TraceEvent]:
         """One trace per choice (none for a prompt whose job never ran)."""
         ran = [(i, r) for i, r in enumerate(results) if r is not None]
         latency_ms = (time.perf_counter() - c.t0) * 1000
@@ -350,7 +350,7 @@ class OpenAIService:
         except RuntimeError as e:  # closed: the server is shutting down
             raise OpenAIError(str(e), status=503, type="server_error") from None
 
-    async def _run(self, prompt: list[int], params: SamplingParams, seed: int | None) -> BatchResult:
+    async def _run(self, prompt: list[int], params: SamplingParams, seed: int | None) -> JobResult:
         future = self._submit(prompt, params, seed)
         try:
             return await asyncio.wrap_future(future)
@@ -410,7 +410,7 @@ class _StreamJob:
         self.future = None
         self.reports: deque[tuple[str, dict[int, list[int]], bool, dict | None]] = deque()
         self.started = False  # tokens were reported
-        self.result: BatchResult | None = None
+        self.result: JobResult | None = None
         self.choices: list[dict[str, Any]] | None = None  # set when the job has ended
 
 
@@ -422,7 +422,7 @@ class EventStream:
 
     def __init__(self, service: OpenAIService, *, chat: bool, rid: str, include_usage: bool,
                  texts: Callable[[int], list[R.TextStream]],
-                 choices: Callable[[int, BatchResult], list[dict[str, Any]]],
+                 choices: Callable[[int, JobResult], list[dict[str, Any]]],
                  respond: Callable[..., tuple[dict[str, Any], list[TraceEvent]]], logprobs=None):
         """logprobs: the tokenizer's TokenTable when a chat request asked for logprobs (each
         content chunk then carries its tokens' entries)."""
@@ -582,7 +582,7 @@ class EventStream:
         """Trace the jobs of a stream cut short that produced samples (not those cancelled
         before they ran, nor failed ones)."""
         self._traced = True
-        results: list[BatchResult | None] = []
+        results: list[JobResult | None] = []
         for job in self.jobs:
             f = job.future
             results.append(f.result() if not f.cancelled() and f.exception() is None else None)

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from flywheel.inference.sampling import filter_logits, sample_tokens
+from flywheel.inference.logits import filter_logits, sample_tokens
 
 LOGITS = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.2)]])
 
@@ -80,7 +80,7 @@ def test_top_logprobs_are_sorted_and_share_the_sampled_tokens_distribution():
     """Processed rows report the filtered distribution (alternatives outside its support
     are -inf and dropped by top_pairs), raw and greedy rows the temperature-1 one; ids past
     `known` (vocabulary padding) are never listed."""
-    from flywheel.inference.sampling import reported_logprobs, top_logprobs, top_pairs
+    from flywheel.inference.logits import reported_logprobs, top_logprobs, top_pairs
 
     logits = torch.tensor([[0.0, 3.0, 2.0, 1.0, 5.0]]).repeat(3, 1)  # (3, 5); id 4: vocabulary padding
     temperature, top_k, top_p = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([2, 2, 2]), torch.ones(3)

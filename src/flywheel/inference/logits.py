@@ -1,4 +1,5 @@
-"""Pure sampling math on a batch of logits: temperature, top-k, top-p, logprobs."""
+"""Pure math on a batch of next-token logits (B, V): temperature, top-k, top-p, sampling,
+the logprobs each row reports and its top alternatives."""
 
 from __future__ import annotations
 
@@ -105,3 +106,13 @@ def top_logprobs(logprobs_B_V: torch.Tensor, k: int, known: int | None = None) -
 def top_pairs(ids_K: list[int], logprobs_K: list[float], k: int) -> list[tuple[int, float]]:
     """One token's first k alternatives as (id, logprob) pairs, those of probability 0 left out."""
     return [(i, lp) for i, lp in zip(ids_K[:k], logprobs_K[:k]) if lp != float("-inf")]
+
+
+def processed_logprobs(logits_B_V: torch.Tensor, tokens_B: torch.Tensor, temperature_B: torch.Tensor,
+                       top_k_B: torch.Tensor, top_p_B: torch.Tensor, needs: Needs | None = None) -> torch.Tensor:
+    """(B,) log-probability of each row's token under its filtered sampling distribution
+    (greedy rows: the raw temperature-1 one)."""
+    raw = logits_B_V.float()
+    filtered = filter_logits(raw, temperature_B, top_k_B, top_p_B, needs)
+    base = torch.where((temperature_B <= 0)[:, None], raw, filtered)
+    return base.log_softmax(-1).gather(-1, tokens_B[:, None]).squeeze(-1)

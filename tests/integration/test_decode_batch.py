@@ -1,0 +1,149 @@
+"""DecodeBatch, the engine's one decode loop: stepping, joining, aborting, and what a weight
+update does to rows in flight (pinned: they finish on the old version; follow: they go on
+with the new weights, each token tagged with its version)."""
+
+import threading
+
+import pytest
+import torch
+
+from flywheel.inference import LocalEngine, SamplingParams
+from flywheel.inference.decode import DecodeRequest
+from flywheel.models import TinySpec, build_tiny_model
+
+GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("decode"), TinySpec(hidden=64, layers=2, heads=4, ffn=128, seed=5))
+
+
+@pytest.fixture(params=["lean", "hf"])
+def engine(request, model_dir):
+    return LocalEngine.from_path(str(model_dir), seed=0, lean=request.param == "lean")
+
+
+def _new_weights(engine, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    name = "model.layers.1.mlp.down_proj.weight"
+    return {name: torch.randn(engine._params[name].shape, generator=g)}
+
+
+def test_steps_report_every_row_and_generate_is_admit_then_step(engine):
+    prompt = engine.encode("12+34=")
+    ref = engine.generate([prompt], SamplingParams(n=2, temperature=0, max_tokens=5, ignore_eos=True))[0]
+    batch = engine.batch()
+    batch.admit([DecodeRequest("a", prompt, SamplingParams(n=2, temperature=0, max_tokens=5, ignore_eos=True))])
+    seen, finished = [], []
+    while batch.live:
+        out = batch.step()
+        assert out.keys == ["a", "a"] and out.indices == [0, 1] and out.versions == [0, 0]
+        seen.append(out.tokens)
+        finished += out.finished
+    assert [key for key, _ in finished] == ["a"]
+    samples = finished[0][1]
+    assert [s.token_ids for s in samples] == [ref[0].token_ids] * 2 == [[t[0] for t in seen]] * 2
+    assert samples[0].logprobs == pytest.approx(ref[0].logprobs, abs=1e-5)
+
+
+def test_an_aborted_request_leaves_at_the_next_step_with_what_it_has(engine):
+    batch = engine.batch()
+    batch.admit([DecodeRequest("stay", engine.encode("abc"), GREEDY),
+                 DecodeRequest("go", engine.encode("xyz"), SamplingParams(n=2, temperature=0, max_tokens=8,
+                                                                          ignore_eos=True))])
+    batch.step()
+    batch.step()
+    batch.abort("go")
+    out = batch.step()
+    assert out.keys == ["stay"]  # the aborted rows' tokens of this step are dropped
+    (key, samples), = out.finished
+    assert key == "go" and [s.finish_reason for s in samples] == ["cancelled"] * 2
+    assert [len(s.token_ids) for s in samples] == [2, 2]
+    while batch.live:
+        last = batch.step()
+    assert last.finished[0][1][0].finish_reason == "length"
+
+
+def test_a_refused_request_is_named_and_nothing_is_admitted(engine):
+    batch = engine.batch()
+    with pytest.raises(ValueError, match=r"request 'bad' has token id 100000, outside"):
+        batch.admit([DecodeRequest("ok", [1, 2], GREEDY), DecodeRequest("bad", [100000], GREEDY)])
+    assert batch.live == 0 and not engine._pins  # no pin is left behind
+    with pytest.raises(ValueError, match="adapter"):
+        batch.admit([DecodeRequest("lora", [1, 2], GREEDY, adapter="tenant-a")])
+
+
+def test_a_pinned_batch_finishes_on_the_old_weights_and_the_update_waits(engine):
+    prompt = engine.encode("a longer prompt")
+    ref = engine.generate([prompt], GREEDY)[0][0]
+    batch = engine.batch()
+    batch.admit([DecodeRequest(0, prompt, GREEDY)])
+    batch.step()
+    updated = threading.Event()
+    updater = threading.Thread(target=lambda: (engine.update_weights(_new_weights(engine, 1), version=3),
+                                               updated.set()))
+    updater.start()
+    while not engine.update_waiting:  # the update is waiting for the batch
+        updater.join(0.01)
+    assert not batch.can_join or batch.live == 0  # a batch an update waits on takes nobody new
+    outs = []
+    while batch.live:
+        assert not updated.is_set()
+        outs.append(batch.step())
+    updater.join(20)
+    assert updated.is_set() and engine.version == 3
+    (_, (sample,)), = outs[-1].finished
+    assert sample.token_ids == ref.token_ids and sample.version == 0 and sample.token_versions is None
+    assert sample.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+    after = engine.generate([prompt], GREEDY)[0][0]
+    assert after.version == 3 and after.logprobs != pytest.approx(ref.logprobs, abs=1e-3)
+
+
+def test_a_following_batch_takes_an_update_between_steps_and_tags_each_token(engine):
+    prompt = engine.encode("a longer prompt")
+    ref = engine.generate([prompt], GREEDY)[0][0]
+    batch = engine.batch(follow=True)
+    batch.admit([DecodeRequest(0, prompt, GREEDY)])
+    versions = [batch.step().versions[0] for _ in range(3)]
+    engine.update_weights(_new_weights(engine, 2), version=9)  # lands at once: nothing pins the weights
+    while batch.live:
+        out = batch.step()
+        versions += out.versions
+    (_, (sample,)), = out.finished
+    # tokens 0-2 came from version-0 logits; token 3 from the last version-0 forward (run
+    # before the update); from token 4 on, from version-9 forwards
+    assert versions == sample.token_versions == [0, 0, 0, 0, 9, 9, 9, 9]
+    assert sample.version == 0 and engine.version == 9
+    assert sample.token_ids[:4] == ref.token_ids[:4]
+    assert sample.logprobs[:4] == pytest.approx(ref.logprobs[:4], abs=1e-5)
+    assert sample.logprobs[4:] != pytest.approx(ref.logprobs[4:], abs=1e-3)
+
+
+def test_requests_join_a_running_batch_without_changing_greedy_answers(model_dir):
+    engine = LocalEngine.from_path(str(model_dir), seed=0, lean=True)
+    prompts = [engine.encode(t) for t in ("x", "12+34=", "a much longer prompt than the others")]
+    refs = [engine.generate([p], GREEDY)[0][0] for p in prompts]
+    batch = engine.batch(max_rows=8)
+    batch.admit([DecodeRequest(0, prompts[0], GREEDY)])
+    done = {}
+    for i in range(1, 3):
+        for key, samples in batch.step().finished:
+            done[key] = samples[0]
+        batch.admit([DecodeRequest(i, prompts[i], GREEDY)])
+    while batch.live:
+        for key, samples in batch.step().finished:
+            done[key] = samples[0]
+    for i, ref in enumerate(refs):
+        assert done[i].token_ids == ref.token_ids
+        assert done[i].logprobs == pytest.approx(ref.logprobs, abs=1e-4)
+
+
+def test_the_hf_runner_batch_takes_requests_only_when_empty(model_dir):
+    engine = LocalEngine.from_path(str(model_dir), seed=0, lean=False)
+    batch = engine.batch()
+    batch.admit([DecodeRequest(0, [5, 6], GREEDY)])
+    batch.step()
+    assert not batch.can_join
+    with pytest.raises(RuntimeError, match="takes no request"):
+        batch.admit([DecodeRequest(1, [7], GREEDY)])
