@@ -1,4 +1,5 @@
-"""Writing files so that a reader (or a process killed mid-write) never sees half of one."""
+"""Writing files so that a reader (or a process killed mid-write) never sees half of one,
+and flushing a folder so that a rename into it survives a crash."""
 
 from __future__ import annotations
 
@@ -20,3 +21,12 @@ def atomic_write(path: str | Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Flush a folder's entries (names created, renamed or removed in it) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,22 +1,128 @@
-"""Plain data types shared across flywheel. Imports nothing heavy."""
+"""Data types shared across flywheel: the chat message, the tool call, tasks and trajectories.
+
+`Message` is the one definition of an OpenAI-style chat message (system / developer / user /
+assistant with `tool_calls` / tool). It is a TypedDict, so a message is a plain dict
+everywhere (templates, the trace store, the server); its annotations carry the rules that
+pydantic checks where messages arrive from outside (the trace store's `TraceIn`, the
+server's request bodies): unknown keys refused, content a string or a list of parts,
+tool calls only on assistant messages. `ToolCall` is one call as the policy made it
+(arguments decoded); `to_message_part()` gives its `ToolCallPart`, the `tool_calls` entry.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, Union, get_args
 
-Message = dict[str, Any]  # an OpenAI-style chat message: {"role": ..., "content": ..., "tool_calls": [...]}
+from pydantic import AfterValidator, ConfigDict, Discriminator, Field, Tag, with_config
+from typing_extensions import NotRequired, TypedDict  # pydantic needs typing_extensions' before Python 3.12
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = get_args(Role)
+
+# Union branches are picked by the value's JSON type (a callable discriminator), so an
+# error reports only the branch that applied. Branch tags start with BRANCH_TAG; error
+# reports drop them from field paths.
+BRANCH_TAG = "@"
+_FORBID = ConfigDict(extra="forbid")
+
+
+def _json_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return BRANCH_TAG + "str"
+    if isinstance(value, list):
+        return BRANCH_TAG + "list"
+    if isinstance(value, dict):
+        return BRANCH_TAG + "dict"
+    return None
+
+
+@with_config(ConfigDict(extra="allow"))
+class ContentPartFields(TypedDict):
+    """One part of a multi-part message content (`{"type": "text", "text": ...}`, images, ...).
+
+    The only open shape: OpenAI keeps adding part types, each with its own keys.
+    """
+
+    type: Annotated[str, Field(min_length=1)]
+    text: NotRequired[str | None]
+
+
+def _text_part_has_text(part: ContentPartFields) -> ContentPartFields:
+    if part["type"] == "text" and part.get("text") is None:
+        raise ValueError("a text part needs 'text'")
+    return part
+
+
+ContentPart = Annotated[ContentPartFields, AfterValidator(_text_part_has_text)]
+
+Content = Annotated[
+    Union[Annotated[str, Tag(BRANCH_TAG + "str")], Annotated[list[ContentPart], Tag(BRANCH_TAG + "list")]],
+    Discriminator(_json_kind, custom_error_type="content_type",
+                  custom_error_message="must be a string, a list of content parts or null"),
+]
+
+Arguments = Annotated[
+    Union[Annotated[str, Tag(BRANCH_TAG + "str")], Annotated[dict[str, Any], Tag(BRANCH_TAG + "dict")]],
+    Discriminator(_json_kind, custom_error_type="tool_arguments_type",
+                  custom_error_message="must be a JSON string or an object"),
+]
+
+
+@with_config(_FORBID)
+class FunctionCall(TypedDict):
+    name: Annotated[str, Field(min_length=1)]
+    arguments: Arguments  # OpenAI sends a JSON string; Hermes parsers produce an object
+
+
+@with_config(_FORBID)
+class ToolCallPart(TypedDict):
+    """One entry of an assistant message's `tool_calls`."""
+
+    id: NotRequired[str | None]
+    type: NotRequired[Literal["function"]]
+    function: FunctionCall
+
+
+@with_config(_FORBID)
+class MessageFields(TypedDict):
+    role: Role
+    content: NotRequired[Content | None]
+    name: NotRequired[str | None]
+    tool_calls: NotRequired[list[ToolCallPart] | None]
+    tool_call_id: NotRequired[str | None]
+    refusal: NotRequired[str | None]
+    reasoning_content: NotRequired[str | None]  # what reasoning models served through vLLM return
+
+
+def _fits_role(message: MessageFields) -> MessageFields:
+    role = message["role"]
+    if message.get("tool_calls") is not None and role != "assistant":
+        raise ValueError(f"only assistant messages carry tool_calls, not {role}")
+    if message.get("tool_call_id") is not None and role != "tool":
+        raise ValueError(f"only tool messages carry tool_call_id, not {role}")
+    if role == "assistant":
+        if message.get("content") is None and not message.get("tool_calls") and message.get("refusal") is None:
+            raise ValueError("an assistant message needs content, tool_calls or refusal")
+    elif message.get("content") is None:
+        raise ValueError(f"a {role} message needs content")
+    return message
+
+
+Message = Annotated[MessageFields, AfterValidator(_fits_role)]
 
 
 @dataclass
 class ToolCall:
+    """One tool call as parsed from the policy's text: the tool's name and decoded arguments."""
+
     name: str
     arguments: dict[str, Any]
     id: str | None = None
 
-    def to_message_part(self) -> dict:
+    def to_message_part(self) -> ToolCallPart:
         """The OpenAI `tool_calls` entry for this call."""
-        part = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        part: ToolCallPart = {"type": "function", "function": {"name": self.name, "arguments": self.arguments}}
         if self.id:
             part["id"] = self.id
         return part

@@ -21,10 +21,10 @@ from sqlalchemy.exc import IntegrityError
 from typer.testing import CliRunner
 
 from flywheel.cli.main import app
+from flywheel.crash_points import kill_at
+from flywheel.database import writing
 from flywheel.registry import InvalidModelFolder, Registry, RegistryError, StatusError, VersionNotFound
-from flywheel.registry import registry as registry_module
 from flywheel.registry.storage import VersionRow
-from flywheel.traces.db import writing
 
 
 def fake_model(folder: Path, seed: int = 0) -> Path:
@@ -119,27 +119,35 @@ def test_register_with_a_key_is_idempotent(reg, model):
 
 
 def test_bad_inputs_are_named(reg, model, tmp_path):
+    """The registry asks the one model-folder rule (models.loading.check_model_folder)."""
     cases = [
-        (tmp_path / "nowhere", "model folder .*nowhere does not exist"),
-        (model / "config.json", "config.json is not a folder"),
+        (tmp_path / "nowhere", "model path .*nowhere' does not exist"),
+        (model / "config.json", "config.json' is a file, not a model folder"),
     ]
     for folder, message in cases:
         with pytest.raises(InvalidModelFolder, match=message):
             reg.register(folder)
     no_config = fake_model(tmp_path / "no_config")
     (no_config / "config.json").unlink()
-    with pytest.raises(InvalidModelFolder, match="no_config has no config.json"):
+    with pytest.raises(InvalidModelFolder, match="no_config' is not a model folder: it has no config.json"):
         reg.register(no_config)
     (no_config / "config.json").write_text("{not json")
-    with pytest.raises(InvalidModelFolder, match="config.json is not valid JSON"):
+    with pytest.raises(InvalidModelFolder, match="config.json: invalid JSON at line 1"):
         reg.register(no_config)
     (no_config / "config.json").write_text("[1, 2]")
     with pytest.raises(InvalidModelFolder, match="holds list, expected a JSON object"):
         reg.register(no_config)
     (no_config / "config.json").write_text("{}")
+    with pytest.raises(InvalidModelFolder, match="has no 'model_type'"):
+        reg.register(no_config)
+    (no_config / "config.json").write_text('{"model_type": "qwen2"}')
     (no_config / "model.safetensors").unlink()
-    with pytest.raises(InvalidModelFolder, match=r"no_config has no weights file \(\*.safetensors"):
+    with pytest.raises(InvalidModelFolder, match=r"no_config' has a config but no weights \(\*.safetensors"):
         reg.register(no_config)  # trainer_state.pt is not a model's weights
+    (no_config / "model.safetensors").write_bytes(b"x")
+    (no_config / "config.json").write_text('{"model_type": "vit"}')  # load() could not load it: not registered
+    with pytest.raises(InvalidModelFolder, match="model_type 'vit' is not a causal language model"):
+        reg.register(no_config)
     with pytest.raises(VersionNotFound, match=r"unknown model version 'v9' .*\(versions: none registered yet\)"):
         reg.register(model, parent="v9")
     with pytest.raises(RegistryError, match="data_counts must be a mapping, got list"):
@@ -271,11 +279,7 @@ def test_concurrent_promotions_leave_one_production_and_a_gapless_history(reg, t
 
 
 def _promote_and_die(root: str, vid: str, point: str, action: str) -> None:
-    def crash(name):
-        if name == point:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    registry_module._crash_point = crash
+    kill_at(point)
     with Registry(root) as r:
         r.promote(vid, "child") if action == "promote" else r.rollback(reason="child")
     os._exit(3)  # the kill point was never reached
@@ -324,7 +328,7 @@ def test_sigkill_during_the_first_promotion_leaves_none_or_it(tmp_path, step):
 
 
 def _register_and_die(root: str, folder: str, point: str) -> None:
-    registry_module._crash_point = lambda name: name == point and os.kill(os.getpid(), signal.SIGKILL)
+    kill_at(point)
     with Registry(root) as r:
         r.register(folder)
     os._exit(3)
@@ -395,8 +399,7 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch):
     empty = tmp_path / "empty"
     empty.mkdir()
     r = runner.invoke(app, ["models", "register", str(empty)])
-    assert r.exit_code == 2 and r.stderr == f"error: model folder {empty} has no config.json " \
-                                             "(is it a Hugging Face model folder?)\n"
+    assert r.exit_code == 2 and r.stderr == f"error: {str(empty)!r} is not a model folder: it has no config.json\n"
     assert (tmp_path / "flywheel-data" / "registry" / "registry.db").is_file()  # the default location
     r = runner.invoke(app, ["models", "show", "v3"])
     assert r.exit_code == 2 and r.stderr.startswith("error: unknown model version 'v3'")

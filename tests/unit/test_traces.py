@@ -18,11 +18,11 @@ from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from flywheel.cli.main import app
+from flywheel.database import Base, MetaRow, pragma, writing
 from flywheel.traces import (
     IdempotencyConflict, InvalidRecord, SchemaVersionError, TraceIn, TraceNotFound, TraceStore, import_jsonl,
 )
-from flywheel.traces.db import pragma, writing
-from flywheel.traces.tables import SCHEMA_VERSION_KEY, Base, MetaRow, TraceRow
+from flywheel.traces.tables import SCHEMA_VERSION_KEY, TraceRow
 
 POSTGRES = os.environ.get("FLYWHEEL_TEST_POSTGRES_URL")
 

@@ -9,6 +9,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 import typer
 
@@ -25,8 +26,8 @@ def _registry(location: str | None):
     """Open the registry; report refusals as one line and exit code 2."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from flywheel.database import SchemaVersionError
     from flywheel.registry import Registry, RegistryError
-    from flywheel.traces import SchemaVersionError
 
     try:
         with Registry(location) as registry:
@@ -34,6 +35,16 @@ def _registry(location: str | None):
     except (RegistryError, SchemaVersionError, SQLAlchemyError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None
+
+
+def _change_production(location: str | None, change: Callable, said: Callable[[str | None, str], str]) -> None:
+    """Run `change(registry)` (a promote or rollback) and say what it did: `said(was, now)`,
+    or that `now` was in production already."""
+    with _registry(location) as reg:
+        before = reg.production_marker()
+        v = change(reg)
+    typer.echo(f"{v.id} is already in production (nothing changed)" if before.version == v.id
+               else said(before.version, v.id))
 
 
 def _compact(d: dict) -> str:
@@ -111,13 +122,8 @@ def register(model_dir: Path = typer.Argument(..., help="Hugging Face model fold
 def promote(id: str = typer.Argument(...), registry: str | None = RegistryOpt,
             reason: str = typer.Option("", "--reason", help="why (kept in the history)")) -> None:
     """Make ID the production version; the current one is archived."""
-    with _registry(registry) as reg:
-        before = reg.production_marker()
-        v = reg.promote(id, reason)
-    if before.version == v.id:
-        typer.echo(f"{v.id} is already in production (nothing changed)")
-    else:
-        typer.echo(f"promoted {v.id} to production" + (f" (was {before.version})" if before.version else ""))
+    _change_production(registry, lambda reg: reg.promote(id, reason),
+                       lambda was, now: f"promoted {now} to production" + (f" (was {was})" if was else ""))
 
 
 @app.command("rollback")
@@ -126,13 +132,8 @@ def rollback(registry: str | None = RegistryOpt,
                                                               "current production replaced)"),
              reason: str = typer.Option("", "--reason")) -> None:
     """Put an earlier production version back into production."""
-    with _registry(registry) as reg:
-        before = reg.production_marker()
-        v = reg.rollback(to, reason)
-    if before.version == v.id:
-        typer.echo(f"{v.id} is already in production (nothing changed)")
-    else:
-        typer.echo(f"rolled back production from {before.version} to {v.id}")
+    _change_production(registry, lambda reg: reg.rollback(to, reason),
+                       lambda was, now: f"rolled back production from {was} to {now}")
 
 
 @app.command("reject")

@@ -16,19 +16,22 @@ Definitions.
   "system"; text = content string (text parts joined, other parts as canonical JSON, refusal
   when no content), lowercased, whitespace runs collapsed to one space and stripped; tool
   calls as [name, arguments] with JSON-string arguments parsed (ids dropped: they are random).
-  `prompt_hash` is the SHA-256 of its canonical JSON. A plain string prompt (raw-completion
+  `prompt_hash` is the SHA-256 of its canonical JSON (`flywheel.canonical`: the text the
+  trace store hashes too; JSON-string arguments are read as orjson reads them, so what is
+  hashed is always canonical JSON). A plain string prompt (raw-completion
   tasks, eval strings) is read as one user message.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from typing import Any, Iterable, Literal
 
+import orjson
 from pydantic import Field, model_validator
 
+from flywheel.canonical import canonical
 from flywheel.config import Config
 from flywheel.traces.results import StoredFeedback, StoredTrace
 
@@ -122,10 +125,6 @@ def split_conversation(trace: StoredTrace) -> tuple[list[dict], dict | None]:
     return messages, None
 
 
-def canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
 def normalize_text(text: str) -> str:
     return _SPACE.sub(" ", text).strip().lower()
 
@@ -145,8 +144,8 @@ def content_text(content: Any) -> str:
 def _arguments(args: Any) -> Any:
     if isinstance(args, str):
         try:
-            return json.loads(args)
-        except json.JSONDecodeError:
+            return orjson.loads(args)
+        except orjson.JSONDecodeError:
             return args
     return args
 

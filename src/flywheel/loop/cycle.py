@@ -24,10 +24,12 @@ import json
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from flywheel.clock import utc_now
+from flywheel.closing import Closing
+from flywheel.crash_points import crash_point
 from flywheel.files import atomic_write
 from flywheel.loop.loop_config import LoopConfig, stage_config
 from flywheel.train.stop import stop_requested
@@ -38,14 +40,6 @@ NEW_FAILURES_FILE = "new_failures.jsonl"
 
 class CycleError(RuntimeError):
     """A cycle cannot start or go on; the message says why and what to do."""
-
-
-def _crash_point(name: str) -> None:
-    """No-op; the crash tests replace it to SIGKILL the process at the named step."""
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -86,7 +80,7 @@ def read_states(cycles_dir: Path) -> list[CycleState]:
     return out
 
 
-class Flywheel:
+class Flywheel(Closing):
     """The loop's state stores, opened from a LoopConfig: traces, registry, ledger, cycles."""
 
     def __init__(self, cfg: LoopConfig):
@@ -110,12 +104,6 @@ class Flywheel:
 
     def close(self) -> None:
         self._stack.close()
-
-    def __enter__(self) -> Flywheel:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # ---- cycle states
 
@@ -155,8 +143,9 @@ def start_cycle(fw: Flywheel) -> CycleState:
                          "(flywheel models register DIR, then flywheel models promote v1)")
     states = fw.states()
     n = int(states[-1].id[1:]) + 1 if states else 1
-    st = CycleState(id=f"c{n}", stage="started", started_at=_now(), incumbent=prod.id,
-                    incumbent_path=str(prod.path), trace_cursor=fw.traces.max_seq(), since_cursor=fw.since_cursor(prod.id))
+    st = CycleState(id=f"c{n}", stage="started", started_at=utc_now().isoformat(timespec="seconds"),
+                    incumbent=prod.id, incumbent_path=str(prod.path), trace_cursor=fw.traces.max_seq(),
+                    since_cursor=fw.since_cursor(prod.id))
     fw.save(st)
     return st
 
@@ -301,7 +290,7 @@ def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
                               "final_model": current})
         _record_train_cost(fw, st, stage, seconds, result)
         fw.save(st)
-        _crash_point(f"train:{stage}")
+        crash_point(f"train:{stage}")
     ran = [s for s in st.stages_run if "skipped" not in s]
     st.candidate_path = current if ran else None
 
@@ -348,7 +337,7 @@ def _finish(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
                          config={"stages": [s["stage"] for s in st.stages_run if "skipped" not in s]},
                          eval_scores=st.scores, cost={"usd": st.usd}, notes="; ".join(st.decision["reasons"]))
         st.version = v.id
-        _crash_point("finish:registered")
+        crash_point("finish:registered")
         prod = reg.production()
         if not st.decision["promote"]:
             reg.reject(v.id, st.decision["reasons"])
@@ -363,10 +352,10 @@ def _finish(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
             st.outcome = "rejected"
         else:
             reg.promote(v.id, reason="gate: " + "; ".join(st.decision["reasons"]))
-            _crash_point("finish:promoted")
+            crash_point("finish:promoted")
             st.outcome = "promoted"
         _log_outcome(fw, st)
-    st.finished_at = _now()
+    st.finished_at = utc_now().isoformat(timespec="seconds")
     log(f"{st.id}: {st.outcome}" + (f" ({st.version})" if st.version else ""))
 
 
@@ -450,5 +439,5 @@ def run_cycle(fw: Flywheel, log: Callable[[str], None] = print) -> CycleState:
             return st  # training was cut short
         st.stage = nxt
         fw.save(st)
-        _crash_point(f"stage:{nxt}")
+        crash_point(f"stage:{nxt}")
     return st

@@ -18,11 +18,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 import orjson
 
-Message = dict[str, Any]
+from flywheel.types import Message
 
 
 class ChatTemplateError(ValueError):

@@ -29,20 +29,27 @@ def quiet_transformers() -> None:
 
 
 def check_model_folder(path: str | Path) -> dict:
-    """Return the folder's config.json as a dict, or raise ModelLoadError naming the problem."""
-    path = Path(path)
+    """Return the folder's config.json as a dict, or raise ModelLoadError naming the problem.
+
+    The one rule for "this folder is a model" (loading and the registry both ask it): a
+    folder with a config.json that is a JSON object naming a causal-LM `model_type`
+    transformers knows, and weights beside it (*.safetensors or *.bin).
+    """
+    path = Path(path).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model path {str(path)!r} does not exist (models load from local "
                              "folders only; build one with `flywheel model tiny --out DIR`)")
     if not path.is_dir():
         raise ModelLoadError(f"model path {str(path)!r} is a file, not a model folder")
     config_file = path / "config.json"
-    if not config_file.exists():
+    if not config_file.is_file():
         raise ModelLoadError(f"{str(path)!r} is not a model folder: it has no config.json")
     try:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
         raise ModelLoadError(f"{config_file}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{config_file} holds {type(config).__name__}, expected a JSON object")
     if "model_type" not in config:
         raise ModelLoadError(f"{config_file} has no 'model_type'; it is not a transformers model config")
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

@@ -15,7 +15,7 @@ PostgreSQL). A SIGKILL before the commit record reaches the WAL leaves the old s
 it the new one; SQLite discards an uncommitted tail of the WAL when it next opens the file.
 Status updates archive the old row before marking the new one, and a partial unique index
 (`status = 'production'`) refuses a second production row outright. The engine setup
-(pragmas, WAL, BEGIN IMMEDIATE) is the trace store's (`trace_db.open_engine`).
+(pragmas, WAL, BEGIN IMMEDIATE) is flywheel's one (`flywheel.database.open_engine`).
 
 Model folders are COPIED by default: the registry's copy is independent of the run folder,
 which may then be deleted or rewritten in place. `link=True` hard-links the files instead
@@ -36,18 +36,22 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, insert, select, update
 from sqlalchemy.engine import make_url
 
+from flywheel.clock import utc_aware, utc_naive, utc_now
+from flywheel.closing import Closing
+from flywheel.crash_points import crash_point
+from flywheel.database import ensure_schema, open_engine, writing
+from flywheel.files import fsync_dir
+from flywheel.process import pid_alive
 from flywheel.registry.storage import (
     SCHEMA_VERSION,
     SCHEMA_VERSION_KEY,
     STATUSES,
-    Base,
     HistoryEntry,
     HistoryRow,
     ProductionMarker,
@@ -57,16 +61,11 @@ from flywheel.registry.storage import (
     Version,
     VersionNotFound,
     VersionRow,
-    aware,
-    check_model_folder,
     copy_folder,
-    fsync_dir,
     json_dict,
+    model_folder,
     sha256,
 )
-from flywheel.traces.db import SchemaVersionError, open_engine, writing
-from flywheel.traces.tables import MetaRow
-from flywheel.process import pid_alive
 
 
 def default_root() -> Path:
@@ -74,15 +73,7 @@ def default_root() -> Path:
     return Path(os.environ.get("FLYWHEEL_DATA") or "flywheel-data") / "registry"
 
 
-def _crash_point(name: str) -> None:
-    """No-op; the crash tests replace it to SIGKILL the process at the named step."""
-
-
-def _now() -> datetime:
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
-class Registry:
+class Registry(Closing):
     """Model versions in a folder (`root`) or a SQLAlchemy database (`url`, or a URL as `root`).
 
     Safe to share between threads; several processes may open the same registry.
@@ -108,12 +99,6 @@ class Registry:
 
     def close(self) -> None:
         self.engine.dispose()
-
-    def __enter__(self) -> Registry:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"Registry({str(self.root)!r}, url={self.url!r})"
@@ -150,7 +135,7 @@ class Registry:
     def history(self) -> list[HistoryEntry]:
         with self._reading() as conn:
             rows = conn.execute(select(HistoryRow).order_by(HistoryRow.seq)).all()
-        return [HistoryEntry(r.seq, aware(r.at), r.action, r.version, r.previous, r.reason, r.generation)
+        return [HistoryEntry(r.seq, utc_aware(r.at), r.action, r.version, r.previous, r.reason, r.generation)
                 for r in rows]
 
     def lineage(self, id: str) -> list[Version]:
@@ -188,7 +173,7 @@ class Registry:
         `key` makes the call idempotent: registering again with a key already stored returns
         that version and copies nothing (a resumed cycle cannot register its model twice).
         """
-        source = check_model_folder(model_dir)
+        source = model_folder(model_dir)
         fields = {"data_counts": json_dict("data_counts", data_counts), "config": json_dict("config", config),
                   "eval_scores": json_dict("eval_scores", eval_scores), "cost": json_dict("cost", cost)}
         if key is not None and (found := self._by_key(key)) is not None:
@@ -199,7 +184,7 @@ class Registry:
         incoming = self.models / f".incoming-{os.getpid()}-{uuid.uuid4().hex}"
         try:
             files, storage = copy_folder(source, incoming, link=link)
-            _crash_point("register:copied")
+            crash_point("register:copied")
             with writing(self.engine) as conn:
                 self._lock(conn)
                 if key is not None and (row := conn.execute(select(VersionRow).where(VersionRow.key == key)).first()):
@@ -213,9 +198,9 @@ class Registry:
                     shutil.rmtree(dest)
                 os.rename(incoming, dest)
                 fsync_dir(self.models)
-                _crash_point("register:renamed")
+                crash_point("register:renamed")
                 conn.execute(insert(VersionRow).values(
-                    seq=seq, id=vid, key=key, created_at=_now(), path=f"models/{vid}", source=str(source),
+                    seq=seq, id=vid, key=key, created_at=utc_naive(utc_now()), path=f"models/{vid}", source=str(source),
                     storage=storage, parent=parent, cycle=None if cycle is None else str(cycle),
                     status="candidate", reasons=[], files=files, notes=notes or "", **fields))
             return self.get(vid)
@@ -253,7 +238,7 @@ class Registry:
                 raise StatusError(f"version {id} is rejected ({'; '.join(row.reasons) or 'no reason given'}); "
                                   "a rejected version cannot be promoted")
             self._switch(conn, current, id, "promote", reason)
-        _crash_point("promote:committed")
+        crash_point("promote:committed")
         return self.get(id)
 
     def rollback(self, to: str | None = None, reason: str = "") -> Version:
@@ -284,7 +269,7 @@ class Registry:
                 raise StatusError(f"version {to} is rejected ({'; '.join(row.reasons)}); "
                                   "cannot roll back to it")
             self._switch(conn, current, to, "rollback", reason or f"rollback from {current}")
-        _crash_point("rollback:committed")
+        crash_point("rollback:committed")
         return self.get(to)
 
     def reject(self, id: str, reasons: str | Iterable[str]) -> Version:
@@ -304,7 +289,7 @@ class Registry:
                 return Version.from_row(row, self.root)
             conn.execute(update(VersionRow).where(VersionRow.id == id).values(status="rejected", reasons=merged))
             generation = conn.scalar(select(StateRow.generation).where(StateRow.id == 1))
-            conn.execute(insert(HistoryRow).values(at=_now(), action="reject", version=id, previous=None,
+            conn.execute(insert(HistoryRow).values(at=utc_naive(utc_now()), action="reject", version=id, previous=None,
                                                    reason="; ".join(reasons), generation=generation))
         return self.get(id)
 
@@ -312,18 +297,18 @@ class Registry:
 
     def _switch(self, conn: Connection, current: str | None, new: str, action: str, reason: str) -> None:
         """The four writes of a change of production, inside the caller's transaction."""
-        _crash_point(f"{action}:locked")
+        crash_point(f"{action}:locked")
         if current is not None:
             conn.execute(update(VersionRow).where(VersionRow.id == current).values(status="archived"))
-        _crash_point(f"{action}:archived")
+        crash_point(f"{action}:archived")
         conn.execute(update(VersionRow).where(VersionRow.id == new).values(status="production"))
-        _crash_point(f"{action}:marked")
+        crash_point(f"{action}:marked")
         generation = conn.scalar(select(StateRow.generation).where(StateRow.id == 1)) + 1
-        conn.execute(insert(HistoryRow).values(at=_now(), action=action, version=new, previous=current,
+        conn.execute(insert(HistoryRow).values(at=utc_naive(utc_now()), action=action, version=new, previous=current,
                                                reason=reason or "", generation=generation))
-        _crash_point(f"{action}:logged")
+        crash_point(f"{action}:logged")
         conn.execute(update(StateRow).where(StateRow.id == 1).values(production=new, generation=generation))
-        _crash_point(f"{action}:state")
+        crash_point(f"{action}:state")
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[Connection]:
@@ -357,13 +342,7 @@ class Registry:
 
     def _ensure_schema(self) -> None:
         with writing(self.engine) as conn:
-            MetaRow.__table__.create(conn, checkfirst=True)
-            Base.metadata.create_all(conn)
-            found = conn.scalar(select(MetaRow.value).where(MetaRow.key == SCHEMA_VERSION_KEY))
-            if found is None:
-                conn.execute(insert(MetaRow).values(key=SCHEMA_VERSION_KEY, value=str(SCHEMA_VERSION)))
-            elif found != str(SCHEMA_VERSION):
-                raise SchemaVersionError(f"{self.url} holds registry "
-                                         f"schema version {found}, this flywheel reads version {SCHEMA_VERSION}")
+            ensure_schema(conn, [VersionRow.__table__, StateRow.__table__, HistoryRow.__table__],
+                          SCHEMA_VERSION_KEY, SCHEMA_VERSION, "registry")
             if conn.scalar(select(StateRow.id).where(StateRow.id == 1)) is None:
                 conn.execute(insert(StateRow).values(id=1, production=None, generation=0))

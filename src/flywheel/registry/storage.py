@@ -7,9 +7,9 @@ a generation counter bumped by every change of production (the marker servers po
 `registry_history` logs every promote, rollback and reject. Times are naive UTC in the
 database and timezone-aware UTC in the records.
 
-Model folders are checked (config.json, a weights file), then copied or hard-linked file by
-file with each file's size and SHA-256 recorded, and flushed to disk before the caller
-renames the folder into place.
+Model folders are checked by flywheel's one rule (`models.loading.check_model_folder`), then
+copied or hard-linked file by file with each file's size and SHA-256 recorded, and flushed
+to disk before the caller renames the folder into place.
 """
 
 from __future__ import annotations
@@ -18,14 +18,18 @@ import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import orjson
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, text
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import DateTime, ForeignKey, Index, Integer, String, Text, text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from flywheel.clock import utc_aware
+from flywheel.database import Base, json_column
+from flywheel.files import fsync_dir
+from flywheel.models.loading import ModelLoadError, check_model_folder
 
 SCHEMA_VERSION = 1
 SCHEMA_VERSION_KEY = "registry.schema_version"
@@ -34,17 +38,8 @@ Status = Literal["candidate", "production", "archived", "rejected"]
 Action = Literal["promote", "rollback", "reject"]
 STATUSES: tuple[str, ...] = ("candidate", "production", "archived", "rejected")
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 SKIP_FILES = frozenset({"trainer_state.pt"})  # a checkpoint's optimizer/RNG state is not the model
 _CHUNK = 1 << 20
-
-
-def _json() -> JSON:
-    return JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
-
-
-class Base(DeclarativeBase):
-    pass
 
 
 class VersionRow(Base):
@@ -60,12 +55,12 @@ class VersionRow(Base):
     parent: Mapped[str | None] = mapped_column(ForeignKey("registry_versions.id"), index=True)
     cycle: Mapped[str | None] = mapped_column(String(200), index=True)
     status: Mapped[str] = mapped_column(String(16), index=True)
-    reasons: Mapped[list[str]] = mapped_column(_json())
-    data_counts: Mapped[dict[str, Any]] = mapped_column(_json())
-    config: Mapped[dict[str, Any]] = mapped_column(_json())
-    eval_scores: Mapped[dict[str, Any]] = mapped_column(_json())
-    cost: Mapped[dict[str, Any]] = mapped_column(_json())
-    files: Mapped[dict[str, Any]] = mapped_column(_json())  # relative path -> [size, sha256]
+    reasons: Mapped[list[str]] = mapped_column(json_column())
+    data_counts: Mapped[dict[str, Any]] = mapped_column(json_column())
+    config: Mapped[dict[str, Any]] = mapped_column(json_column())
+    eval_scores: Mapped[dict[str, Any]] = mapped_column(json_column())
+    cost: Mapped[dict[str, Any]] = mapped_column(json_column())
+    files: Mapped[dict[str, Any]] = mapped_column(json_column())  # relative path -> [size, sha256]
     notes: Mapped[str] = mapped_column(Text)
 
     __table_args__ = (
@@ -110,10 +105,6 @@ class StatusError(RegistryError):
     """The version's status does not allow this (promote a rejected one, reject production...)."""
 
 
-def aware(t: datetime) -> datetime:
-    return t.replace(tzinfo=timezone.utc)
-
-
 @dataclass(frozen=True)
 class Version:
     """One registered model. `path` is its folder inside the registry (load it from there)."""
@@ -147,7 +138,7 @@ class Version:
     @classmethod
     def from_row(cls, row: VersionRow, root: Path) -> Version:
         return cls(id=row.id, path=root / row.path, parent=row.parent, cycle=row.cycle,
-                   created_at=aware(row.created_at), status=row.status, reasons=list(row.reasons or []),
+                   created_at=utc_aware(row.created_at), status=row.status, reasons=list(row.reasons or []),
                    data_counts=row.data_counts or {}, config=row.config or {}, eval_scores=row.eval_scores or {},
                    cost=row.cost or {}, notes=row.notes, source=row.source, storage=row.storage,
                    files=row.files or {}, key=row.key)
@@ -180,25 +171,13 @@ class ProductionMarker(NamedTuple):
 # ---- model folders
 
 
-def check_model_folder(model_dir: str | Path) -> Path:
-    path = Path(model_dir).expanduser()
-    if not path.exists():
-        raise InvalidModelFolder(f"model folder {path} does not exist")
-    if not path.is_dir():
-        raise InvalidModelFolder(f"{path} is not a folder (expected a Hugging Face model folder)")
-    config = path / "config.json"
-    if not config.is_file():
-        raise InvalidModelFolder(f"model folder {path} has no config.json (is it a Hugging Face model folder?)")
+def model_folder(model_dir: str | Path) -> Path:
+    """The resolved folder, if it holds a model (`check_model_folder`); else InvalidModelFolder."""
     try:
-        parsed = orjson.loads(config.read_bytes())
-    except orjson.JSONDecodeError as e:
-        raise InvalidModelFolder(f"{config} is not valid JSON: {e}") from None
-    if not isinstance(parsed, dict):
-        raise InvalidModelFolder(f"{config} holds {type(parsed).__name__}, expected a JSON object")
-    if not any(f.name.endswith(WEIGHT_SUFFIXES) and f.name not in SKIP_FILES for f in _files(path)):
-        raise InvalidModelFolder(f"model folder {path} has no weights file "
-                                 f"({', '.join('*' + s for s in WEIGHT_SUFFIXES)})")
-    return path.resolve()
+        check_model_folder(model_dir)
+    except ModelLoadError as e:
+        raise InvalidModelFolder(str(e)) from None
+    return Path(model_dir).expanduser().resolve()
 
 
 def json_dict(name: str, value: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -260,10 +239,3 @@ def sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from flywheel.service import responses as R
 from flywheel.service.core import EventStream, OpenAIService
 from flywheel.service.errors import OpenAIError
-from flywheel.service.ingest import read_json
+from flywheel.service.ingest import ingest_router, read_json
 from flywheel.service.ingest_pool import IngestPool
 
 
@@ -71,6 +71,13 @@ class EventStreamResponse(StreamingResponse):
             self.stream.close()
 
 
+def _answer(response, req) -> JSONResponse | EventStreamResponse:
+    """The HTTP answer to a generation request: its events when it streams, else its JSON."""
+    if req.stream:
+        return EventStreamResponse(response)
+    return JSONResponse(response, headers=_headers(response["system_fingerprint"]))
+
+
 def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = False, trace_store=None,
                ingest_pool: IngestPool | None = None, freeze_gc: bool = True) -> FastAPI:
     """`trace_store` (a flywheel.loop.TraceStore) enables POST /v1/traces and feedback
@@ -112,8 +119,6 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         return JSONResponse(err.body(), status_code=exc.status_code)
 
     if trace_store is not None:
-        from flywheel.service.ingest import ingest_router
-
         app.include_router(ingest_router(trace_store, pool))
 
     @app.get("/health")
@@ -126,16 +131,10 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
 
     @app.post("/v1/chat/completions")
     async def chat_completions(svc: ServiceDep, body: BodyDep):
-        response, req = await svc.chat(body)
-        if req.stream:
-            return EventStreamResponse(response)
-        return JSONResponse(response, headers=_headers(response["system_fingerprint"]))
+        return _answer(*await svc.chat(body))
 
     @app.post("/v1/completions")
     async def completions(svc: ServiceDep, body: BodyDep):
-        response, req = await svc.completions(body)
-        if req.stream:
-            return EventStreamResponse(response)
-        return JSONResponse(response, headers=_headers(response["system_fingerprint"]))
+        return _answer(*await svc.completions(body))
 
     return app

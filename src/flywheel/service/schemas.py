@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible endpoints (responses are built as plain dicts).
 
-Messages and tools reuse the trace store's shapes (`flywheel.traces.schema`, TypedDicts
-validated into plain dicts), so a request the server accepts is a trace the store accepts.
+Messages are flywheel's one message type (`flywheel.types.Message`) and tools the trace
+store's `ToolDef`, TypedDicts validated into plain dicts, so a request the server accepts
+is a trace the store accepts.
 Unknown fields are refused with their name; OpenAI fields that this server cannot honour are
 accepted only at their neutral value (e.g. `presence_penalty=0`) and refused otherwise,
 never silently ignored.
@@ -13,7 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from flywheel.traces.schema import ChatMessage, ToolDef
+from flywheel.traces.schema import ToolDef
+from flywheel.types import Message
 
 _UNSUPPORTED_NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0}
 
@@ -65,7 +67,7 @@ class _Body(BaseModel):
 
 
 class ChatCompletionRequest(_Body):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["auto", "none"] | None = None  # forcing a call would need constrained decoding
     parallel_tool_calls: bool | None = None

@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable
 
+from flywheel.traces import TraceStore
+from flywheel.traces.schema import ToolDef, TraceIn, Usage
+from flywheel.types import Message
+
 log = logging.getLogger(__name__)
 
 
@@ -30,18 +34,18 @@ class TraceEvent:
     trace_id: str
     model: str  # the served name
     model_version: str  # the version label that produced the response
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]] | None
-    response: dict[str, Any]  # the assistant message as returned (content, tool_calls)
-    usage: dict[str, int]  # prompt_tokens, completion_tokens, total_tokens of this choice
+    messages: list[Message]
+    tools: list[ToolDef] | None
+    response: Message  # the assistant message as returned (content, tool_calls)
+    usage: Usage  # prompt_tokens, completion_tokens, total_tokens of this choice
     latency_ms: float
     created_at: datetime
     finish_reason: str
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> TraceIn:
         """The trace store's `TraceIn` shape."""
-        record: dict[str, Any] = {
+        record: TraceIn = {
             "id": self.trace_id, "created_at": self.created_at.isoformat(), "source": "serve", "model": self.model,
             "model_version": self.model_version, "messages": self.messages, "response": self.response,
             "usage": self.usage, "latency_ms": self.latency_ms,
@@ -65,7 +69,7 @@ class SinkStats:
 
 
 class TraceStoreSink:
-    """A `TraceSink` that writes to a `flywheel.loop.TraceStore` from a background thread.
+    """A `TraceSink` that writes to a `flywheel.traces.TraceStore` from a background thread.
 
     Flushes when `batch_size` events are waiting or `interval_s` after the oldest arrived.
     A failed write is retried (`retries` times, with back-off) before its batch is dropped.
@@ -150,6 +154,4 @@ class TraceStoreSink:
 
 def open_trace_sink(url: str | None, **kw) -> TraceStoreSink:
     """A sink over a new TraceStore at `url` (None: the default SQLite file); closes it on close()."""
-    from flywheel.traces import TraceStore
-
     return TraceStoreSink(TraceStore(url, default_source="serve"), close_store=True, **kw)

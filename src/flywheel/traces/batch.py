@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from flywheel.traces.encoding import NotJSON, decode_json, new_trace_ids, trace_row, utc_naive, validate_trace
+from flywheel.clock import utc_naive, utc_now
+from flywheel.traces.encoding import NotJSON, decode_json, new_trace_ids, trace_row, validate_trace
 from flywheel.traces.results import RecordResult
 from flywheel.traces.schema import describe
 
@@ -38,7 +39,7 @@ def prepare_traces(records: Iterable[Any], default_source: str, now: datetime | 
 
     default_source: for records that name none. now: the time of records that carry no
     created_at (default: the current time)."""
-    now = utc_naive(now or datetime.now(timezone.utc))
+    now = utc_naive(now or utc_now())
     invalid: list[RecordResult] = []
     valid = []  # (index, record as validated, record as sent, canonical JSON of its fields)
     size = 0

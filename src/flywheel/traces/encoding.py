@@ -17,33 +17,24 @@ import json
 import os
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import orjson
 from pydantic import BaseModel
 from pydantic_core import PydanticSerializationError
 
-from flywheel.traces.db import Encoded
+from flywheel.canonical import canonical
+from flywheel.clock import utc_naive, utc_now
+from flywheel.database import Encoded
 from flywheel.traces.schema import TRACE_IN, FeedbackIn
 
-_ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 _KNOWN_TOOLS: dict[str, None] = {}  # canonical JSON of tools lists that validated
 _KNOWN_TOOLS_MAX = 1024
 
 
 class NotJSON(ValueError):
     pass
-
-
-def canonical(value: Any) -> str:
-    """Compact JSON with sorted keys: the stored text and the hashed text.
-
-    orjson: ~10x the stdlib's speed, which the ingestion rate needs. Its NaN and infinity
-    become null; integers beyond 64 bits raise TypeError (the record is refused). Decoded to
-    str at once, which is faster than keeping orjson's bytes (the freed buffer is reused).
-    """
-    return orjson.dumps(value, option=_ORJSON_OPTIONS).decode()
 
 
 def decode_json(raw: bytes) -> Any:
@@ -78,10 +69,6 @@ def _may_hold_big_ints(raw: bytes) -> bool:
     integer beyond 64 bits (2**64 has 20 digits), which orjson would read as a float. A
     translate and a find: ~0.5 ms a MB, where a regex takes ~10 ms."""
     return raw.translate(_DIGITS_ONLY).find(b"0" * 20) >= 0
-
-
-def utc_naive(t: datetime) -> datetime:
-    return t.astimezone(timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
 def dump(model: BaseModel) -> dict[str, Any]:
@@ -123,7 +110,7 @@ def _digest(sent: dict[str, Any], encoded: dict[str, str], created_utc: datetime
     if created_utc is not None:
         scalars["created_at"] = created_utc.isoformat()
     try:
-        h = hashlib.sha256(orjson.dumps(scalars, option=_ORJSON_OPTIONS))
+        h = hashlib.sha256(canonical(scalars).encode())
     except TypeError as e:
         raise NotJSON(f"not JSON ({e})") from None
     for name in sorted(encoded):
@@ -216,7 +203,7 @@ def feedback_row(trace_id: str, feedback: FeedbackIn | dict[str, Any]) -> tuple[
         "idempotency_key": fb.idempotency_key,
         # the trace id is part of the content: the same key on another trace is a conflict
         "content_hash": digest({"trace_id": trace_id, **sent}, encoded, fb.created_at),
-        "created_at": utc_naive(fb.created_at or datetime.now(timezone.utc)),
+        "created_at": utc_naive(fb.created_at or utc_now()),
         "score": fb.score,
         "label": fb.label,
         "correction": Encoded(encoded["correction"]) if "correction" in encoded else None,

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+__all__ = ["IdempotencyConflict", "IngestResult", "InvalidRecord", "RecordResult", "StoredFeedback", "StoredTrace",
+           "StoredVerifier", "TraceNotFound", "TraceStats", "TraceStoreBusy", "TraceStoreError"]
+
 Status = Literal["added", "duplicate", "invalid", "conflict"]
 
 
@@ -52,7 +55,7 @@ class RecordResult:
 
 
 @dataclass(frozen=True)
-class BatchResult:
+class IngestResult:
     results: list[RecordResult]
 
     @property

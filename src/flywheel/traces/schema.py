@@ -9,12 +9,13 @@ or a verifier (an environment name + the task payload it replays).
 A trace's shapes are TypedDicts, validated by `TRACE_IN` (pydantic): plain dicts in, plain
 dicts out. Model instances would cost more to build than the checks themselves, and
 ingestion validates every record of every batch. Feedback (one at a time) is a model, `FeedbackIn`.
+A message is `flywheel.types.Message`, the one message type of flywheel, validated here as is.
 
 Every shape forbids unknown keys. `describe(error)` turns pydantic's errors into one line
 that names the field path the way a person writes it: `messages[1].role: unknown role
 'robot' (valid: ...)`. Free-form JSON (metadata, tool parameters, tool-call arguments, the
 verifier's task) is typed `dict[str, Any]`; the store serialises each record on its own
-(see trace_encoding.py), so a Python object hidden in one record refuses that record only.
+(see encoding.py), so a Python object hidden in one record refuses that record only.
 The store keeps a record as sent, not as re-dumped from the model: fields where lax
 coercion would let a different JSON value pass (token counts, `strict`) are strict.
 """
@@ -22,17 +23,15 @@ coercion would let a different JSON value pass (token counts, `strict`) are stri
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
     StrictBool,
     StrictInt,
-    Tag,
     TypeAdapter,
     ValidationError,
     model_validator,
@@ -40,97 +39,9 @@ from pydantic import (
 )
 from typing_extensions import NotRequired, TypedDict  # pydantic needs typing_extensions' before Python 3.12
 
-Role = Literal["system", "developer", "user", "assistant", "tool"]
-ROLES: tuple[str, ...] = get_args(Role)
+from flywheel.types import BRANCH_TAG, ROLES, Message, MessageFields
 
-# Union branches are picked by the value's JSON type (a callable discriminator), so an
-# error reports only the branch that applied. Branch tags start with "@" and are dropped
-# from error paths by describe().
-_TAG = "@"
 _FORBID = ConfigDict(extra="forbid")
-
-
-def _json_kind(value: Any) -> str | None:
-    if isinstance(value, str):
-        return _TAG + "str"
-    if isinstance(value, list):
-        return _TAG + "list"
-    if isinstance(value, dict):
-        return _TAG + "dict"
-    return None
-
-
-@with_config(ConfigDict(extra="allow"))
-class ContentPartFields(TypedDict):
-    """One part of a multi-part message content (`{"type": "text", "text": ...}`, images, ...).
-
-    The only open shape: OpenAI keeps adding part types, each with its own keys.
-    """
-
-    type: Annotated[str, Field(min_length=1)]
-    text: NotRequired[str | None]
-
-
-def _text_part_has_text(part: ContentPartFields) -> ContentPartFields:
-    if part["type"] == "text" and part.get("text") is None:
-        raise ValueError("a text part needs 'text'")
-    return part
-
-
-ContentPart = Annotated[ContentPartFields, AfterValidator(_text_part_has_text)]
-
-Content = Annotated[
-    Union[Annotated[str, Tag(_TAG + "str")], Annotated[list[ContentPart], Tag(_TAG + "list")]],
-    Discriminator(_json_kind, custom_error_type="content_type",
-                  custom_error_message="must be a string, a list of content parts or null"),
-]
-
-Arguments = Annotated[
-    Union[Annotated[str, Tag(_TAG + "str")], Annotated[dict[str, Any], Tag(_TAG + "dict")]],
-    Discriminator(_json_kind, custom_error_type="tool_arguments_type",
-                  custom_error_message="must be a JSON string or an object"),
-]
-
-
-@with_config(_FORBID)
-class FunctionCall(TypedDict):
-    name: Annotated[str, Field(min_length=1)]
-    arguments: Arguments  # OpenAI sends a JSON string; Hermes parsers produce an object
-
-
-@with_config(_FORBID)
-class ToolCall(TypedDict):
-    id: NotRequired[str | None]
-    type: NotRequired[Literal["function"]]
-    function: FunctionCall
-
-
-@with_config(_FORBID)
-class ChatMessageFields(TypedDict):
-    role: Role
-    content: NotRequired[Content | None]
-    name: NotRequired[str | None]
-    tool_calls: NotRequired[list[ToolCall] | None]
-    tool_call_id: NotRequired[str | None]
-    refusal: NotRequired[str | None]
-    reasoning_content: NotRequired[str | None]  # what reasoning models served through vLLM return
-
-
-def _fits_role(message: ChatMessageFields) -> ChatMessageFields:
-    role = message["role"]
-    if message.get("tool_calls") is not None and role != "assistant":
-        raise ValueError(f"only assistant messages carry tool_calls, not {role}")
-    if message.get("tool_call_id") is not None and role != "tool":
-        raise ValueError(f"only tool messages carry tool_call_id, not {role}")
-    if role == "assistant":
-        if message.get("content") is None and not message.get("tool_calls") and message.get("refusal") is None:
-            raise ValueError("an assistant message needs content, tool_calls or refusal")
-    elif message.get("content") is None:
-        raise ValueError(f"a {role} message needs content")
-    return message
-
-
-ChatMessage = Annotated[ChatMessageFields, AfterValidator(_fits_role)]
 
 
 @with_config(_FORBID)
@@ -160,7 +71,7 @@ class Usage(TypedDict):
 
 
 def _assistant(what: str):
-    def check(message: ChatMessageFields | None) -> ChatMessageFields | None:
+    def check(message: MessageFields | None) -> MessageFields | None:
         if message is not None and message["role"] != "assistant":
             raise ValueError(f"{what} must be an assistant message, not {message['role']}")
         return message
@@ -184,9 +95,9 @@ class TraceIn(TypedDict):
     source: NotRequired[Annotated[str, Field(min_length=1, max_length=200)] | None]
     model: NotRequired[Annotated[str, Field(max_length=200)] | None]
     model_version: NotRequired[Annotated[str, Field(max_length=200)] | None]
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[Message], Field(min_length=1)]
     tools: NotRequired[list[ToolDef] | None]
-    response: NotRequired[Annotated[ChatMessage | None, _assistant("the response")]]
+    response: NotRequired[Annotated[Message | None, _assistant("the response")]]
     usage: NotRequired[Usage | None]
     latency_ms: NotRequired[Annotated[float, Field(ge=0, allow_inf_nan=False)] | None]
     metadata: NotRequired[dict[str, Any] | None]
@@ -211,7 +122,7 @@ class FeedbackIn(_Strict):
 
     score: float | None = Field(default=None, allow_inf_nan=False)
     label: str | None = Field(default=None, min_length=1, max_length=200)
-    correction: Annotated[ChatMessage | None, _assistant("a correction")] = None
+    correction: Annotated[Message | None, _assistant("a correction")] = None
     text: str | None = None
     verifier: Verifier | None = None
     created_at: datetime | None = None
@@ -229,7 +140,7 @@ def _path(loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif isinstance(part, str) and part.startswith(_TAG):
+        elif isinstance(part, str) and part.startswith(BRANCH_TAG):
             continue
         else:
             out += f".{part}" if out else str(part)

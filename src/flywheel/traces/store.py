@@ -20,19 +20,22 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import JSON, DateTime, exists, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
+from flywheel.clock import utc_aware, utc_naive
+from flywheel.closing import Closing
+from flywheel.database import Encoded, writing
 from flywheel.traces.batch import PreparedBatch, prepare_traces
-from flywheel.traces.db import Encoded, ensure_schema, open_engine, schema_version, writing
-from flywheel.traces.encoding import HASH, ID, JSON_COLUMNS, KEY, TRACE_COLUMNS, NotJSON, feedback_row, utc_naive
+from flywheel.traces.db import ensure_schema, open_engine, schema_version
+from flywheel.traces.encoding import HASH, ID, JSON_COLUMNS, KEY, TRACE_COLUMNS, NotJSON, feedback_row
 from flywheel.traces.results import (
-    BatchResult,
     IdempotencyConflict,
+    IngestResult,
     InvalidRecord,
     RecordResult,
     StoredFeedback,
@@ -52,16 +55,12 @@ WRITE_WAIT_S = 30.0  # the longest a writer queues behind this process's others 
 _IN_CHUNK = 500  # values per IN (...) list
 
 
-def _aware(t: datetime) -> datetime:
-    return t.replace(tzinfo=timezone.utc)
-
-
 def _chunks(items: list, size: int = _IN_CHUNK) -> Iterator[list]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
 
 
-class TraceStore:
+class TraceStore(Closing):
     """Traces and feedback in SQLite (default ./flywheel-data/traces.db) or any SQLAlchemy URL.
 
     Safe to share between threads; several processes may open the same SQLite file.
@@ -84,26 +83,20 @@ class TraceStore:
     def close(self) -> None:
         self.engine.dispose()
 
-    def __enter__(self) -> TraceStore:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     # -- writing -------------------------------------------------------------------------
 
-    def add_traces(self, records: Iterable[Any], *, source: str | None = None) -> BatchResult:
+    def add_traces(self, records: Iterable[Any], *, source: str | None = None) -> IngestResult:
         """Validate and store a batch; `source` is the default for records that name none."""
         return self.add_prepared(prepare_traces(records, source or self.default_source))
 
-    def add_prepared(self, batch: PreparedBatch) -> BatchResult:
+    def add_prepared(self, batch: PreparedBatch) -> IngestResult:
         """Store a batch that `flywheel.traces.batch` prepared (here or in another process)."""
         results: list[RecordResult | None] = [None] * batch.size
         for refused in batch.invalid:
             results[refused.index] = refused
         if batch.rows:
             self._retry_races(lambda conn: self._store_traces(conn, batch.rows, results))
-        return BatchResult(results)  # type: ignore[arg-type]  # every slot is filled by now
+        return IngestResult(results)  # type: ignore[arg-type]  # every slot is filled by now
 
     def _store_traces(self, conn, pending: list[tuple[int, tuple]], results: list) -> None:
         by_key: dict[str, tuple[str, str]] = {}  # key -> (id, content hash), stored or earlier in this batch
@@ -279,8 +272,8 @@ class TraceStore:
                     select(t.c.model, func.count()).group_by(t.c.model).order_by(func.count().desc(), t.c.model))},
                 prompt_tokens=int(prompt),
                 completion_tokens=int(completion),
-                first=_aware(first) if first else None,
-                last=_aware(last) if last else None,
+                first=utc_aware(first) if first else None,
+                last=utc_aware(last) if last else None,
             )
 
     def _feedback_of(self, conn, trace_ids: list[str]) -> dict[str, list[StoredFeedback]]:
@@ -385,14 +378,14 @@ def _filters(since: datetime | None, source: str | None, with_feedback: bool | N
 
 def _stored_feedback(row) -> StoredFeedback:
     return StoredFeedback(
-        id=row.id, trace_id=row.trace_id, created_at=_aware(row.created_at), idempotency_key=row.idempotency_key,
+        id=row.id, trace_id=row.trace_id, created_at=utc_aware(row.created_at), idempotency_key=row.idempotency_key,
         score=row.score, label=row.label, correction=row.correction, text=row.text,
         verifier=StoredVerifier(row.verifier_env, row.verifier_task) if row.verifier_env is not None else None)
 
 
 def _stored_trace(row, feedback: list[StoredFeedback]) -> StoredTrace:
     return StoredTrace(
-        id=row.id, seq=row.seq, idempotency_key=row.idempotency_key, created_at=_aware(row.created_at),
+        id=row.id, seq=row.seq, idempotency_key=row.idempotency_key, created_at=utc_aware(row.created_at),
         source=row.source, messages=row.messages, model=row.model, model_version=row.model_version,
         tools=row.tools, response=row.response, usage=row.usage, latency_ms=row.latency_ms,
         metadata=row.metadata or {}, feedback=feedback)

@@ -4,7 +4,8 @@
 (keyset pagination) and a later stage can keep it as a cursor. `id` is the public,
 client-visible identifier. `content_hash` is the SHA-256 of the record as the client sent
 it (minus its idempotency key), which decides whether a retry is a no-op or a conflict.
-Times are stored as naive UTC. JSON columns are JSONB on PostgreSQL.
+Times are stored as naive UTC. The declarative base, the JSON column type and the
+`flywheel_meta` table are flywheel's shared ones (`flywheel.database`).
 """
 
 from __future__ import annotations
@@ -12,21 +13,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Integer, String, Text
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy import DateTime, Float, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from flywheel.database import Base, json_column
 
 SCHEMA_VERSION = 1
 SCHEMA_VERSION_KEY = "traces.schema_version"
-
-
-def _json() -> JSON:
-    # none_as_null: Python None is SQL NULL, not the JSON text 'null'
-    return JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
-
-
-class Base(DeclarativeBase):
-    pass
 
 
 class TraceRow(Base):
@@ -40,15 +33,15 @@ class TraceRow(Base):
     source: Mapped[str] = mapped_column(String(200), index=True)
     model: Mapped[str | None] = mapped_column(String(200))
     model_version: Mapped[str | None] = mapped_column(String(200))
-    messages: Mapped[list[dict[str, Any]]] = mapped_column(_json())
-    tools: Mapped[list[dict[str, Any]] | None] = mapped_column(_json())
-    response: Mapped[dict[str, Any] | None] = mapped_column(_json())
-    usage: Mapped[dict[str, Any] | None] = mapped_column(_json())
+    messages: Mapped[list[dict[str, Any]]] = mapped_column(json_column())
+    tools: Mapped[list[dict[str, Any]] | None] = mapped_column(json_column())
+    response: Mapped[dict[str, Any] | None] = mapped_column(json_column())
+    usage: Mapped[dict[str, Any] | None] = mapped_column(json_column())
     # usage's two counts again as columns, so token totals are a SUM, not a JSON scan
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     latency_ms: Mapped[float | None] = mapped_column(Float)
-    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", _json())
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", json_column())
 
     feedback: Mapped[list[FeedbackRow]] = relationship(
         back_populates="trace", order_by="FeedbackRow.seq", cascade="all, delete-orphan", passive_deletes=True)
@@ -65,18 +58,9 @@ class FeedbackRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
     score: Mapped[float | None] = mapped_column(Float)
     label: Mapped[str | None] = mapped_column(String(200), index=True)
-    correction: Mapped[dict[str, Any] | None] = mapped_column(_json())
+    correction: Mapped[dict[str, Any] | None] = mapped_column(json_column())
     text: Mapped[str | None] = mapped_column(Text)
     verifier_env: Mapped[str | None] = mapped_column(String(200), index=True)
-    verifier_task: Mapped[dict[str, Any] | None] = mapped_column(_json())
+    verifier_task: Mapped[dict[str, Any] | None] = mapped_column(json_column())
 
     trace: Mapped[TraceRow] = relationship(back_populates="feedback")
-
-
-class MetaRow(Base):
-    """Key/value facts about the database itself, such as the schema version of each store."""
-
-    __tablename__ = "flywheel_meta"
-
-    key: Mapped[str] = mapped_column(String(100), primary_key=True)
-    value: Mapped[str] = mapped_column(String(200))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from flywheel.files import fsync_dir
 from flywheel.models.loading import quiet_transformers
 
 STATE_FILE = "trainer_state.pt"
@@ -99,7 +100,7 @@ def _replace_dir(tmp: Path, dest: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, dest)
-    _fsync_dir(dest.parent)
+    fsync_dir(dest.parent)
 
 
 def _fsync_files(folder: Path) -> None:
@@ -108,11 +109,3 @@ def _fsync_files(folder: Path) -> None:
         if f.is_file():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

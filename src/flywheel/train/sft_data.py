@@ -29,7 +29,8 @@ from typing import Any, Callable
 from jinja2.exceptions import TemplateError
 
 from flywheel.config import SFTDataConfig
-from flywheel.models.chat import ChatRenderer, ChatTemplateError, Message
+from flywheel.models.chat import ChatRenderer, ChatTemplateError
+from flywheel.types import Message
 
 ROLES = ("system", "user", "assistant", "tool")
 

@@ -52,7 +52,17 @@ from flywheel.train.forward import logits_at
 
 
 @dataclass
-class PlainPlan:
+class _Nodes:
+    """What every plan holds besides its inputs: `src_N` (N,), the node of each loss position;
+    `targets_N` (N,), the token each loss position predicts; `cost`, the plan's work estimate."""
+
+    src_N: torch.Tensor
+    targets_N: torch.Tensor
+    cost: float
+
+
+@dataclass
+class PlainPlan(_Nodes):
     """One forward over the rows, cut after the last needed input position.
 
     ids_B_S / attention_mask_B_S: (B, S) inputs, S = 1 + the largest loss position j.
@@ -62,9 +72,6 @@ class PlainPlan:
     ids_B_S: torch.Tensor
     attention_mask_B_S: torch.Tensor
     keep_B_S: torch.Tensor
-    src_N: torch.Tensor
-    targets_N: torch.Tensor
-    cost: float
 
     def logits(self, model) -> torch.Tensor:
         """(Nn, V) logits at the kept positions, row-major."""
@@ -73,7 +80,7 @@ class PlainPlan:
 
 
 @dataclass
-class SharedPrefixPlan:
+class SharedPrefixPlan(_Nodes):
     """Prefix forward once per group, then the rows' suffixes on the expanded cache.
 
     prefix_ids_G_P / prefix_attn_G_P: (G', P) right-padded shared prefixes (G' prefix groups).
@@ -91,9 +98,6 @@ class SharedPrefixPlan:
     suffix_ids_B_C: torch.Tensor
     suffix_pos_B_C: torch.Tensor
     suffix_keep_B_C: torch.Tensor
-    src_N: torch.Tensor
-    targets_N: torch.Tensor
-    cost: float
 
     def logits(self, model) -> torch.Tensor:
         """(G' + N_s, V) node logits; gradients flow through the prefix."""
@@ -120,7 +124,7 @@ class SharedPrefixPlan:
 
 
 @dataclass
-class PrefixTreePlan:
+class PrefixTreePlan(_Nodes):
     """Token tries packed one per row: R rows of K nodes (right-padded).
 
     ids_R_K / pos_R_K: (R, K) node tokens and position ids (= depth; 0 on padding).
@@ -133,9 +137,6 @@ class PrefixTreePlan:
     pos_R_K: torch.Tensor
     allowed_R_K_K: torch.Tensor
     keep_R_K: torch.Tensor
-    src_N: torch.Tensor
-    targets_N: torch.Tensor
-    cost: float
 
     def logits(self, model) -> torch.Tensor:
         """(Nn, V) logits of the kept nodes, row-major."""

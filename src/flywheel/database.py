@@ -1,0 +1,129 @@
+"""The SQL databases of flywheel's stores (traces, registry): one declarative base, one engine setup.
+
+`open_engine(url)`: any SQLAlchemy URL; SQLite connections run with journal_mode=WAL (readers
+never block the writer), synchronous=NORMAL (a commit survives a crash of the process, not
+necessarily a power cut), foreign_keys=ON and a 30 s busy timeout. pysqlite's own
+transaction handling is switched off and BEGIN is emitted here: `writing(engine)` opens
+BEGIN IMMEDIATE, so two writers queue on the lock at their first statement instead of
+failing with "database is locked" when a read turns into a write.
+
+Every table derives from `Base`; each store creates its own tables and records its schema
+version in the shared `flywheel_meta` table (`ensure_schema`); a database of another
+version is refused (migrations are not written yet). JSON columns are `json_column()`
+(JSONB on PostgreSQL); a value given as `Encoded` text is stored as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import orjson
+from sqlalchemy import JSON, Connection, Engine, String, Table, create_engine, event, insert, select
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.pool import StaticPool
+
+_WRITE = "flywheel_write"
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class MetaRow(Base):
+    """Key/value facts about the database itself, such as the schema version of each store."""
+
+    __tablename__ = "flywheel_meta"
+
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    value: Mapped[str] = mapped_column(String(200))
+
+
+class SchemaVersionError(RuntimeError):
+    pass
+
+
+class Encoded(str):
+    """JSON text serialised already (the store hashes it too); a JSON column stores it as is."""
+
+    __slots__ = ()
+
+
+def json_column() -> JSON:
+    """A JSON column type; none_as_null: Python None is SQL NULL, not the JSON text 'null'."""
+    return JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+
+def _dumps(value) -> str:
+    if type(value) is Encoded:
+        return value
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+def open_engine(url: str) -> Engine:
+    """An engine for `url`; a SQLite file's folder is created.
+
+    An in-memory SQLite URL gives one shared connection: fine for a test in one thread, not
+    for concurrent writers (use a file).
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(parsed, json_serializer=_dumps, json_deserializer=orjson.loads, pool_pre_ping=True)
+    database = parsed.database or ""
+    memory = database in ("", ":memory:") or parsed.query.get("mode") == "memory"
+    options: dict = {}
+    if memory:  # one shared connection, or each checkout would see its own empty database
+        options = {"poolclass": StaticPool, "connect_args": {"check_same_thread": False}}
+    else:
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(parsed, json_serializer=_dumps, json_deserializer=orjson.loads, **options)
+    event.listen(engine, "connect", _sqlite_on_connect)
+    event.listen(engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection, _record) -> None:
+    dbapi_connection.isolation_level = None  # no implicit BEGIN from pysqlite: _sqlite_on_begin owns it
+    cursor = dbapi_connection.cursor()
+    for pragma_ in ("busy_timeout=30000", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+        cursor.execute(f"PRAGMA {pragma_}")
+    cursor.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+
+
+@contextlib.contextmanager
+def writing(engine: Engine) -> Iterator[Connection]:
+    """A write transaction, committed when the block ends without an exception."""
+    with engine.connect() as conn:
+        conn.execution_options(**{_WRITE: True})
+        with conn.begin():
+            yield conn
+
+
+def ensure_schema(conn: Connection, tables: Sequence[Table], key: str, version: int, what: str) -> None:
+    """Create `tables` (and flywheel_meta) where missing and record `version` under `key`, in
+    the caller's write transaction; SchemaVersionError if the database holds another version."""
+    Base.metadata.create_all(conn, tables=[MetaRow.__table__, *tables])
+    found = conn.scalar(select(MetaRow.value).where(MetaRow.key == key))
+    if found is None:
+        conn.execute(insert(MetaRow).values(key=key, value=str(version)))
+    elif found != str(version):
+        raise SchemaVersionError(
+            f"{conn.engine.url.render_as_string(hide_password=True)} holds {what} schema version {found}, "
+            f"this flywheel reads version {version} (no migration exists yet)")
+
+
+def schema_version(conn: Connection, key: str) -> int:
+    return int(conn.scalar(select(MetaRow.value).where(MetaRow.key == key)))
+
+
+def pragma(engine: Engine, name: str) -> str:
+    """One SQLite PRAGMA's value as a connection of this engine sees it (for checks and stats)."""
+    with engine.connect() as conn:
+        return str(conn.exec_driver_sql(f"PRAGMA {name}").scalar())
