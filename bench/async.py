@@ -26,7 +26,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))  # warm_starts
 import common  # noqa: E402
+from warm_starts import CALCULATOR_FROM_MEMORY, calculator_from_memory_warm_start  # noqa: E402
 
 CALCULATOR = {"chain_prob": 0.0, "bare_prompt": True, "max_turns": 3, "operator": "+",
               "template": "What is {a} + {b}?", "max_digits": 3}
@@ -62,11 +64,10 @@ def run(model: Path, env: dict, v: dict, steps: int, groups: int, group_size: in
 
 def calculator_rl(steps: int, threads: int) -> tuple[float, float]:
     """Held-out greedy success (100 test tasks) before and after `steps` of GRPO, one step
-    off-policy, from train/warm_starts.calculator_from_memory_warm_start (a policy that answers
-    "What is 12 times 57?" from memory although it can call its calculator; cached)."""
+    off-policy, from tests/integration/warm_starts.calculator_from_memory_warm_start (a policy
+    that answers "What is 12 times 57?" from memory although it can call its calculator; cached)."""
     from flywheel.config import RLConfig, validate
     from flywheel.train.rl import run_rl
-    from flywheel.train.warm_starts import CALCULATOR_FROM_MEMORY, calculator_from_memory_warm_start
 
     model, _ = calculator_from_memory_warm_start(common.WORK / "calculator-from-memory")
     out = common.WORK / "calculator-rl"
@@ -139,8 +140,8 @@ def main() -> None:
     if args.calculator_rl_steps:
         rl_before, rl_after = calculator_rl(args.calculator_rl_steps, threads)
         rl_line = (f"Calculator RL (\"What is a times b?\", 1-2 digits, bare prompts; warm start "
-                   "train/warm_starts.calculator_from_memory_warm_start, which can call calc but answers from "
-                   f"memory; GRPO 4 x 8 at temperature 1, lr 1e-4, {args.calculator_rl_steps} steps, one step "
+                   "tests/integration/warm_starts.calculator_from_memory_warm_start, which can call calc but "
+                   f"answers from memory; GRPO 4 x 8 at temperature 1, lr 1e-4, {args.calculator_rl_steps} steps, one step "
                    f"off-policy, no tool latency): held-out greedy success {rl_before:.2f} -> {rl_after:.2f} "
                    "(100 test tasks).")
     body = "\n".join([

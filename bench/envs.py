@@ -22,10 +22,10 @@ import common  # noqa: E402
 
 
 def run_flywheel(env, tasks, concurrency):
-    from flywheel.envs.runner import play_many
+    from flywheel.rollout.play import play
 
     t0 = time.perf_counter()
-    results = asyncio.run(play_many(env, tasks, env.scripted_policy(), concurrency=concurrency))
+    results = asyncio.run(play(env, tasks, env.scripted_policy(), concurrency=concurrency))
     dt = time.perf_counter() - t0
     steps = sum(r.steps for r in results)
     lat = sorted(x for r in results for x in r.step_latencies_s)

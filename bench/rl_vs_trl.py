@@ -34,7 +34,7 @@ def warm_start(target: float, first: int = 200, every: int = 25, most: int = 100
     cached. Returns (model, steps, accuracy). The peer's warm start stopped on a 150 s budget at
     0.375; a step count alone is not portable: this model learns addition abruptly, and 300
     steps gave 0.09 or 0.225 with different initialisations (while 400 gave 0.20 and 500 0.68)."""
-    from flywheel.envs.arithmetic import heldout_accuracy
+    from flywheel.train.env_eval import arithmetic_heldout_accuracy
     from flywheel.models import load
 
     out = common.WORK / f"sft-until-{target:g}"
@@ -45,7 +45,7 @@ def warm_start(target: float, first: int = 200, every: int = 25, most: int = 100
     steps, acc = first, 0.0
     while steps <= most:
         final = common.arith_sft(out, steps, warmup_steps=100, min_lr_ratio=1.0)
-        acc = heldout_accuracy(*load(final))["heldout_accuracy"]
+        acc = arithmetic_heldout_accuracy(*load(final))["heldout_accuracy"]
         if acc >= target:
             done.write_text(json.dumps({"steps": steps, "accuracy": acc}))
             return out / "final", steps, acc

@@ -36,7 +36,8 @@ from flywheel.envs import load_env
 from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model, load
 from flywheel.rollout.advantages import grpo_advantages
-from flywheel.rollout.episodes import play_greedy, play_groups, success_rate
+from flywheel.rollout.evaluate import evaluate
+from flywheel.rollout.play import SamplerPolicy, play
 from flywheel.train.rl_losses import policy_loss
 
 
@@ -71,15 +72,15 @@ def main() -> None:
     rng = random.Random(args.seed)
 
     def heldout_success() -> float:
-        return success_rate(play_greedy(env, heldout, engine, args.max_tokens, renderer))
+        return evaluate(engine, env, heldout, max_tokens=args.max_tokens, renderer=renderer).success
 
     if args.eval_tasks:
         print(f"held-out greedy success before: {heldout_success():.3f}")
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()
         # 1. rollouts: G episodes per task through the Env API, token in, token out
-        groups = asyncio.run(play_groups(env, rng.sample(tasks, args.groups), args.group_size, engine,
-                                         params, renderer))
+        groups = asyncio.run(play(env, rng.sample(tasks, args.groups), SamplerPolicy(engine, params, renderer),
+                                  group_size=args.group_size))
         trajs = [t for g in groups for t in g.trajectories]
         # 2. GRPO advantages: each attempt against the others at the same task
         advantages = torch.cat([grpo_advantages(torch.tensor([t.reward for t in g.trajectories]))

@@ -17,8 +17,8 @@ from flywheel.envs.grading import grade
 from flywheel.envs.patches import apply_patch, make_diff
 from flywheel.envs.repo import (CodeRepairError, copy_tree, CORPORA, Instance, PatchError, read_instances,
                                 write_instances)
-from flywheel.envs.runner import play_many
 from flywheel.envs.synth_bugs import synthesize
+from flywheel.rollout.play import play as play_episodes
 
 sandbox = pytest.importorskip("flywheel.sandbox")
 if not sandbox.sandbox_available():
@@ -42,7 +42,7 @@ class Script(Policy):
 
 
 def play(env, tasks, policy):
-    return asyncio.run(play_many(env, tasks, policy, concurrency=4, timeout_s=120))
+    return asyncio.run(play_episodes(env, tasks, policy, concurrency=4, timeout_s=120))
 
 
 def edit(path, old, new):

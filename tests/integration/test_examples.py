@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 from flywheel.cli.main import app
 from flywheel.envs import load_env
 from flywheel.envs.registry import EnvLoadError
-from flywheel.envs.runner import play_episode
 from flywheel.models import TinySpec, build_tiny_model
+from flywheel.rollout.play import play as play_episodes
 from flywheel.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -156,7 +156,7 @@ def test_the_scripted_policy_solves_every_test_task(inventory):
     policy = inventory.scripted_policy()
 
     async def all_tasks():
-        return await asyncio.gather(*(play_episode(inventory, t, policy) for t in inventory.tasks("test")))
+        return await play_episodes(inventory, inventory.tasks("test"), policy)
 
     results = asyncio.run(all_tasks())
     assert [r.reward for r in results] == [1.0] * 16 and all(r.steps == 3 for r in results)

@@ -1,5 +1,5 @@
 """Multi-turn tool-use RL: a policy that answers multiplications from memory learns to call
-its calculator. The warm start is train/warm_starts.calculator_from_memory_warm_start (~110 s
+its calculator. The warm start is warm_starts.calculator_from_memory_warm_start (~110 s
 on 2 cores): a tiny model taught to copy numbers into a calc call and out of its result, then
 nudged to answer without the tool, so greedy decoding fails while sampling still calls the tool
 in ~20-30 % of episodes. GRPO at temperature 1 rewards those and the first-turn decision flips:
@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import pytest
 
+from warm_starts import CALCULATOR_FROM_MEMORY, calculator_from_memory_warm_start
+
 from flywheel.config import RLConfig, validate
 from flywheel.train.rl import run_rl
-from flywheel.train.warm_starts import CALCULATOR_FROM_MEMORY, calculator_from_memory_warm_start
 
 
 @pytest.fixture(scope="module")

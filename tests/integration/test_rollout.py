@@ -8,7 +8,7 @@ import torch
 from flywheel.envs import load_env
 from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model, load
-from flywheel.rollout.episodes import play_groups
+from flywheel.rollout.play import SamplerPolicy, play
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def test_raw_task_groups(model_dir):
     engine = LocalEngine.from_path(str(model_dir), seed=0, version=3)
     env = load_env("arithmetic")
     tasks = env.tasks("test", n=2)
-    groups = asyncio.run(play_groups(env, tasks, 4, engine, SamplingParams(max_tokens=4)))
+    groups = asyncio.run(play(env, tasks, SamplerPolicy(engine, SamplingParams(max_tokens=4)), group_size=4))
     assert [g.task_id for g in groups] == [t.id for t in tasks] and all(len(g.trajectories) == 4 for g in groups)
     model, _ = load(model_dir)
     for g, task in zip(groups, tasks):
@@ -44,7 +44,7 @@ def test_chat_tool_episodes_keep_sampled_ids(model_dir):
     env = load_env("calculator", max_turns=2)
     tasks = env.tasks("test", n=1)
     # a random model rarely emits a well-formed call; episodes still end within max_turns
-    groups = asyncio.run(play_groups(env, tasks, 2, engine, SamplingParams(max_tokens=12), renderer))
+    groups = asyncio.run(play(env, tasks, SamplerPolicy(engine, SamplingParams(max_tokens=12), renderer), group_size=2))
     for t in groups[0].trajectories:
         assert len(t.ids) == len(t.loss_mask) == len(t.behavior_logprobs) == len(t.versions)
         prompt = renderer.prompt_ids(tasks[0].prompt, tasks[0].tools)
@@ -80,7 +80,7 @@ def test_multi_turn_masks_tool_tokens(model_dir):
     call = '<tool_call>\n{"name": "calc", "arguments": {"expression": "%s"}}\n</tool_call>' % task.metadata["expression"]
     sampler = ScriptedSampler(tok, [call, f"The answer is {task.answer}."])
     renderer = ChatRenderer(tok)
-    (group,) = asyncio.run(play_groups(env, [task], 1, sampler, SamplingParams(), renderer))
+    (group,) = asyncio.run(play(env, [task], SamplerPolicy(sampler, SamplingParams(), renderer)))
     t = group.trajectories[0]
     assert t.reward == 1.0 and t.metrics["tool_calls"] == 1.0
     # the episode's ids are exactly the rendered conversation (sampled ids kept as they were)

@@ -18,8 +18,8 @@ from flywheel.envs.code_repair import load
 from flywheel.envs.grading import grade
 from flywheel.envs.patches import apply_patch, materialize, parse_patch
 from flywheel.envs.repo import checkout, CodeRepairError, CORPORA, fingerprint, read_instances
-from flywheel.envs.runner import play_many
 from flywheel.envs.synth_bugs import find_mutations, synthesize
+from flywheel.rollout.play import play
 
 sandbox = pytest.importorskip("flywheel.sandbox")
 if not sandbox.sandbox_available():
@@ -187,7 +187,7 @@ def test_cli_on_a_local_folder_and_playing_its_tasks(tmp_path):
     assert all("tests/test_area.py::test_already_broken" not in r.FAIL_TO_PASS + r.PASS_TO_PASS for r in rows)
     assert any("tests/test_area.py::TestTriangle::test_area" in r.FAIL_TO_PASS + r.PASS_TO_PASS for r in rows)
     env = load(instances=str(out))
-    results = asyncio.run(play_many(env, env.tasks("train") + env.tasks("test"), env.scripted_policy()))
+    results = asyncio.run(play(env, env.tasks("train") + env.tasks("test"), env.scripted_policy()))
     assert results and all(r.reward == 1.0 for r in results), [(r.task.id, r.metrics, r.error) for r in results]
     (repo / "shapes/area.py").write_text("changed\n")
     with pytest.raises(CodeRepairError, match="changed since the instance was made"):

@@ -12,7 +12,7 @@ import pytest
 
 from flywheel.envs import load_env
 from flywheel.envs.arithmetic import is_correct, load, reward, split_pairs
-from flywheel.envs.runner import play_many
+from flywheel.rollout.play import play
 
 
 def peer_split():
@@ -68,7 +68,7 @@ def test_reward_is_the_peers_leading_number(env, completion, ok):
 
 def test_scripted_policy_scores_one(env):
     tasks = env.tasks("test", n=20)
-    results = asyncio.run(play_many(env, tasks, env.scripted_policy()))
+    results = asyncio.run(play(env, tasks, env.scripted_policy()))
     assert [r.reward for r in results] == [1.0] * 20
     assert results[0].transcript == tasks[0].prompt + tasks[0].answer
 

@@ -11,7 +11,7 @@ import pytest
 
 from flywheel.envs import load_env
 from flywheel.envs.calculator import evaluate, final_number, load
-from flywheel.envs.runner import play_many
+from flywheel.rollout.play import play as play_episodes
 
 
 def play(env, task, *turns):
@@ -93,7 +93,7 @@ def env():
 
 def test_scripted_policy_scores_one_on_twenty_tasks(env):
     tasks = env.tasks("test", n=20)
-    results = asyncio.run(play_many(env, tasks, env.scripted_policy(), concurrency=8))
+    results = asyncio.run(play_episodes(env, tasks, env.scripted_policy(), concurrency=8))
     assert [r.error for r in results] == [None] * 20
     assert [r.reward for r in results] == [1.0] * 20
     r = results[0]
@@ -143,7 +143,7 @@ def test_tool_latency_makes_a_call_take_that_long():
         assert asyncio.run(e.calc.call({"expression": "6 * 7"})) == "42"
         timings[name] = time.perf_counter() - t0
     assert timings["slow"] >= 0.05 and timings["fast"] < timings["slow"]
-    results = asyncio.run(play_many(slow, [task], slow.scripted_policy()))
+    results = asyncio.run(play_episodes(slow, [task], slow.scripted_policy()))
     assert results[0].reward == 1.0 and results[0].step_latencies_s[0] >= 0.05
     assert slow.info()["tool_latency_s"] == 0.05
 

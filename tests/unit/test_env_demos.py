@@ -15,7 +15,7 @@ from flywheel.config import SFTDataConfig
 from flywheel.envs import load_env
 from flywheel.models.tool_calls import HermesParser
 from flywheel.envs.base import Policy
-from flywheel.envs.demos import collect_demos, make_demos
+from flywheel.rollout.demos import collect_demos, make_demos
 from flywheel.models import ChatRenderer
 from flywheel.models.tiny import IM_END, IM_START, build_tokenizer
 from flywheel.train.sft_data import load_sft_examples

@@ -19,9 +19,9 @@ from flywheel.models.tool_calls import HermesParser
 from flywheel.envs.base import Policy
 from flywheel.envs.registry import EnvLoadError
 from flywheel.envs.rubric import EpisodeState, RewardFn
-from flywheel.envs.runner import play_episode, play_many
 from flywheel.envs.tool_env import EpisodeFinished, SingleTurnEnv, ToolEnv, ToolLimits
 from flywheel.envs.tools import schema_from_signature, validate_arguments
+from flywheel.rollout.play import play
 from flywheel.types import Task, ToolCall
 
 
@@ -477,14 +477,14 @@ def test_runner_honours_the_concurrency_limit_and_keeps_task_order():
     env = EchoEnvironment()
     tasks = env.tasks(n=9)
     policy = SlowPolicy()
-    results = run(play_many(env, tasks, policy, concurrency=3))
+    results = run(play(env, tasks, policy, concurrency=3))
     assert policy.peak == 3
     assert [r.task.id for r in results] == [t.id for t in tasks]
     assert all(r.reward == 1.0 and r.error is None and r.steps == 1 for r in results)
     assert results[0].transcript == [{"role": "user", "content": "0"}, {"role": "assistant", "content": "0"}]
     assert len(results[0].step_latencies_s) == 1 and results[0].duration_s >= 0.02
     unbounded = SlowPolicy()
-    run(play_many(env, tasks, unbounded, concurrency=64))
+    run(play(env, tasks, unbounded, concurrency=64))
     assert unbounded.peak == 9
 
 
@@ -492,7 +492,7 @@ def test_runner_timeout_and_exceptions_end_only_their_episode():
     env = EchoEnvironment()
     tasks = env.tasks(n=5)
     t0 = time.perf_counter()
-    results = run(play_many(env, tasks, SlowPolicy(hang={"t1"}, fail={"t3"}), concurrency=5, timeout_s=0.2))
+    results = run(play(env, tasks, SlowPolicy(hang={"t1"}, fail={"t3"}), concurrency=5, timeout_s=0.2))
     assert time.perf_counter() - t0 < 2
     assert [r.error for r in results] == [None, "timeout", None, "RuntimeError: policy bug", None]
     assert [r.reward for r in results] == [1.0, 0.0, 1.0, 0.0, 1.0]
@@ -503,7 +503,7 @@ def test_play_episode_on_a_raw_text_task_and_a_multi_turn_tool_env():
         def tasks(self, split="train", n=None, seed=0):
             return [Task(id="r", prompt="2+2=", answer="4")]
 
-    result = run(play_episode(Raw(), Raw().tasks()[0], SlowPolicy(delay=0)))
+    (result,) = run(play(Raw(), Raw().tasks()[:1], SlowPolicy(delay=0)))
     assert result.transcript == "2+2=4" and result.reward == 1.0
 
     class Tools(EchoEnvironment):
@@ -514,7 +514,7 @@ def test_play_episode_on_a_raw_text_task_and_a_multi_turn_tool_env():
         async def act(self, task, history, tools, episode=0):
             return call("echo", text="hi") if history[-1]["role"] == "user" else "done"
 
-    result = run(play_episode(Tools(), Tools().tasks(n=1)[0], TwoTurns()))
+    (result,) = run(play(Tools(), Tools().tasks(n=1), TwoTurns()))
     assert result.reward == 1.0 and result.steps == 2 and [m["role"] for m in result.transcript] == \
         ["user", "assistant", "tool", "assistant"]
 

@@ -13,11 +13,11 @@ class Engine:
 def test_generation_runs_with_its_threads_and_restores_the_learners(monkeypatch):
     seen = []
 
-    async def fake_play_groups(env, tasks, group_size, engine, params, renderer):
+    async def fake_play(env, tasks, policy, group_size):
         seen.append(torch.get_num_threads())
         return []
 
-    monkeypatch.setattr("flywheel.orchestrate.pool.play_groups", fake_play_groups)
+    monkeypatch.setattr("flywheel.orchestrate.pool.play", fake_play)
     learner = torch.get_num_threads()
     try:
         torch.set_num_threads(2)

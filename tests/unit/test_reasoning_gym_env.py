@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from flywheel.cli.main import app
 from flywheel.envs import load_env
 from flywheel.envs.reasoning_gym import SYSTEM, exact_match, extract_answer, load
-from flywheel.envs.runner import play_many
+from flywheel.rollout.play import play
 
 DATASETS = ["leg_counting", "basic_arithmetic", "letter_counting"]
 
@@ -66,7 +66,7 @@ def test_dataset_builds_chat_tasks_and_the_scripted_policy_scores_one(name):
     assert t.prompt[0] == {"role": "system", "content": SYSTEM}
     assert t.prompt[1]["role"] == "user" and t.prompt[1]["content"] == t.metadata["entry"]["question"]
     assert isinstance(t.answer, str) and t.answer == str(t.metadata["entry"]["answer"])
-    results = asyncio.run(play_many(env, tasks, env.scripted_policy(), concurrency=4))
+    results = asyncio.run(play(env, tasks, env.scripted_policy(), concurrency=4))
     assert [r.error for r in results] == [None] * 10
     assert [r.reward for r in results] == [1.0] * 10
     assert all(r.metrics["reward/answer_format"] == 1.0 for r in results)

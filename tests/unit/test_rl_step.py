@@ -92,13 +92,13 @@ def test_learner_trains_the_tempered_policy_the_sampler_drew_from(tmp_path):
 
     from flywheel.envs import load_env
     from flywheel.inference import LocalEngine, SamplingParams
-    from flywheel.rollout.episodes import play_groups
+    from flywheel.rollout.play import SamplerPolicy, play
 
     path = build_tiny_model(tmp_path, TinySpec(hidden=64, layers=2, heads=4, ffn=128))
     engine = LocalEngine.from_path(str(path), seed=0)
     env = load_env("arithmetic")
     params = SamplingParams(temperature=0.5, max_tokens=6, logprobs_mode="processed")
-    groups = asyncio.run(play_groups(env, env.tasks("train", n=4, seed=0), 4, engine, params))
+    groups = asyncio.run(play(env, env.tasks("train", n=4, seed=0), SamplerPolicy(engine, params), group_size=4))
     for g in groups:  # unequal rewards so that no group is dropped; the update is lr 0
         g.trajectories[0].reward = 1.0
     model, tok = load(path)
@@ -107,3 +107,26 @@ def test_learner_trains_the_tempered_policy_the_sampler_drew_from(tmp_path):
     plain = rl_step(model, opt, groups, RLStepConfig(temperature=1.0), pad_id=tok.pad_token_id)
     assert abs(tempered["mismatch_kl"]) < 1e-4 and abs(tempered["is_weight_mean"] - 1.0) < 1e-3
     assert abs(plain["mismatch_kl"]) > 1e-2
+
+
+def test_the_step_config_carries_every_rl_setting_by_name():
+    """RLStepConfig.from_config takes every AlgoConfig field and FROM_SECTIONS' settings; a
+    field added to either side and not carried fails here."""
+    from dataclasses import fields
+
+    from flywheel.config import AlgoConfig, RLConfig, validate
+    from flywheel.train.rl_step import FROM_SECTIONS, LEARNER_ONLY
+
+    carried = set(AlgoConfig.model_fields) | {n for names in FROM_SECTIONS.values() for n in names}
+    assert {f.name for f in fields(RLStepConfig)} == carried | set(LEARNER_ONLY)
+    assert not carried & set(LEARNER_ONLY)
+    cfg = validate(dict(model="m", env={"name": "arithmetic"},
+                        algo={"advantage": "rloo", "eps_low": 0.1, "eps_high": 0.3, "aggregation": "constant",
+                              "dynamic_sampling": True, "is_cap": 3.0, "kl_beta": 0.05},
+                        sampling={"max_tokens": 7, "temperature": 0.7}, optim={"grad_clip": 0.5},
+                        train={"minibatches": 2, "groups_per_step": 2}), RLConfig)
+    assert RLStepConfig.from_config(cfg) == RLStepConfig(
+        advantage="rloo", eps_low=0.1, eps_high=0.3, aggregation="constant", dynamic_sampling=True, is_cap=3.0,
+        kl_beta=0.05, max_tokens=7, temperature=0.7, grad_clip=0.5, minibatches=2)
+    assert set(AlgoConfig.model_fields) == {"advantage", "eps_low", "eps_high", "aggregation", "dynamic_sampling",
+                                            "is_cap", "kl_beta"}  # each set to a non-default value above

@@ -60,7 +60,7 @@ def try_(name: str,
         from rich.console import Console
 
         from flywheel.envs import load_env
-        from flywheel.envs.runner import play_many
+        from flywheel.rollout.play import play
 
         env = load_env(name, **_settings(set_))
         if policy == "scripted":
@@ -71,7 +71,7 @@ def try_(name: str,
 
             actor = ModelPolicy(LocalEngine.from_path(policy, seed=seed),
                                 SamplingParams(temperature=temperature, max_tokens=max_tokens))
-        results = asyncio.run(play_many(env, env.tasks(split, n=k, seed=seed), actor, concurrency=k))
+        results = asyncio.run(play(env, env.tasks(split, n=k, seed=seed), actor, concurrency=k))
         console = Console()
         for i, r in enumerate(results):
             console.rule(f"episode {i + 1}: task {r.task.id}  reward {r.reward:g}" + (f"  error: {r.error}" if r.error else ""))
@@ -100,7 +100,7 @@ def demos(name: str,
     (messages with tool_calls and tool results, plus the tools), for `flywheel sft`."""
     with user_errors():
         from flywheel.envs import load_env
-        from flywheel.envs.demos import make_demos
+        from flywheel.rollout.demos import make_demos
 
         if n < 1:
             raise ValueError(f"-n must be at least 1, got {n}")

@@ -67,30 +67,6 @@ def write_sft_jsonl(path: str | Path, pairs: Iterable[Pair]) -> Path:
     return path
 
 
-def greedy_accuracy(engine, pairs: list[Pair], max_tokens: int = 6) -> tuple[float, list[tuple[str, str, bool]]]:
-    """Held-out greedy accuracy with a Sampler; returns (accuracy, [(prompt, completion, ok)])."""
-    from flywheel.inference import SamplingParams
-
-    prompts = [engine.encode(prompt_of(a, b)) for a, b in pairs]
-    out = engine.generate(prompts, SamplingParams(temperature=0.0, max_tokens=max_tokens))
-    rows = []
-    for (a, b), (sample,) in zip(pairs, out):
-        rows.append((prompt_of(a, b), sample.text, is_correct(sample.text, answer_of(a, b))))
-    return sum(ok for *_, ok in rows) / len(rows), rows
-
-
-def heldout_accuracy(model, tokenizer) -> dict:
-    """SFT evaluator hook (`eval.evaluator: flywheel.envs.arithmetic:heldout_accuracy`):
-    greedy accuracy on the 200 held-out pairs, on a snapshot of the model."""
-    import copy
-
-    from flywheel.inference import LocalEngine
-
-    engine = LocalEngine(copy.deepcopy(model), tokenizer)  # the engine fuses weights in place
-    acc, _ = greedy_accuracy(engine, split_pairs()[1])
-    return {"heldout_accuracy": acc}
-
-
 # ---------------------------------------------------------------- environment
 
 OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}

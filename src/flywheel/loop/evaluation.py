@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import Field
 
 from flywheel.config import Config
+from flywheel.envs import load_env
 from flywheel.types import Task
 
 
@@ -46,17 +47,16 @@ class SuiteScores:
 
 
 def suite_from_config(name: str, cfg: SuiteConfig) -> Suite:
-    from flywheel.envs import load_env
-
     env = load_env(cfg.env, **cfg.settings)
     return Suite(name, env, env.tasks(cfg.split, n=cfg.tasks, seed=cfg.seed), cfg.max_tokens)
 
 
 def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0) -> SuiteScores:
     """Greedy accuracy of the model at `model_dir` on each suite (an empty suite is skipped)."""
+    # here, not at the top: loop_config imports SuiteConfig and must not load torch
     from flywheel.inference import LocalEngine
     from flywheel.models import ChatRenderer
-    from flywheel.rollout.episodes import play_greedy, success_rate
+    from flywheel.rollout.evaluate import evaluate
 
     t0 = time.perf_counter()
     engine = LocalEngine.from_path(str(model_dir), seed=seed)
@@ -65,8 +65,7 @@ def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0)
     for suite in suites:
         if not suite.tasks:
             continue
-        trajs = play_greedy(suite.env, suite.tasks, engine, suite.max_tokens, renderer)
-        scores[suite.name] = success_rate(trajs)
-        counts[suite.name] = len(trajs)
-        generated += sum(sum(t.loss_mask) for t in trajs)
+        result = evaluate(engine, suite.env, suite.tasks, max_tokens=suite.max_tokens, renderer=renderer)
+        scores[suite.name], counts[suite.name] = result.success, result.episodes
+        generated += result.tokens_generated
     return SuiteScores(scores, counts, generated, time.perf_counter() - t0)

@@ -27,7 +27,8 @@ import torch
 
 from flywheel.errors import TrainError
 from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
-from flywheel.rollout.episodes import EpisodeLoop, play_groups
+from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
+from flywheel.weights import SharedMemoryTransport
 
 
 class RolloutError(TrainError):
@@ -67,8 +68,8 @@ class InProcessRollouts:
         if self.threads:
             torch.set_num_threads(self.threads)
         try:
-            groups = self._loop.run(play_groups(self.env, item.tasks, self.group_size, self.engine, self.params,
-                                                self.renderer))
+            groups = self._loop.run(play(self.env, item.tasks, SamplerPolicy(self.engine, self.params, self.renderer),
+                                         group_size=self.group_size))
         finally:
             torch.set_num_threads(learner_threads)
         tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
@@ -96,8 +97,6 @@ class ProcessRollouts:
 
     def __init__(self, spec: WorkerSpec, n_workers: int, max_restarts: int = 3,
                  log: Callable[[str], None] = print):
-        from flywheel.weights import SharedMemoryTransport
-
         if n_workers < 1:
             raise ValueError(f"ProcessRollouts needs at least one worker, got {n_workers}")
         self.spec, self.max_restarts, self.log = spec, max_restarts, log

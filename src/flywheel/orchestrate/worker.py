@@ -4,7 +4,7 @@ The learner sends `WorkItem`s over a pipe; for each the worker
   1. waits until the weight transport holds a version >= `item.min_version` (the staleness
      bound: the learner never asks for samples older than it can train on),
   2. loads the newest published weights if they are newer than its own,
-  3. plays `group_size` episodes per task (rollout/episodes.py) and sends back a
+  3. plays `group_size` episodes per task (rollout/play.py) and sends back a
      `WorkResult` with the trajectory groups (every sampled token tagged with its version).
 A `None` item, or the learner's end of the pipe closing, ends the worker. One pipe per
 worker: a worker killed mid-send can only corrupt its own pipe, which the pool discards.
@@ -12,12 +12,24 @@ worker: a worker killed mid-send can only corrupt its own pipe, which the pool d
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import sys
 import time
 import traceback
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
+import torch
+
+from flywheel.envs import load_env
+from flywheel.inference import LocalEngine, SamplingParams
+from flywheel.models import ChatRenderer, load
+from flywheel.models.loading import quiet_transformers
+from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
 from flywheel.types import Task, TrajectoryGroup
+from flywheel.weights import SharedMemoryTransport
 
 
 STARTUP_FAILED = -1  # WorkResult.item_id of a worker that could not start
@@ -61,9 +73,6 @@ class WorkResult:
 def _die_with_parent() -> None:
     """Linux: SIGKILL this process when the learner dies (even by SIGKILL)."""
     try:
-        import ctypes
-        import signal
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -78,15 +87,6 @@ def worker_main(worker_id: int, conn) -> None:
         return
     try:
         spec: WorkerSpec = conn.recv()
-        import torch
-
-        from flywheel.envs import load_env
-        from flywheel.inference import LocalEngine, SamplingParams
-        from flywheel.models import ChatRenderer, load
-        from flywheel.models.loading import quiet_transformers
-        from flywheel.rollout.episodes import EpisodeLoop, play_groups
-        from flywheel.weights import SharedMemoryTransport
-
         if spec.threads:
             torch.set_num_threads(spec.threads)
         quiet_transformers()
@@ -96,6 +96,7 @@ def worker_main(worker_id: int, conn) -> None:
         renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
         transport = SharedMemoryTransport.attach(spec.transport_name)
         params = SamplingParams(**spec.sampling)
+        policy = SamplerPolicy(engine, params, renderer)
         loop = EpisodeLoop()
     except Exception:  # noqa: BLE001 - a start-up failure is not worth restarting for
         conn.send(WorkResult(STARTUP_FAILED, worker_id, [], -1, 0.0, 0.0, 0.0, error=traceback.format_exc()))
@@ -122,7 +123,7 @@ def worker_main(worker_id: int, conn) -> None:
             t2 = time.perf_counter()
             version = engine.version
             try:
-                groups = loop.run(play_groups(env, item.tasks, spec.group_size, engine, params, renderer))
+                groups = loop.run(play(env, item.tasks, policy, group_size=spec.group_size))
                 error = None
             except Exception as e:  # noqa: BLE001 - reported to the learner, which decides
                 groups, error = [], f"{type(e).__name__}: {e}"
@@ -136,10 +137,6 @@ def worker_main(worker_id: int, conn) -> None:
         conn.close()
 
 
-
 def main() -> None:
     """Entry of a worker process: `python -c "...; main()" WORKER_ID SOCKET_FD` (see pool.py)."""
-    import sys
-    from multiprocessing.connection import Connection
-
     worker_main(int(sys.argv[1]), Connection(int(sys.argv[2])))

@@ -15,7 +15,6 @@ data order and the tasks drawn but not yet trained; `resume=true` continues from
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import os
@@ -31,6 +30,7 @@ import torch
 
 from flywheel.config import RLConfig
 from flywheel.rollout.data_order import DataOrder
+from flywheel.rollout.evaluate import evaluate
 from flywheel.train.checkpoint import load_state, save_checkpoint, save_model_folder
 from flywheel.train.metrics import MetricsWriter, drop_rows_after
 from flywheel.train.progress import StepProgress
@@ -62,19 +62,14 @@ class RLResult:
     rollout_seconds: float = 0.0
 
 
-def evaluate(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
-    """Greedy accuracy (reward == 1), the mean of each episode metric the environment reports
-    (greedy), and pass@k on the held-out split."""
-    from flywheel.rollout.episodes import episode_metric_means, play_greedy, play_groups, success_rate
-
-    tasks = env.tasks("test", n=cfg.eval.tasks, seed=0)
-    greedy = play_greedy(env, tasks, engine, cfg.sampling.max_tokens, renderer)
-    out = {"eval/greedy_accuracy": success_rate(greedy)}
-    out.update({f"eval/{k}": v for k, v in episode_metric_means(greedy).items()})  # e.g. calculator's used_tool
-    if cfg.eval.pass_k > 1:
-        k = cfg.eval.pass_k
-        sampled = asyncio.run(play_groups(env, tasks, k, engine, _params(cfg), renderer))
-        out[f"eval/pass@{k}"] = sum(any(t.reward >= 1.0 for t in g.trajectories) for g in sampled) / len(tasks)
+def _eval_record(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
+    """Held-out greedy accuracy, the mean of each episode metric the environment reports
+    (greedy; e.g. calculator's reward/used_tool) and pass@k, as "eval/..." metrics."""
+    result = evaluate(engine, env, env.tasks("test", n=cfg.eval.tasks, seed=0), max_tokens=cfg.sampling.max_tokens,
+                      renderer=renderer, pass_k=cfg.eval.pass_k, sampling=_params(cfg))
+    out = {"eval/greedy_accuracy": result.success, **{f"eval/{k}": v for k, v in result.metrics.items()}}
+    if result.pass_at_k is not None:
+        out[f"eval/pass@{cfg.eval.pass_k}"] = result.pass_at_k
     return out
 
 
@@ -198,11 +193,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     feeder = RolloutFeeder(source, tasks, order, cfg.train.groups_per_step, cfg.max_off_policy_steps,
                            items_per_step=max(1, n_workers))
     feeder.load_state_dict(feeder_state)
-    algo = RLStepConfig(advantage=cfg.algo.advantage, eps_low=cfg.algo.eps_low, eps_high=cfg.algo.eps_high,
-                        aggregation=cfg.algo.aggregation, max_tokens=cfg.sampling.max_tokens,
-                        dynamic_sampling=cfg.algo.dynamic_sampling, is_cap=cfg.algo.is_cap,
-                        kl_beta=cfg.algo.kl_beta, grad_clip=cfg.optim.grad_clip,
-                        minibatches=cfg.train.minibatches, temperature=cfg.sampling.temperature)
+    algo = RLStepConfig.from_config(cfg)
     metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
                                 start_step=step)
     stack.callback(metrics_out.close)
@@ -220,7 +211,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
         if eval_engine.version != step:
             with torch.no_grad():
                 eval_engine.update_weights(params, step)
-        record = evaluate(env, eval_engine, renderer, cfg)
+        record = _eval_record(env, eval_engine, renderer, cfg)
         evals.append({"step": step, **record})
         metrics_out.log(step, **record)
         log(f"step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in record.items()))
@@ -283,4 +274,4 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     return RLResult(out, final, step, evals, tokens_trained, tokens_generated, rollout_seconds)
 
 
-__all__ = ["RLResult", "evaluate", "run_rl"]
+__all__ = ["RLResult", "run_rl"]

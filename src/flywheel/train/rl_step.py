@@ -21,11 +21,18 @@ from dataclasses import dataclass
 
 import torch
 
+from flywheel.config import RLConfig
 from flywheel.rollout.advantages import ESTIMATORS, informative
 from flywheel.train.forward import set_learner_mode
 from flywheel.train.rl_losses import Aggregation, policy_loss
 from flywheel.train.shared_prefix import PlainPlan, attention_cost, plan_batch, plan_kinds
 from flywheel.types import TrajectoryGroup
+
+
+# The learner's settings RLConfig holds outside its `algo` section, by section; every AlgoConfig
+# field is carried too, by name. LEARNER_ONLY settings are not in RLConfig: they keep their defaults.
+FROM_SECTIONS = {"sampling": ("max_tokens", "temperature"), "optim": ("grad_clip",), "train": ("minibatches",)}
+LEARNER_ONLY = ("shared_prefix", "autocast_bf16")
 
 
 @dataclass
@@ -50,6 +57,15 @@ class RLStepConfig:
     # bf16 autocast for the learner's forward. Off: on the tiny bench model (CPU) it is no
     # faster and moves logprobs by up to ~0.2 nats (mean ~0.008), which the IS ratio sees
     autocast_bf16: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: RLConfig) -> RLStepConfig:
+        """Every field of `cfg.algo` and those FROM_SECTIONS names, by name (a field of
+        AlgoConfig that this class lacks is a TypeError here)."""
+        values = dict(cfg.algo)
+        for section, names in FROM_SECTIONS.items():
+            values.update({name: getattr(getattr(cfg, section), name) for name in names})
+        return cls(**values)
 
 
 def assign_advantages(groups: list[TrajectoryGroup], how: str, dynamic_sampling: bool) -> list[TrajectoryGroup]:

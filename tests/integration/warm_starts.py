@@ -1,23 +1,25 @@
-"""Warm starts built from nothing on a CPU: a tiny model taught a task's format by SFT, so that
-RL (or a demo) has a policy that is imperfect but not hopeless. Each function is cached by
-its output folder: a complete `final/` is returned as it is."""
+"""Warm starts built from nothing on a CPU, fixtures of the calculator RL test and of
+bench/async.py (which puts this folder on its path): a tiny model taught a task's format by
+SFT, so that RL has a policy that is imperfect but not hopeless. Each function is cached by its
+output folder: a complete `final/` is returned as it is."""
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
 from typing import Callable
 
+from flywheel.config import SFTConfig, validate
+from flywheel.envs import load_env
+from flywheel.models import TinySpec, build_tiny_model
+from flywheel.rollout.demos import make_demos
+from flywheel.train.env_eval import calculator_bare_success, heldout_success
+from flywheel.train.metrics import read_metrics
+from flywheel.train.sft import run_sft
+
 CALCULATOR = {"chain_prob": 0.0}  # "a * b" with 3-4-digit numbers, as configs/calculator_grpo.yaml
 COPY_TARGET = 0.8  # stage 1 stops once this share of held-out bare episodes succeed
-
-
-def calculator_bare_success(model, tokenizer) -> dict:
-    """SFT evaluator (`eval.evaluator: flywheel.train.warm_starts:calculator_bare_success`):
-    greedy success on 50 held-out bare calculator episodes (no system prompt or tool block)."""
-    from flywheel.envs import load_env
-    from flywheel.train.env_eval import heldout_success
-
-    return heldout_success(load_env("calculator", **CALCULATOR, bare_prompt=True), tasks=50)(model, tokenizer)
 
 
 def calculator_warm_start(out: str | Path, demos: int = 4000, log: Callable[[str], None] = lambda m: None) -> Path:
@@ -28,12 +30,6 @@ def calculator_warm_start(out: str | Path, demos: int = 4000, log: Callable[[str
     then 200 steps on full demos. The copying emerges abruptly and, for these 3-4-digit
     products, not in every build within the budget: it logs a warning when stage 1 ends below
     the target (docs/benchmarks.md, "Measurements behind choices in the code")."""
-    from flywheel.config import SFTConfig, validate
-    from flywheel.envs import load_env
-    from flywheel.envs.demos import make_demos
-    from flywheel.models import TinySpec, build_tiny_model
-    from flywheel.train.sft import run_sft
-
     root = Path(out)
     final = root / "sft" / "final"
     if (final / "config.json").exists():
@@ -83,17 +79,6 @@ def calculator_from_memory_warm_start(out: str | Path, direct_share: float = 0.7
     answer is 684."), after which greedy decoding answers directly and fails while sampling
     still calls the tool in some episodes. The measurements behind these choices are in
     docs/benchmarks.md ("Measurements behind choices in the code")."""
-    import json
-    import random
-
-    from flywheel.config import SFTConfig, validate
-    from flywheel.envs import load_env
-    from flywheel.envs.demos import make_demos
-    from flywheel.models import TinySpec, build_tiny_model
-    from flywheel.train.env_eval import heldout_success
-    from flywheel.train.metrics import read_metrics
-    from flywheel.train.sft import run_sft
-
     root = Path(out)
     final = root / "stage2" / "final"
 

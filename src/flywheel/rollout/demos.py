@@ -35,7 +35,7 @@ from typing import Any
 
 from flywheel.envs.base import Environment, Policy
 from flywheel.models.tool_calls import HermesParser, ToolCallParser
-from flywheel.envs.runner import EpisodeResult, play_many
+from flywheel.rollout.play import EpisodeResult, play
 from flywheel.types import Message
 
 
@@ -107,7 +107,7 @@ async def collect_demos(env: Environment, tasks, policy: Policy | None = None, m
             policy = env.scripted_policy()
         except NotImplementedError as e:
             raise ValueError(str(e)) from None
-    results = await play_many(env, list(tasks), policy, concurrency=concurrency, timeout_s=timeout_s)
+    results = await play(env, list(tasks), policy, concurrency=concurrency, timeout_s=timeout_s)
     rows, report = [], DemoReport(episodes=len(results))
     for r in results:
         try:
