@@ -100,3 +100,25 @@ def test_multi_turn_masks_tool_tokens(model_dir):
     between = tok.decode(t.ids[runs[0][1] + 1:runs[1][0]])
     assert f"<tool_response>\n{task.answer}\n</tool_response>" in between
     assert set(v for v, m in zip(t.versions, t.loss_mask) if m) == {7}
+
+
+def test_per_token_versions_reach_the_trajectory(model_dir):
+    """A sample whose weights changed mid-decode (Sample.token_versions) keeps each token's version."""
+    from flywheel.models import load_tokenizer
+
+    class Updating(ScriptedSampler):
+        def generate(self, prompts, params):
+            out = super().generate(prompts, params)
+            for (s,) in out:
+                s.token_versions = [7] * 2 + [8] * (len(s.token_ids) - 2)
+            return out
+
+    tok = load_tokenizer(model_dir)
+    env = load_env("calculator")
+    task = env.tasks("test", n=1)[0]
+    sampler = Updating(tok, [f"The answer is {task.answer}."])
+    (group,) = asyncio.run(play(env, [task], SamplerPolicy(sampler, SamplingParams(), ChatRenderer(tok))))
+    t = group.trajectories[0]
+    trained = [v for v, m in zip(t.versions, t.loss_mask) if m]
+    assert trained == [7, 7] + [8] * (len(trained) - 2) and len(trained) > 2
+    assert set(v for v, m in zip(t.versions, t.loss_mask) if not m) == {-1}

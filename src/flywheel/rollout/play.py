@@ -104,7 +104,7 @@ class _Episode:
         pad = n_before - len(self.mask)  # tokens added since the last sample (prompt, observations)
         self.mask += [0] * pad + [1] * len(sample.token_ids)
         self.logprobs += [0.0] * pad + list(sample.logprobs)
-        self.versions += [-1] * pad + [sample.version] * len(sample.token_ids)
+        self.versions += [-1] * pad + (sample.token_versions or [sample.version] * len(sample.token_ids))
         if self.conv is not None:
             self.conv.append_sampled(sample.token_ids, {"role": "assistant", "content": sample.text})
         else:
