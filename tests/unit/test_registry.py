@@ -358,7 +358,7 @@ def test_cli_round_trip(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FLYWHEEL_DATA", str(tmp_path / "data"))
     runner = CliRunner()
-    run = lambda *args: runner.invoke(app, ["models", *args])  # noqa: E731
+    run = lambda *args: runner.invoke(app, ["registry", *args])  # noqa: E731
     a, b = fake_model(tmp_path / "a", 1), fake_model(tmp_path / "b", 2)
 
     assert run("list").stdout.startswith("no versions registered in ")
@@ -398,10 +398,10 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch):
     runner = CliRunner()
     empty = tmp_path / "empty"
     empty.mkdir()
-    r = runner.invoke(app, ["models", "register", str(empty)])
+    r = runner.invoke(app, ["registry", "register", str(empty)])
     assert r.exit_code == 2 and r.stderr == f"error: {str(empty)!r} is not a model folder: it has no config.json\n"
     assert (tmp_path / "flywheel-data" / "registry" / "registry.db").is_file()  # the default location
-    r = runner.invoke(app, ["models", "show", "v3"])
+    r = runner.invoke(app, ["registry", "show", "v3"])
     assert r.exit_code == 2 and r.stderr.startswith("error: unknown model version 'v3'")
     runner.invoke(app, ["models", "register", str(fake_model(tmp_path / "m"))])
     runner.invoke(app, ["models", "reject", "v1", "--reason", "worse"])

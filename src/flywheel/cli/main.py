@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flywheel.cli import data, demo, dpo, economics, env, generate, loop, model, models, rl, sft, traces
+from flywheel.cli import data, demo, dpo, economics, env, generate, loop, model, registry, rl, sft, traces
 from flywheel.cli import serve
 from flywheel.cli.help import reflow_help
 
@@ -15,7 +15,8 @@ app.add_typer(data.app, name="data")
 app.add_typer(env.app, name="env")
 app.add_typer(economics.app, name="economics")
 app.add_typer(traces.app, name="traces")
-app.add_typer(models.app, name="models")
+app.add_typer(registry.app, name="registry")
+app.add_typer(registry.app, name="models", hidden=True)  # the old name, kept as an alias
 app.add_typer(loop.app, name="loop")
 app.command("generate")(generate.generate)
 app.command("demo")(demo.demo)

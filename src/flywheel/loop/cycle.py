@@ -140,7 +140,7 @@ def start_cycle(fw: Flywheel) -> CycleState:
     prod = fw.registry.production()
     if prod is None:
         raise CycleError("no production model in the registry: register one and promote it first "
-                         "(flywheel models register DIR, then flywheel models promote v1)")
+                         "(flywheel registry register DIR, then flywheel registry promote v1)")
     states = fw.states()
     n = int(states[-1].id[1:]) + 1 if states else 1
     st = CycleState(id=f"c{n}", stage="started", started_at=utc_now().isoformat(timespec="seconds"),

@@ -8,6 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from flywheel.service import OpenAIService
+from flywheel.service.app import create_app
+from flywheel.service.background import BackgroundServer
+from flywheel.service.production import ProductionFollower, registry_lookup
+from flywheel.service.traces import TraceStoreSink
+
 
 @dataclass
 class Serving:
@@ -35,16 +41,10 @@ class Serving:
 def serve_production(fw, host: str = "127.0.0.1", port: int = 0, *, max_batch: int = 64,
                      poll_s: float = 1.0) -> Serving:
     """Start serving `fw.registry`'s production version (port 0: a free one)."""
-    from flywheel.service import OpenAIService
-    from flywheel.service.app import create_app
-    from flywheel.service.background import BackgroundServer
-    from flywheel.service.production import ProductionFollower, registry_lookup
-    from flywheel.service.traces import TraceStoreSink
-
     prod = fw.registry.production()
     if prod is None:
         raise RuntimeError("no production model in the registry: register one and promote it first "
-                           "(flywheel models register DIR, then flywheel models promote v1)")
+                           "(flywheel registry register DIR, then flywheel registry promote v1)")
     sink = TraceStoreSink(fw.traces)
     service = OpenAIService(prod.path, version=prod.id, trace_sink=sink, max_batch=max_batch)
     follower = ProductionFollower(service, registry_lookup(fw.registry), interval_s=poll_s).start()

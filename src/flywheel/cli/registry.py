@@ -1,6 +1,5 @@
-"""`flywheel models ...`: the model registry (register, list, show, promote, rollback, reject, history).
-
-(`flywheel model`, singular, builds models; this one manages registered versions.)
+"""`flywheel registry ...`: the model registry (register, list, show, promote, rollback, reject,
+history). `flywheel model` builds models; `flywheel models` is this command's old name.
 """
 
 from __future__ import annotations
