@@ -8,6 +8,11 @@ import html
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rich import box
+from rich.console import Console
+from rich.table import Table as RichTable
+
+from flywheel.economics.plots import render_all
 from flywheel.economics.tables import EconomicsReport, Table
 
 _CSS = """
@@ -24,9 +29,6 @@ figcaption{color:#555;font-size:.85em}
 
 
 def rich_table(t: Table):
-    from rich import box
-    from rich.table import Table as RichTable
-
     rt = RichTable(title=t.title, caption=t.note or None, caption_justify="left", title_justify="left",
                    box=box.SIMPLE_HEAD)
     for i, c in enumerate(t.columns):
@@ -38,8 +40,6 @@ def rich_table(t: Table):
 
 def print_table(t: Table, console=None) -> None:
     """On a terminal, fit its width (cells wrap); elsewhere (pipes, logs) print at full width."""
-    from rich.console import Console
-
     console = console or Console()
     rt = rich_table(t)
     if console.is_terminal:
@@ -54,8 +54,6 @@ def print_table(t: Table, console=None) -> None:
 
 
 def print_report(report: EconomicsReport, console=None) -> None:
-    from rich.console import Console
-
     console = console or Console()
     for line in report.summary_lines():
         console.print(line, highlight=False)
@@ -94,8 +92,6 @@ def write_report(report: EconomicsReport, out_dir: str | Path,
     """Write every plot as PNG and index.html into `out_dir`; returns name -> path.
     `extra_plots` (file name -> PNG bytes, e.g. the demo's families.png) are written and shown
     on the page first, before the report's own plots."""
-    from flywheel.economics.plots import render_all
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     own = render_all(report)

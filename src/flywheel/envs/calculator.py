@@ -9,8 +9,8 @@ take that long (asyncio sleep), to model tools that take real time. Operands hav
 question is `template` filled with {expression} or {a} and {b} ("Multiply {a} by {b}."), so
 one tool serves several task families. `bare_prompt` asks the
 question alone, with no system message and no tool schemas (the calc tool still answers): a
-model fine-tuned on the tool does not need them, and prompts shrink from ~1,000 byte tokens to
-~25, which is what makes multi-turn RL on it fit a CPU test.
+model fine-tuned on the tool does not need them, and prompts shrink from about a thousand byte
+tokens to a few dozen, which is what makes multi-turn RL on it fit a CPU test.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import math
 import operator
 import random
 import re
+import string
 import warnings
 
 from flywheel.envs.base import Env, Environment, Policy
@@ -85,8 +86,6 @@ _TEMPLATE_FIELDS = {"expression", "a", "b"}
 
 def _check_template(template: str, chain_prob: float) -> None:
     """A question template names its numbers as {expression} or {a} and {b}, nothing else."""
-    import string
-
     try:
         fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
     except ValueError as e:

@@ -39,8 +39,10 @@ from flywheel.envs.grading import Grade, grade, shared_pool
 from flywheel.envs.patches import materialize, parse_patch, split_lines
 from flywheel.envs.repo import CodeRepairError, DEFAULT_CORPUS, IGNORED, Instance, copy_tree, parse_instance, precompile, read_instances
 from flywheel.envs.rubric import EpisodeState, RewardFn, Rubric
+from flywheel.envs.synth_bugs import cached_corpus_instances
 from flywheel.envs.tool_env import ToolEnv, ToolLimits
 from flywheel.envs.tools import EpisodeFinished, Tool, ToolError
+from flywheel.sandbox import Limits, Sandbox
 from flywheel.types import Task
 
 
@@ -75,8 +77,6 @@ class RepoTools:
             command: shell command, e.g. "ls -R", "grep -rn parse src" or "python -m pytest -q tests/test_x.py".
             timeout: seconds before the command is killed (capped by the environment).
         """
-        from flywheel.sandbox import Limits
-
         if self.setup_error:
             raise ToolError("exception", f"bash: the workspace could not be prepared: {self.setup_error}")
         t = max(1, min(int(timeout), self.max_bash_timeout_s))
@@ -163,8 +163,6 @@ class CodeRepairEnv(ToolEnv):
     """One episode: a fresh workspace, the tools on it, grading at the end, then cleanup."""
 
     def __init__(self, spec: "CodeRepairEnvironment", task: Task):
-        from flywheel.sandbox import Sandbox
-
         self.spec, self.inst = spec, spec.instance_of(task)
         self.root = Path(tempfile.mkdtemp(prefix="flywheel-ws-"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.root), True)
@@ -356,8 +354,6 @@ def load(instances: str | None = None, corpus: str = DEFAULT_CORPUS, max_turns: 
     if instances is not None:
         rows, source = read_instances(instances), str(instances)
     else:
-        from flywheel.envs.synth_bugs import cached_corpus_instances
-
         path = cached_corpus_instances(corpus, max_n=int(max_instances), seed=int(seed), cache_dir=cache_dir,
                                        unsafe=unsafe)
         rows, source = read_instances(path), f"synthesized from corpus {corpus!r} ({path})"

@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 
 from flywheel.envs.patches import _read_text, _same, apply_patch, make_diff, parse_patch
 from flywheel.envs.repo import Instance, PatchError, RESULTS_MARK, RUNNER_SOURCE, _through_link, copy_tree, is_test_path, list_files
+from flywheel.sandbox import Limits, SandboxPool
 
 @dataclass
 class TestRun:
@@ -32,8 +33,6 @@ _POOLS_LOCK = threading.Lock()
 
 def shared_pool(unsafe: bool | None = None, size: int | None = None):
     """One warm SandboxPool per process and setting (thread-safe; closed at exit)."""
-    from flywheel.sandbox import Limits, SandboxPool
-
     key = (unsafe, size)
     with _POOLS_LOCK:
         if key not in _POOLS:

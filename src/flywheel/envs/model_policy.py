@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 
 from flywheel.envs.base import Policy
+from flywheel.models import ChatRenderer
 from flywheel.types import Message, Task
 
 
 class ModelPolicy(Policy):
     def __init__(self, engine, params):
-        from flywheel.models import ChatRenderer
-
         self.engine, self.params = engine, params
         self.renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer.chat_template else None
         self._episodes: dict[int, tuple] = {}  # episode -> (Conversation, messages consumed)

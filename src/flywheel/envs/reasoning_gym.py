@@ -1,33 +1,21 @@
-"""reasoning_gym: any of reasoning-gym's ~100 procedurally generated task families (leg
-counting, arithmetic, letter counting, sudoku, ...) by name and settings, as a single-turn
-chat environment: a system prompt asks for the final answer inside <answer>...</answer>,
-the user message is the generated question.
+"""reasoning_gym: any of reasoning-gym's procedurally generated task families (leg counting,
+arithmetic, letter counting, sudoku, ...) by name and settings, as a single-turn chat
+environment: the system prompt asks for the final answer in <answer>...</answer>.
 
     load(dataset="leg_counting", size=1000, seed=0, scorer="exact", test_size=200, **settings)
 
-`settings` go to `reasoning_gym.create_dataset(dataset, seed=..., size=..., **settings)`.
-Items are generated from `Random(seed + index)`, so the test split uses its own seed range
-(`seed + TEST_SEED_OFFSET`, far from the train indices) and additionally drops any test item
-whose question also appears in train (or earlier in test): small task spaces repeat.
-
-Scoring (weight 1, `correct`). The answer is the text inside the last <answer>...</answer>,
-or the last non-empty line when there are no tags.
-- scorer="exact" (default): whitespace- and case-normalised equality with the gold answer;
-  when both sides are numbers they are compared as numbers ("3.0" == "3", exactly, big
-  integers included).
-- scorer="native": the dataset's own `score_answer(answer, entry)`.
-Exact is the default because reasoning-gym's base scorer (used by most datasets, e.g.
-leg_counting) gives partial credit `len(gold) / len(reply)` whenever the gold answer is a
-*substring* of the reply: for gold "500" the hedge "500 or 502" earns 0.3, and a reply that
-lists many numbers earns something on every task. Under RL a policy learns to exploit that
-(short lists of guesses beat committing to one answer) instead of learning the task; exact
-match gives 0 for a hedge. Use "native" for datasets with many valid answers (sudoku-like
-puzzles whose gold answer is one solution, or None) — with "exact" those are refused at load.
-Weight-0 metric `answer_format`: the reply holds a complete <answer>...</answer> pair.
+`settings` go to `reasoning_gym.create_dataset`. The test split has its own seed range
+(`seed + TEST_SEED_OFFSET`) and drops any item whose question is also in train (or earlier in
+test). Reward 1 (`correct`) by `scorer`: "exact" (default), whitespace- and case-normalised
+equality with the gold answer, numbers compared by value; "native", the dataset's own
+`score_answer`, for datasets with many valid answers (refused under "exact" at load). The
+answer is the text of the last <answer> tag, else the last non-empty line. Weight-0 metric
+`answer_format`: the reply holds a complete <answer>...</answer> pair.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import random
 import re
@@ -41,6 +29,9 @@ from flywheel.types import Task
 
 SYSTEM = ("Solve the problem. You may reason briefly first, then give only the final answer "
           "inside <answer>...</answer> tags, e.g. <answer>42</answer>.")
+# "exact" is the default because reasoning-gym's base scorer (most datasets') gives partial credit
+# len(gold) / len(reply) whenever the gold answer is a substring of the reply: for gold "500" the
+# hedge "500 or 502" earns 0.3, so under RL a policy learns to list guesses instead of the task.
 SCORERS = ("exact", "native")
 TEST_SEED_OFFSET = 1_000_000_007  # test items use seeds far from the train ones (Random(seed + idx))
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -91,15 +82,13 @@ def exact_match(answer: str | None, gold: Any) -> bool:
 
 
 def _datasets() -> dict:
-    from reasoning_gym.factory import DATASETS
+    from reasoning_gym.factory import DATASETS  # an extra (flywheel[envs]): imported on use
 
     return DATASETS
 
 
 def _create(dataset: str, seed: int, size: int, settings: dict):
     """reasoning_gym.create_dataset with every failure turned into a ValueError naming the dataset."""
-    import dataclasses
-
     import reasoning_gym
 
     registry = _datasets()

@@ -188,7 +188,7 @@ def copy_tree(src: Path, dst: Path, keep_pycache: bool = False) -> None:
 
 def precompile(root: Path) -> None:
     """Write checked-hash .pyc files (PEP 552) for the .py files under root. Imports then skip
-    compiling (~25 % of a minilib verification) yet stay correct for any edited file: the pyc is
+    compiling (a sizeable share of a minilib verification) yet stay correct for any edited file: the pyc is
     used only if the source's hash matches, whatever the mtimes say (copies keep mtimes, mutants
     keep sizes)."""
     for rel, path in list_files(root).items():

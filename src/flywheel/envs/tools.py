@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import inspect
+import json
 import re
 import types
 import typing
@@ -207,8 +208,6 @@ def _short(value: Any) -> str:
 
 
 def _to_text(result: Any) -> str:
-    import json
-
     try:
         return json.dumps(result, ensure_ascii=False)
     except (TypeError, ValueError):

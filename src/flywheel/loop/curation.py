@@ -1,29 +1,15 @@
-"""Curation: stored traces -> RL tasks, SFT examples and DPO pairs, each split train / held-out.
+"""Curation: stored traces -> RL tasks, SFT examples, DPO pairs and replay rows, each split
+train / held-out. The rules (outcome, normalised prompt, contamination, split) are in
+curation_rules.py; each builder below states what it makes.
 
-The rules (outcome, normalised prompt, contamination, split) are in curation_rules.py. Here:
-
-- RL: a trace whose outcome is "fail" and that has a verifier (its newest) becomes a replay
-  record `{"env", "task", "trace_id", "source", "prompt_hash"}`; `task` is the verifier's
-  payload checked as a Task (`id` defaults to the trace id), written back with every field.
-- SFT: a trace with a correction (its newest) becomes `{"messages": prompt + [correction],
-  "tools": trace tools}`, the OpenAI chat format `train.sft_data` reads.
-- DPO: among traces of one prompt hash, each distinct bad response (a failed trace's
-  response) is paired with a preferred one: that trace's own correction, else the group's
-  first correction, else its first passing response (outcome "pass"); at most
-  `max_pairs_per_prompt` pairs per prompt, in trace order. A pair whose two sides normalise
-  equal is not made. Rows are the OpenAI DPO format `train.dpo_data` reads.
-- Deduplication, in trace `seq` order: one RL item and one SFT item per prompt hash (the
-  first wins); DPO keeps one pair per (prompt hash, bad response hash).
-- Decontamination: an item whose prompt (for RL also its task's prompt) matches an eval
-  prompt is dropped (`EvalIndex`).
-- Replay: a trace whose outcome is "pass" becomes `{"messages": prompt + [response]}`, the
-  model's own verified answer, which a cycle mixes into SFT so old skills are rehearsed
-  while new ones are learned (deduplicated, decontaminated and split like the rest).
-- Held-out split by the conversation's *opening* (its messages through the first user
-  message; `choose_heldout`): every turn of one episode, and every item of any kind made from
-  it, lands on the same side, so a correction of turn 1 cannot train the task the gate
-  replays from turn 2's failure; an opening belongs to the source of its first trace.
-
+- RL: a failed trace with a verifier -> `{"env", "task", "trace_id", "source", "prompt_hash"}`.
+- SFT: a trace with a correction -> `{"messages": prompt + [correction], "tools"}` (train.sft_data).
+- DPO: a failed response paired with a preferred one, OpenAI DPO rows (train.dpo_data).
+- Replay: a passing trace -> `{"messages": prompt + [response]}`, the model's own verified
+  answer, which a cycle rehearses in SFT so old skills stay while new ones are learned.
+In trace `seq` order, one RL, SFT and replay item per prompt hash is kept and one DPO pair per
+(prompt hash, bad response hash); an item whose prompt matches an eval prompt is dropped
+(`EvalIndex`); every item made from one conversation opening lands on one side of the split.
 One unusable record is dropped with its trace id and reason and never stops the others.
 """
 
@@ -149,6 +135,8 @@ def _trusted_env(name: str, cfg: CurationConfig) -> bool:
 
 
 def _rl(s: _Seen, cfg: CurationConfig) -> _Candidate:
+    """A replay task from the trace's newest verifier: its payload checked as a Task (`id`
+    defaults to the trace id) and written back with every field."""
     v, t = s.verifier, s.trace
     if not _trusted_env(v.env, cfg):
         raise Unusable(f"verifier env {v.env!r} is neither a built-in environment nor listed in "
@@ -182,7 +170,10 @@ def _replay(s: _Seen) -> _Candidate:
 
 
 def _dpo(group: list[_Seen], cfg: CurationConfig, report: CurationReport) -> list[_Candidate]:
-    """The pairs of one prompt hash (see the module docstring)."""
+    """The pairs of one prompt hash: each distinct bad response (a failed trace's response) is
+    paired with that trace's own correction, else the group's first correction, else its first
+    passing response; at most `max_pairs_per_prompt` pairs, in trace order, and none whose two
+    sides normalise equal."""
     corrections = [s.correction for s in group if s.correction is not None]
     passes = [s.response for s in group if s.outcome == "pass" and s.response is not None]
     out: list[_Candidate] = []
@@ -272,6 +263,8 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
             kept.append(c)
 
     kept.sort(key=lambda c: (c.item.seq, KINDS.index(c.item.kind)))
+    # The split key is the opening, so a correction of turn 1 cannot train the task the gate
+    # replays from turn 2's failure; an opening belongs to the source of its first trace.
     home: dict[str, str] = {}  # split key -> the source of its first trace
     for c in kept:
         home.setdefault(c.item.root_hash, c.item.source)

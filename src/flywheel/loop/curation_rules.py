@@ -1,25 +1,6 @@
 """The rules of curation: what a trace's outcome is, when two prompts are the same, when a
 prompt is contaminated by an eval set, and which side of the held-out split a prompt is on.
-All pure functions of their arguments (and `CurationConfig`).
-
-Definitions.
-- Prompt and response of a trace: the response is `trace.response` when set; otherwise, when
-  `messages` ends with an assistant message (an imported episode), that last message; else
-  none. The prompt is `messages` without that last message in the second case, else all of it.
-- Verdict of one feedback: from its score when it has one: "fail" if score < fail_below,
-  "pass" if score >= pass_at, "neutral" in between; else from its label (stripped,
-  case-insensitive): "fail" in failure_labels, "pass" in success_labels; else no verdict
-  (feedback with only text / a correction / a verifier, or an unknown label, judges nothing).
-- Outcome of a trace: the verdict of its latest feedback that has one (latest by created_at;
-  equal times: the later in the list, i.e. the later stored), or "unknown".
-- Normalised prompt: per message [role, text, tool calls]: role with "developer" read as
-  "system"; text = content string (text parts joined, other parts as canonical JSON, refusal
-  when no content), lowercased, whitespace runs collapsed to one space and stripped; tool
-  calls as [name, arguments] with JSON-string arguments parsed (ids dropped: they are random).
-  `prompt_hash` is the SHA-256 of its canonical JSON (`flywheel.canonical`: the text the
-  trace store hashes too; JSON-string arguments are read as orjson reads them, so what is
-  hashed is always canonical JSON). A plain string prompt (raw-completion
-  tasks, eval strings) is read as one user message.
+All pure functions of their arguments (and `CurationConfig`); each states its rule.
 """
 
 from __future__ import annotations
@@ -71,6 +52,10 @@ class CurationConfig(Config):
 
 
 def verdict(fb: StoredFeedback, cfg: CurationConfig) -> Verdict | None:
+    """From the score when there is one: "fail" below fail_below, "pass" at or above pass_at,
+    "neutral" in between; else from the label (stripped, case-insensitive) in failure_labels or
+    success_labels; else None (text only, a correction, a verifier or an unknown label judges
+    nothing)."""
     if fb.score is not None:
         return "fail" if fb.score < cfg.fail_below else "pass" if fb.score >= cfg.pass_at else "neutral"
     if fb.label is not None:
@@ -88,6 +73,8 @@ def _newest_first(feedback: list[StoredFeedback]) -> list[StoredFeedback]:
 
 
 def outcome(trace: StoredTrace, cfg: CurationConfig) -> Outcome:
+    """The verdict of the trace's latest feedback that has one (latest by created_at; equal
+    times: the later stored), or "unknown"."""
     for fb in _newest_first(trace.feedback):
         v = verdict(fb, cfg)
         if v is not None:
@@ -116,7 +103,9 @@ def opening(messages: list[dict]) -> list[dict]:
 
 
 def split_conversation(trace: StoredTrace) -> tuple[list[dict], dict | None]:
-    """(prompt messages, response message or None); see the module docstring."""
+    """(prompt messages, response message or None). The response is `trace.response` when
+    set; else, when `messages` ends with an assistant message (an imported episode), that last
+    message, and the prompt is the messages before it; else there is none."""
     messages = list(trace.messages)
     if trace.response is not None:
         return messages, trace.response
@@ -151,6 +140,10 @@ def _arguments(args: Any) -> Any:
 
 
 def normalize_message(m: dict) -> list:
+    """[role, text, tool calls]: "developer" read as "system"; the content as one string (the
+    refusal when there is no content), lowercased, whitespace runs collapsed and stripped; tool
+    calls as [name, arguments], JSON-string arguments parsed as orjson reads them (ids dropped:
+    they are random)."""
     role = "system" if m.get("role") == "developer" else m.get("role")
     text = content_text(m.get("content")) if m.get("content") is not None else (m.get("refusal") or "")
     calls = [[(c.get("function") or {}).get("name"), _arguments((c.get("function") or {}).get("arguments"))]
@@ -163,8 +156,10 @@ def as_messages(prompt: str | list[dict]) -> list[dict]:
 
 
 def prompt_hash(messages: str | list[dict]) -> str:
-    """SHA-256 (hex) of the normalised prompt: equal for prompts that differ only in case,
-    whitespace, tool-call ids or the spelling of tool-call arguments (string vs object)."""
+    """SHA-256 (hex) of the normalised prompt's canonical JSON (`flywheel.canonical`, the text
+    the trace store hashes too): equal for prompts that differ only in case, whitespace,
+    tool-call ids or the spelling of tool-call arguments (string vs object). A plain string
+    prompt (raw-completion tasks, eval strings) is one user message."""
     return hashlib.sha256(canonical([normalize_message(m) for m in as_messages(messages)]).encode()).hexdigest()
 
 

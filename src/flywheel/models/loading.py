@@ -10,6 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is ever fetched from a h
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no "Loading weights" bars per load
 
+# transformers and torch (seconds to import) are imported inside the functions that use them, in
+# this package alone: its light parts (tool-call parsing, this module's folder rules) are imported
+# by layers that load no model (the registry, the environments), which stay quick to import.
+
 
 class ModelLoadError(ValueError):
     """A model folder is missing, is not a model, or holds an unsupported architecture."""

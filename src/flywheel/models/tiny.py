@@ -23,6 +23,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models as tokenizer_models, pre_tokenizers
+from tokenizers.pre_tokenizers import ByteLevel
+
 from flywheel.models.loading import quiet_transformers
 from flywheel.models.token_bytes import bytes_to_unicode
 
@@ -51,15 +54,13 @@ def chat_template() -> str:
 
 def build_tokenizer():
     """A byte-level fast tokenizer: ids 0..255 are the bytes, then the special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from tokenizers.pre_tokenizers import ByteLevel
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # lazy: see loading.py
 
     alphabet = ByteLevel.alphabet()  # the 256 printable stand-ins for bytes
     byte_to_char = bytes_to_unicode()
     vocab = {byte_to_char[b]: b for b in range(N_BYTES)}
     assert set(vocab) == set(alphabet)
-    raw = Tokenizer(models.BPE(vocab=vocab, merges=[], ignore_merges=True))
+    raw = Tokenizer(tokenizer_models.BPE(vocab=vocab, merges=[], ignore_merges=True))
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     raw.decoder = decoders.ByteLevel()
     raw.add_special_tokens(SPECIAL_TOKENS)
@@ -78,7 +79,7 @@ def build_tokenizer():
 
 def build_tiny_model(out: str | Path, spec: TinySpec = TinySpec()) -> Path:
     """Write a random-init model of `spec.arch` + byte-level tokenizer to `out`; return the path."""
-    import torch
+    import torch  # lazy: see loading.py
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     if spec.arch not in ARCHITECTURES:
@@ -112,7 +113,7 @@ ARCHITECTURES = ("qwen2", "llama", "mistral", "qwen3", "gpt2", "gpt_neox", "phi"
 
 
 def _config(spec: TinySpec, kv_heads: int, vocab_size: int, pad_id: int, eos_id: int):
-    import transformers
+    import transformers  # lazy: see loading.py
 
     common = dict(vocab_size=vocab_size, pad_token_id=pad_id, eos_token_id=eos_id, bos_token_id=None,
                   tie_word_embeddings=True, dtype="float32")

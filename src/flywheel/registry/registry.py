@@ -5,28 +5,13 @@ Layout under the registry root (default ./flywheel-data/registry, or $FLYWHEEL_D
 `Registry(url=...)` keeps the records in any SQLAlchemy database instead (PostgreSQL when
 several machines share a registry); the model folders stay under the root.
 
-Why a database and not files. A promotion changes four things together: the old production
-becomes archived, the new one becomes production, a history entry is written, and the
-production marker is bumped. Files give one atomic step, rename(2), so four facts would
-need a hand-written journal plus recovery on open. A database transaction is that journal,
-already written and tested: `promote` is ONE write transaction (BEGIN IMMEDIATE on SQLite,
-so concurrent promoters queue; the single `registry_state` row is locked FOR UPDATE on
-PostgreSQL). A SIGKILL before the commit record reaches the WAL leaves the old state, after
-it the new one; SQLite discards an uncommitted tail of the WAL when it next opens the file.
-Status updates archive the old row before marking the new one, and a partial unique index
-(`status = 'production'`) refuses a second production row outright. The engine setup
-(pragmas, WAL, BEGIN IMMEDIATE) is flywheel's one (`flywheel.database.open_engine`).
-
-Model folders are COPIED by default: the registry's copy is independent of the run folder,
-which may then be deleted or rewritten in place. `link=True` hard-links the files instead
-(no extra disk; still survives deletion of the run folder, since a hard link is a second
-name for the same data). Its caveat: a program that rewrites a source file in place (open
-with truncation) changes the registry's file too; flywheel's own checkpoints write new files
-and rename them, so they are safe. Each version records its files' sizes and SHA-256, and
-`verify(id)` names any that changed. A folder is copied into `models/.incoming-<pid>-*`,
-flushed to disk, and renamed to `models/<id>` inside the write transaction that inserts its
-row: a crash leaves at worst an unreferenced folder, which the next registration removes.
-Trainer state (`trainer_state.pt`) and hidden `.tmp-*` folders of a checkpoint are skipped.
+`promote` is one write transaction (archive the old production version, mark the new one, a
+history row, the marker servers poll), so a crash leaves the old state or the new one, never a
+mix; a partial unique index refuses a second production row outright (why a database:
+docs/architecture.md, "Stores of the outer loop are databases"). Model folders are copied (or
+hard-linked, `link=True`), so the registry's copy survives deletion of the run folder; each
+version records its files' sizes and SHA-256 for `verify(id)`. A crash mid-registration leaves
+at worst an unreferenced folder, which the next registration removes.
 """
 
 from __future__ import annotations
@@ -170,6 +155,12 @@ class Registry(Closing):
                  notes: str = "", key: str | None = None, link: bool = False) -> Version:
         """Store a copy (or hard links, `link=True`) of `model_dir` as a new candidate version.
 
+        Hard links cost no disk, but a program that rewrites a source file in place (open with
+        truncation) changes the registry's file too; flywheel's checkpoints write new files and
+        rename them, so they are safe. The folder is copied into `models/.incoming-<pid>-*`,
+        flushed, and renamed to `models/<id>` inside the transaction that inserts its row.
+        Trainer state (`trainer_state.pt`) and hidden `.tmp-*` folders are skipped.
+
         `key` makes the call idempotent: registering again with a key already stored returns
         that version and copies nothing (a resumed cycle cannot register its model twice).
         """
@@ -224,7 +215,9 @@ class Registry(Closing):
         return self.get(id)
 
     def promote(self, id: str, reason: str = "") -> Version:
-        """Make `id` the production version, archiving the current one, in one transaction.
+        """Make `id` the production version, archiving the current one, in one transaction
+        (BEGIN IMMEDIATE on SQLite, so concurrent promoters queue; the `registry_state` row is
+        locked FOR UPDATE on PostgreSQL).
 
         Promoting the current production version is a no-op (nothing recorded). A rejected
         version cannot be promoted.

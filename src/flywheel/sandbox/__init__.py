@@ -2,8 +2,8 @@
 
     from flywheel.sandbox import Sandbox, SandboxPool, Limits
 
-    Sandbox().run_python("print(1+1)")            # one cold bwrap sandbox per call (~20-40 ms)
-    with SandboxPool(size=2) as pool:              # warm fork servers, ~1-3 ms per snippet
+    Sandbox().run_python("print(1+1)")            # one cold bwrap sandbox per call (tens of ms)
+    with SandboxPool(size=2) as pool:              # warm fork servers, a few ms per snippet
         pool.run_python("print(1+1)")
         pool.run_module("pytest", ["-q"], workspace=repo_dir)
 

@@ -2,8 +2,8 @@
 and a kill that reaches every process in it.
 
 Why a cgroup: RLIMIT_NPROC does not bind uid 0, and `bwrap --unshare-user --uid 65534` does not
-change that when the caller is root, because the sandbox uid maps back onto host uid 0 (measured
-here: a 200-process fork loop under `prlimit --nproc=20` succeeds). A `pids` cgroup counts every
+change that when the caller is root, because the sandbox uid maps back onto host uid 0 (as root,
+a 200-process fork loop under `prlimit --nproc=20` succeeds). A `pids` cgroup counts every
 task in it whoever owns it.
 
 Both cgroup v1 (one hierarchy per controller, e.g. /sys/fs/cgroup/pids) and v2 (one unified
@@ -272,7 +272,7 @@ class Cgroup:
 
     def counters(self) -> tuple[int, int]:
         """(forks the pids limit refused, processes the memory cap OOM-killed) so far; both only
-        grow. Read with raw syscalls (~20 us): the pool reads them after every request."""
+        grow. Read with raw syscalls (microseconds): the pool reads them after every request."""
         if self._counter_files is None:
             files = []
             for ctrl, names, key in (("pids", ("pids.events", "pids.events"), "max"),

@@ -1,5 +1,5 @@
 """`SandboxPool`: warm sandboxes, each a fork server inside one bwrap sandbox (server.py), so a
-short snippet runs in ~1-3 ms instead of a ~20-40 ms cold start.
+short snippet runs in a few ms where a cold bwrap start costs tens of ms (bench/sandbox.py).
 
 Every execution is isolated from the previous one: a fresh child forked from a pristine server,
 everything it left behind killed, /tmp and /dev/shm emptied, and a workspace directory that is

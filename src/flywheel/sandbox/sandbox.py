@@ -1,4 +1,4 @@
-"""`Sandbox`: one cold bwrap execution per call (~25-40 ms here; SandboxPool serves snippets in ~2-3 ms).
+"""`Sandbox`: one cold bwrap execution per call (tens of ms; SandboxPool serves snippets in a few).
 
 The process tree of one call, host view:
   /bin/sh (cgroup join, exec's into) -> bwrap (outer) -> bwrap reaper = pid 1 of a new pid

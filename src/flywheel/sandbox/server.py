@@ -2,32 +2,18 @@
 the host places this file and protocol.py in the sandbox as read-only files and runs
 `python <this file> <config JSON>`, so nothing else of flywheel has to be visible inside.
 
-Per request the server compiles the snippet (before the fork, so the child does not), forks a
-fresh child (the server's heap is frozen out of the GC, so the child does not touch, and so copy,
-its pages), waits for it with a wall-clock deadline while capturing stdout/stderr up to a cap,
-then kills every process the request left behind, clears /tmp and /dev/shm and answers. The
-next request is served by a new child of the same pristine server.
-
-Isolation between requests, and what the server does about each channel:
-- processes: the server is pid 1 of the sandbox's pid namespace (bwrap --as-pid-1), so after a
-  request `kill(-1, SIGKILL)` reaches every other process, orphans are reparented to the server,
-  which reaps them and checks /proc until nothing else is left. Being pid 1 also means requests
-  cannot kill or stop it (the kernel drops unhandled signals sent to a namespace's init from
-  inside), and there is no bwrap reaper shared by successive requests that one of them could
-  tamper with (its memory is open to the same uid).
-- the server itself: it makes itself non-dumpable (PR_SET_DUMPABLE 0), so a request (same uid)
-  cannot open /proc/<server>/mem or /proc/<server>/fd/* to tamper with later requests or reach
-  the host pipe (ptrace is also refused by the seccomp filter). If the server dies anyway (OOM
-  kill under the memory cap), the host reports the request and starts a fresh sandbox.
-- files: /tmp and /dev/shm are emptied but for their read-only mount points, what cannot be
-  removed is reported as `dirty` (in the ready frame and each answer); the workspace is a
-  per-server host directory that the host fills before and empties after each request.
-- SysV IPC objects outlive processes: if a request left any, the server asks to be recycled.
-Without a pid namespace (the unsafe mode) the server instead kills the child's session and, as a
-child subreaper, every orphan reparented to it.
+Per request: compile the snippet, fork a fresh child of the pristine server, wait for it with a
+wall-clock deadline while capturing stdout/stderr up to a cap, then kill every process the
+request left behind, clear /tmp and /dev/shm and answer. What one request leaves cannot reach
+the next: the server is pid 1 of the sandbox's pid namespace (unkillable from inside, reaps
+every orphan) and non-dumpable; files it cannot remove are reported as `dirty`; SysV IPC
+objects left behind make it ask to be recycled. Without a pid namespace (the unsafe mode) it
+kills the child's session and, as a child subreaper, every orphan. docs/security.md ("The warm
+pool") gives the threat each measure answers.
 """
 
 import atexit
+import ctypes
 import errno
 import gc
 import json
@@ -49,8 +35,6 @@ except ImportError:
 
 
 def _libc():
-    import ctypes
-
     return ctypes.CDLL(None, use_errno=True)
 
 
@@ -70,7 +54,7 @@ def _exit_status(e):
 def _child(req, code, stdin_fd, out_w, err_w, status_w, cfg):
     """Runs in the forked child; never returns. On a normal end it reports its exit status on
     fd 3 (after closing stdout/stderr), so the server can answer without waiting for the exit
-    itself (tearing down a forked address space takes ~0.5 ms here)."""
+    itself (tearing down a forked address space is a sizeable part of a short request)."""
     status, ident = 1, None
     try:
         os.dup2(stdin_fd, 0)
@@ -388,7 +372,7 @@ def main(argv):
             errors["rlimit " + name] = repr(e)
     dirty = _dirty() if cfg["pidns"] else []  # before any request: what no request can be blamed for
     gc.collect()
-    gc.freeze()
+    gc.freeze()  # a forked child's GC then leaves the server's pages alone: nothing is copied
     write_frame(wfd, {"ready": True, "pid": os.getpid(), "errors": errors, "dirty": dirty})
     while True:
         try:

@@ -87,9 +87,9 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     freeze_gc: at startup (the model is loaded by then), collect once and move every live
     object to the garbage collector's permanent generation (`gc.freeze`). A server process
     holds millions of long-lived objects (torch, transformers, the tokenizer, the app); every
-    full collection walked them all, ~150 ms during which the GIL is held, triggered by
-    ordinary request garbage (a batch of 500 traces allocates ~30,000 containers). Frozen,
-    they are skipped; what requests allocate is still collected."""
+    full collection walks them all, for a tenth of a second or more with the GIL held, and
+    ordinary request garbage (a batch of traces makes tens of thousands of containers) sets
+    one off. Frozen, they are skipped; what requests allocate is still collected."""
     pool = (ingest_pool or IngestPool(0)) if trace_store is not None else None
 
     @asynccontextmanager

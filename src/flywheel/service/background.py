@@ -17,7 +17,7 @@ class BackgroundServer:
     """`with BackgroundServer(app) as srv: httpx.get(srv.url + "/health")`."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int | None = None, log_level: str = "warning"):
-        import uvicorn
+        import uvicorn  # the `serve` extra; free_port works without it
 
         self.host, self.port = host, port or free_port(host)
         self.server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=self.port, log_level=log_level,

@@ -1,38 +1,22 @@
 """OpenAIService: the OpenAI-compatible serving core, independent of any web framework.
 
-A request body (a dict, as decoded from JSON) is validated, rendered to prompt ids with
-the model's chat template, queued on the `BatchScheduler` (continuous batching: a request
-joins the running batch at its next decode step, so concurrent requests share forward
-passes) and turned into an OpenAI response dict; every returned choice is handed to the
-trace sink. The FastAPI app (`flywheel.service.app`) only moves bytes.
+A request body (a dict, as decoded from JSON) is validated, rendered with the model's chat
+template, queued on the `BatchScheduler` (it joins the running batch at the next decode step)
+and turned into an OpenAI response dict; every returned choice goes to the trace sink. The
+FastAPI app (`flywheel.service.app`) only moves bytes.
 
-Streaming (`stream: true`): `chat`/`completions` return an `EventStream` instead of a
-response. Its job reports its tokens after every decode step (the scheduler's
-`on_tokens`, handed to the event loop with one loop call per step however many streams
-there are), and each choice's text goes out as it is sampled (`responses.TextStream`:
-complete characters only, stop strings and tool calls held back; with `logprobs`, a content
-chunk carries the entries of the tokens that complete its text: `responses.LogprobStream`);
-when the job ends, each choice's last chunks carry the rest of its final text (and
-logprobs), its tool calls and finish_reason,
-then come the usage chunk (`stream_options.include_usage`) and `data: [DONE]`. The
-response is only started once the first tokens came, so a request refused by the engine
-still gets a plain JSON error, and `system_fingerprint` is the version actually serving it.
-Its choices, response and traces are built by the same code as a non-streamed request's,
-so the trace of a streamed request has the same content. A client that goes away
-mid-stream (`EventStream.close`) has its job aborted (its batch rows are freed at the next
-decode step) and what was generated is traced with the finish_reason it had ("cancelled"
-for the rows that were cut). With n > 1 every choice streams under its index; a choice's
-last chunks come when its whole job (all n samples) has ended. In whole-batch mode (an
-engine that cannot step) a job's text comes as one piece at its end; seeded requests on
-the lean engine stream like the others.
+Streaming (`stream: true`) returns an `EventStream`: each choice, under its index, sends its
+text as it is sampled (`responses.TextStream`, with its tokens' logprobs when asked; an engine
+that cannot step sends it whole at the end), then its tool calls and finish_reason once the
+whole job (all n samples) ended; then the usage chunk and `data: [DONE]`. It starts only with
+the first tokens, so a refused request still gets a plain JSON error; choices and traces are
+built by the non-streamed code; a client that goes away has its job aborted and what was
+generated traced ("cancelled" for the rows cut).
 
-Versions: the service serves one model under a stable name (`name`, what clients put in
-`model`) and a version label (the registry's version), reported in every response as
-`system_fingerprint` and in the traces as `model_version`. `switch(model_dir_or_engine,
-label)` loads the new model in the calling thread (never on the request path), then the
-scheduler swaps engines once the running batch has drained (nothing joins it meanwhile):
-requests in flight finish on the old version and none fails. Versions must share a tokenizer (a fine-tuned descendant does), because a
-request's prompt may be rendered just before a switch and generated just after.
+Versions: `switch` loads a model off the request path; the scheduler swaps engines once the
+running batch has drained, so requests in flight finish on the old version and none fails.
+The version serving a request is its `system_fingerprint` and its traces' `model_version`.
+Versions must share a tokenizer: a prompt may be rendered just before a switch.
 """
 
 from __future__ import annotations
@@ -50,15 +34,17 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from flywheel.models.tool_calls import HermesParser, ToolCallParser
-from flywheel.inference.scheduler import JobResult, BatchScheduler
+from flywheel.inference import LocalEngine
 from flywheel.inference.sampler import SamplingParams
-from flywheel.traces.schema import describe
+from flywheel.inference.scheduler import BatchScheduler, JobResult
+from flywheel.models import ChatRenderer, ChatTemplateError
 from flywheel.models.token_bytes import token_table
+from flywheel.models.tool_calls import HermesParser, ToolCallParser
 from flywheel.service import responses as R
 from flywheel.service.errors import OpenAIError, bad
 from flywheel.service.schemas import ChatCompletionRequest, CompletionRequest
 from flywheel.service.traces import TraceEvent, TraceSink
+from flywheel.traces.schema import describe
 
 log = logging.getLogger(__name__)
 B = TypeVar("B", bound=BaseModel)
@@ -115,8 +101,6 @@ class OpenAIService:
     @staticmethod
     def _load(model, **load_kw):
         if isinstance(model, (str, Path)):
-            from flywheel.inference import LocalEngine
-
             return LocalEngine.from_path(str(model), **load_kw)
         return model
 
@@ -658,8 +642,6 @@ def _trace_id(response_id: str, index: int) -> str:
 
 
 def _renderer(engine):
-    from flywheel.models import ChatRenderer, ChatTemplateError
-
     try:
         return ChatRenderer(engine.tokenizer)
     except ChatTemplateError:

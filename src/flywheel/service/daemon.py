@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from flywheel.files import atomic_write
+from flywheel.loop.cycle import CycleError, Flywheel, pending_cycle, run_cycle
+from flywheel.loop.failure_count import NewFailures
 from flywheel.loop.loop_config import LoopConfig
+from flywheel.train.stop import clear_stop, request_stop
 
 STATUS_FILE = "loop-status.json"
 
@@ -54,8 +57,6 @@ class LoopDaemon:
         self.ready = threading.Event()
 
     def stop(self) -> None:
-        from flywheel.train.stop import request_stop
-
         self._stop.set()
         request_stop()
 
@@ -68,10 +69,6 @@ class LoopDaemon:
         atomic_write(path, (json.dumps(self.status.__dict__, indent=2, sort_keys=True) + "\n").encode())
 
     def run(self) -> None:
-        from flywheel.loop.cycle import CycleError, Flywheel, pending_cycle, run_cycle
-        from flywheel.loop.failure_count import NewFailures
-        from flywheel.train.stop import clear_stop
-
         clear_stop()
         with Flywheel(self.cfg) as fw:
             serving = self._start_serving(fw) if self.cfg.serve.enabled else None
@@ -121,6 +118,7 @@ class LoopDaemon:
     # ---- serving
 
     def _start_serving(self, fw):
+        # serving needs the `serve` extra (FastAPI, uvicorn): a daemon with serving off runs without it
         from flywheel.service.serving import serve_production
 
         serving = serve_production(fw, self.cfg.serve.host, self.cfg.serve.port)

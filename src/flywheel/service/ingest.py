@@ -9,7 +9,7 @@ POST /v1/traces/{trace_id}/feedback body: one feedback record (score, label, cor
 The store (flywheel.loop.TraceStore) is synchronous; calls run in a worker thread so the
 event loop keeps serving completions meanwhile.
 
-The batch route is the ingestion hot path (batches of hundreds of ~2 KB traces): the raw
+The batch route is the ingestion hot path (batches of hundreds of traces of a few KB): the raw
 body goes to an `IngestPool` (service/ingest_pool.py), which decodes it (orjson) and
 validates, encodes and hashes each record on its own (flywheel.traces.batch), in a
 worker process or in a thread; a thread then writes the rows and encodes the answer
@@ -27,6 +27,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from flywheel.traces import TraceNotFound, TraceStoreBusy, TraceStoreError
 from flywheel.traces.batch import NotABatch, PreparedBatch
 from flywheel.traces.encoding import NotJSON, decode_json
 from flywheel.service.errors import OpenAIError
@@ -47,8 +48,6 @@ def _json_response(content: Any, status_code: int = 200) -> Response:
 
 def ingest_router(store, pool: IngestPool | None = None) -> APIRouter:
     """The routes over `store`; `pool` prepares batch bodies (default: in a thread of the server)."""
-    from flywheel.traces import TraceNotFound, TraceStoreBusy, TraceStoreError
-
     router = APIRouter()
     pool = pool or IngestPool(0)
 

@@ -92,7 +92,7 @@ class IngestPool:
 
     def start(self) -> None:
         """Start the workers now rather than with the first large body: the forkserver imports
-        flywheel.traces (~1 s) before it forks them, time a server would rather spend before its
+        flywheel.traces (most of a second) before it forks them, time a server would rather spend before its
         first request."""
         if self.workers:
             executor = self._pool()

@@ -1,31 +1,15 @@
 """Response builders for the OpenAI wire format: pure functions of the model's output.
 
-Tool calls: when tools were offered, the sampled text is parsed with the Hermes parser
-(`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`). Valid calls become the
-message's `tool_calls` (arguments as a JSON string, as OpenAI sends them) and the text
-around them its `content` (None when empty); finish_reason is then "tool_calls" unless the
-sample was cut by its token budget ("length") or its caller went away ("cancelled"). A
-turn whose calls are all malformed is returned as plain text, so nothing the model wrote
-is lost.
+Tool calls (`assistant_message`): when tools were offered, valid Hermes calls in the sampled
+text become the message's `tool_calls` (arguments as a JSON string) and the text around them
+its `content`; a turn whose calls are all malformed is returned as plain text, so nothing the
+model wrote is lost.
 
-Streaming (`TextStream`, `Chunks`): a streamed choice's content is sent as it is sampled,
-one piece per decode step or so. `TextStream` turns a sample row's token ids into text
-pieces that are safe to send, i.e. certain to be a prefix of the final text (the
-non-streamed text of the same request, exactly):
-  - only complete characters: decoding is incremental over the token ids, and text whose
-    decoding ends in U+FFFD (a UTF-8 sequence split across tokens) waits for the next token;
-  - stop strings: text that contains a stop string, or ends with what could be the start of
-    one, is held back from there until it is known not to be one (the final text is cut
-    before the first stop string);
-  - tool calls (tools offered): everything from the first `<tool_call>` tag on (the
-    parser's `open_tag`; a parser without one: the whole content) is held back, and the
-    choice's last chunks carry the rest of the content, then the parsed `delta.tool_calls`
-    (one chunk with index, id, type and function name, one with the arguments), as OpenAI
-    streams them. Since a message with tool calls has its content stripped, trailing
-    whitespace is also held until text follows it, and a turn that starts with whitespace
-    is held back to its end.
-When a choice ends, its last chunks carry whatever of the final text was not sent yet
-(`TextStream.finish`), so the content of a stream reassembles to the non-streamed one.
+Streaming (`TextStream`, `LogprobStream`, `Chunks`): a streamed choice's content goes out as
+it is sampled, in pieces that are certain to be a prefix of the final text (the non-streamed
+text of the same request, exactly): complete characters only, with stop strings and tool
+calls held back. When a choice ends, its last chunks carry the rest, so a stream's content
+reassembles to the non-streamed one.
 """
 
 from __future__ import annotations
@@ -49,7 +33,10 @@ def new_id(prefix: str) -> str:
 
 def assistant_message(text: str, *, tools_offered: bool, finish_reason: str,
                       parser: ToolCallParser | None = None) -> tuple[dict[str, Any], str]:
-    """(OpenAI assistant message, finish_reason) for one sampled text."""
+    """(OpenAI assistant message, finish_reason) for one sampled text. With tools offered and
+    valid calls parsed: `content` is the text around them (None when empty) and finish_reason
+    "tool_calls", unless the sample was cut by its token budget ("length") or its caller went
+    away ("cancelled")."""
     if tools_offered:
         parsed = (parser or HermesParser()).parse(text)
         if parsed.tool_calls:
@@ -132,7 +119,18 @@ def text_decoder(tokenizer) -> Callable[[list[int]], str]:
 
 class TextStream:
     """One streamed sample row: `feed` token ids as they are sampled, get the text that is
-    safe to send now; `finish` with the final text, get the rest (see the module doc).
+    safe to send now; `finish` with the final text, get the rest. Held back:
+      - incomplete characters: decoding is incremental over the ids, and text whose decoding
+        ends in U+FFFD (a UTF-8 sequence split across tokens) waits for the next token;
+      - stop strings: text that contains one, or ends with what could be the start of one, is
+        held from there until it is known not to be one (the final text is cut before the
+        first stop string);
+      - tool calls (tools offered): everything from the first `hold` string (the parser's
+        `open_tag`; a parser without one: the whole content) on; the choice's last chunks
+        carry the rest of the content, then the parsed `delta.tool_calls` (one chunk with
+        index, id, type and function name, one with the arguments), as OpenAI streams them.
+        Since a message with tool calls has its content stripped, trailing whitespace is held
+        until text follows it, and a turn that starts with whitespace is held to its end.
 
     stop: the request's stop strings. hold: strings from whose first occurrence on the text
     is held to the end (the tool-call tag). tools: a tool-call turn (whitespace rules).

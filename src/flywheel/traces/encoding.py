@@ -67,7 +67,7 @@ _DIGITS_ONLY = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
 def _may_hold_big_ints(raw: bytes) -> bool:
     """True if the body has a run of 20 digits (in a string or not): the only way to write an
     integer beyond 64 bits (2**64 has 20 digits), which orjson would read as a float. A
-    translate and a find: ~0.5 ms a MB, where a regex takes ~10 ms."""
+    translate and a find, an order of magnitude faster than a regex."""
     return raw.translate(_DIGITS_ONLY).find(b"0" * 20) >= 0
 
 

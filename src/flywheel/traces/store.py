@@ -290,9 +290,9 @@ class _SqliteTraceSQL:
 
     What SQLAlchemy Core does per row of an executemany (building each parameter dict,
     running each column's bind processor through its generic machinery) costs as much as
-    SQLite's own insert of a ~2 KB row. Here the INSERT is compiled once by SQLAlchemy (same
+    SQLite's own insert of a trace row. Here the INSERT is compiled once by SQLAlchemy (same
     SQL, same column order) and each row gets the same bind processors (float coercion, and
-    datetime formatting by `datetime.isoformat`, a third of the processor's cost, where it
+    datetime formatting by `datetime.isoformat`, a large share of the processor's cost, where it
     writes the same text: checked at start-up). A prepared row's JSON columns are canonical
     JSON text already, which is exactly what the JSON processor would return for them.
 

@@ -14,6 +14,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from flywheel.files import fsync_dir
@@ -24,8 +25,6 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def rng_state() -> dict:
-    import numpy as np
-
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -33,8 +32,6 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    import numpy as np
-
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])

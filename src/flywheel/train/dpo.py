@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from flywheel.config import DPOConfig
+from flywheel.models import load
 from flywheel.rollout.data_order import DataOrder
 from flywheel.train.batching import pad_batch
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
@@ -55,8 +56,6 @@ def sequence_logprobs(model, pairs, pad_id: int, device) -> tuple[torch.Tensor, 
 
 
 def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
-    from flywheel.models import load
-
     out = Path(cfg.output_dir)
     ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
     model, tokenizer = load(ckpt or cfg.model, device=cfg.device)

@@ -20,7 +20,7 @@ class MetricsWriter:
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses at most a line
         self._tb = None
         if tensorboard_dir is not None:
-            try:
+            try:  # tensorboard is an extra (flywheel[tensorboard])
                 from torch.utils.tensorboard import SummaryWriter
 
                 # purge_step: TensorBoard hides the earlier process's events past the resume point

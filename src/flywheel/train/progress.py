@@ -3,6 +3,9 @@ tokens/s, elapsed and ETA."""
 
 from __future__ import annotations
 
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+
 
 class StepProgress:
     def __init__(self, total: int, start: int = 0, enabled: bool = True, description: str = "train",
@@ -13,9 +16,6 @@ class StepProgress:
 
     def __enter__(self) -> "StepProgress":
         if self.enabled:
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
-
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn(self.metric + " {task.fields[loss]}"), TextColumn("{task.fields[speed]} tok/s"),

@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from flywheel.errors import TrainError
@@ -16,8 +17,6 @@ from flywheel.train.checkpoint import latest_checkpoint, list_checkpoints, load_
 
 
 def seed_everything(seed: int) -> None:
-    import numpy as np
-
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from flywheel.config import SFTConfig
+from flywheel.models import load
 from flywheel.rollout.data_order import DataOrder
 from flywheel.train.batching import pad_batch
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
@@ -59,8 +60,6 @@ class SFTResult:
 
 
 def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[str], None] = print) -> SFTResult:
-    from flywheel.models import load
-
     out = Path(cfg.output_dir)
     ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
     model, tokenizer = load(ckpt or cfg.model, dtype=cfg.dtype, device=cfg.device)

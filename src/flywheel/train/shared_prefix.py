@@ -1,44 +1,19 @@
 """Logits at loss positions only, computing the tokens that trajectories share once.
 
-The samples of a GRPO group start with the same prompt, and a warm-started policy often
-repeats itself beyond it (duplicate completions are common on short tasks). A plain
-batched forward recomputes all of that per row. `plan_batch` picks the cheapest of three
-ways to get the same numbers, by an estimate of the work (tokens through the linear layers
-plus query-key pairs through attention):
+A GRPO group's samples share their prompt, and a warm-started policy often repeats itself
+beyond it. `plan_batch` picks, by an estimate of the work (tokens through the linear layers
+plus query-key pairs through attention), the cheapest of three ways to the same numbers:
+`PlainPlan` (one forward over the rows), `SharedPrefixPlan` (each group's common prefix once,
+then the rows' suffixes on its KV cache: for long completions) and `PrefixTreePlan` (the rows'
+token tries packed under an ancestor mask, every distinct prefix once: for short completions).
+The graph is kept throughout, so logprobs and gradients equal the plain forward's up to float
+reassociation (tests/unit/test_shared_prefix.py).
 
-PlainPlan        one forward over the rows (B, S), cut after the last needed input.
-SharedPrefixPlan each group's common prefix once, then every row's suffix on its KV cache:
-                   prefix forward  prefix_ids (G', P) right-padded, use_cache=True
-                                   -> KV cache (G', H, P, D)
-                   expand          cache.reorder_cache(group_of_row) -> (B, H, P, D)
-                   suffix forward  suffix_ids (B, C) right-padded on that cache, position ids
-                                   L_g + k, 4-D mask (B, 1, C, P + C): a suffix slot sees its
-                                   group's L_g prefix slots and the suffix slots up to itself.
-                 Attention work stays per row: the plan for long completions.
-PrefixTreePlan   the rows' token tries (one per bin of groups), each packed into one
-                 sequence of K nodes (R, K); a node attends to its ancestors only (4-D mask
-                 (R, 1, K, K)) at position id = its depth. Every distinct prefix is computed
-                 once, duplicates included, in one forward; attention is dense over K, so
-                 bins are capped (`max_row_tokens`): the plan for short completions.
-
-The graph is kept throughout, so logprobs and gradients equal the plain forward up to float
-reassociation (tests/unit/test_shared_prefix.py): transformers' DynamicCache grows by
-torch.cat and Cache.reorder_cache is an index_select (both out of place, so autograd-safe;
-the backward of the expansion sums the rows' gradients into the prefix), and the node
-gathers are indexing ops whose backward accumulates.
-
-Notation: B rows (trajectories), G groups (partition of the rows, usually GRPO groups).
-Position j of a row (0-based) predicts token j + 1; a loss position is a j whose token j + 1
-has loss_mask 1. N loss positions, in row-major order of `loss_mask[:, 1:]` (the order of
-`mask_B_T.nonzero()` in train/rl_step.py). Only inputs up to each row's last loss token are
-fed (a row's final token is a target, never an input). Every plan computes logits for Nn
-"nodes" (Nn <= N: a node may serve several rows) and maps each loss position to its node
-with `src_N`. SharedPrefixPlan's shared length L_g is the longest common prefix of the
-group's ids cut at the first loss token of any row (later turns of a multi-turn row are not
-shared there; PrefixTreePlan shares them where the token paths agree).
-
-Needs a Hugging Face causal LM taking a custom 4-D mask: "sdpa" or "eager" attention and
-only full-attention layers (`supports_shared_prefix`); anything else takes PlainPlan.
+Notation: B rows, G groups. Position j of a row predicts token j + 1; a loss position is a j
+whose token j + 1 has loss_mask 1; the N loss positions are in row-major order of
+`loss_mask[:, 1:]` (`mask_B_T.nonzero()` in train/rl_step.py). A plan computes logits for
+Nn <= N nodes and maps each loss position to its node with `src_N`. Shared plans need a
+Hugging Face causal LM taking a custom 4-D mask (`supports_shared_prefix`); others get PlainPlan.
 """
 
 from __future__ import annotations
@@ -81,7 +56,15 @@ class PlainPlan(_Nodes):
 
 @dataclass
 class SharedPrefixPlan(_Nodes):
-    """Prefix forward once per group, then the rows' suffixes on the expanded cache.
+    """Prefix forward once per group, then the rows' suffixes on the expanded cache: the prefix
+    forward gives a KV cache (G', H, P, D), `reorder_cache(group_of_row)` expands it to
+    (B, H, P, D), and the suffix forward runs on it with a 4-D mask (B, 1, C, P + C) by which a
+    suffix slot sees its group's L_g prefix slots and the suffix slots up to itself. Attention
+    work stays per row. L_g is the longest common prefix of the group's ids cut at the first loss
+    token of any row (later turns of a multi-turn row are not shared here; PrefixTreePlan shares
+    them where the token paths agree). Autograd-safe: DynamicCache grows by torch.cat and
+    reorder_cache is an index_select (both out of place); the backward of the expansion sums the
+    rows' gradients into the prefix.
 
     prefix_ids_G_P / prefix_attn_G_P: (G', P) right-padded shared prefixes (G' prefix groups).
     prefix_len_G: (G',) L_g >= 1.  group_of_row_B: (B,) the prefix group of each row.
@@ -125,7 +108,11 @@ class SharedPrefixPlan(_Nodes):
 
 @dataclass
 class PrefixTreePlan(_Nodes):
-    """Token tries packed one per row: R rows of K nodes (right-padded).
+    """Token tries packed one per row: R rows of K nodes (right-padded), one trie per bin of
+    groups. A node attends to its ancestors only, at position id = its depth, so every distinct
+    prefix is computed once, duplicates included, in one forward; attention is dense over K, so
+    bins are capped (`max_row_tokens`). The node gathers are indexing ops whose backward
+    accumulates.
 
     ids_R_K / pos_R_K: (R, K) node tokens and position ids (= depth; 0 on padding).
     allowed_R_K_K: (R, K, K) bool, node k sees node i iff i is k or one of its ancestors;
@@ -157,7 +144,8 @@ def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
 
 
 def supports_shared_prefix(model) -> bool:
-    """A causal LM whose attention takes a custom 4-D mask (and explicit position ids)."""
+    """A causal LM whose attention takes a custom 4-D mask ("sdpa" or "eager") and explicit
+    position ids, with full-attention layers only."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "is_encoder_decoder", False):
         return False

@@ -1,43 +1,16 @@
 """Shared-memory weight transport between local processes: versioned buffers, reader leases.
 
-A learner publishes; samplers in other processes (multiprocessing "spawn" included: they
-attach by name) pick the newest weights up in one of two ways:
-- `read_into(dest)` copies them into the reader's own tensors (a seqlock read, lock-free);
-- `reader(slot).acquire()` returns tensors that *are* the shared buffer (no copy: pickup is a
-  lock and a few header words, microseconds at any model size) and leases that buffer so no
-  writer touches it until the reader releases it or acquires a newer one. `bind(module)`
-  points a module's parameters at those tensors (about a microsecond more per parameter).
-  Memory: B buffers of the whole model, B = readers + 2 by default.
-
-Segment layout: a header of int64 words, the tensor manifest (JSON), then B buffers each
-holding every tensor (64-byte aligned):
-    [0] magic  [1] current buffer (-1 before the first publish)  [2] its version
-    [4] B  [5] N (reader slots)  [6] manifest bytes  ([3], [7] unused)
-    [8 + 2b] sequence counter of buffer b (odd while it is being written)
-    [9 + 2b] version of buffer b (while odd: the version being written; -1: none)
-    [8 + 2B + 2r] buffer leased by reader slot r (-1: none)  [9 + 2B + 2r] pid holding slot r (0: free)
-
-Protocol. Header updates that choose or hand out a buffer happen under an exclusive flock on
-the segment's file (plus a thread lock within a process); that lock is the memory fence:
-- publish: under the lock, refuse a version not above the current one and those being
-  written; pick a buffer that is not current, not being written and not leased (the one with
-  the oldest version), make its sequence odd, then store the version there (the
-  reservation); copy the tensors without the lock; under the lock again make the sequence
-  even and, if it is still the newest, make the buffer current (current, then its version).
-  A failed copy gives the buffer back with version -1. The writer never writes the current
-  buffer or a leased one, so with B >= N + 2 one writer never waits (W concurrent writers:
-  B >= N + 1 + W). Short of buffers, it waits for a lease to go and raises `NoFreeBuffer`
-  after `timeout_s`. A version older than the current one when its copy ends (a concurrent
-  writer finished a newer one first) is completed but not made current.
-- acquire: under the lock, lease the current buffer (the slot's single lease word moves to
-  it, so the previously acquired tensors lose their protection) and read its version. The
-  current buffer is always complete, and a writer choosing later sees the lease.
-- release: under the lock, clear the lease. Closing a reader frees its slot; a slot whose
-  pid has died is reclaimed (lease included) when a reader is claimed or a writer is short
-  of buffers. PIDs are compared within one pid namespace.
-- read_into: read current and its sequence, copy, and retry if the sequence changed or was
-  odd (or the version is -1): never a mix of versions. Aligned 8-byte header words are written and read whole, and
-  x86-64 keeps stores and loads in program order, which the lock-free paths rely on.
+A learner publishes; samplers in other processes (spawned ones included: they attach by name)
+pick the newest weights up in one of two ways:
+- `read_into(dest)` copies them into the reader's own tensors (lock-free, retried until it
+  has read one version whole: never a mix of versions);
+- `reader(slot).acquire()` returns tensors that *are* the shared buffer (no copy: pickup costs
+  microseconds at any model size) and leases that buffer, so no writer touches it until the
+  reader releases it or acquires a newer one; `bind(module)` points a module's parameters at them.
+Memory: B buffers of the whole model, B = readers + 2 by default, so one writer never waits
+(W concurrent writers need B >= readers + 1 + W); short of buffers, `publish` raises
+`NoFreeBuffer` after `timeout_s`. Versions only go up, and a reader slot whose process died is
+reclaimed. The segment layout and the locking protocol are described above `MAGIC` below.
 """
 
 from __future__ import annotations
@@ -61,6 +34,36 @@ from flywheel.process import pid_alive
 from flywheel.weights.base import WeightTransport
 from flywheel.weights.shm_reader import SharedMemoryReader
 
+# Segment layout: a header of int64 words, the tensor manifest (JSON), then B buffers each
+# holding every tensor (64-byte aligned):
+#     [0] magic  [1] current buffer (-1 before the first publish)  [2] its version
+#     [4] B  [5] N (reader slots)  [6] manifest bytes  ([3], [7] unused)
+#     [8 + 2b] sequence counter of buffer b (odd while it is being written)
+#     [9 + 2b] version of buffer b (while odd: the version being written; -1: none)
+#     [8 + 2B + 2r] buffer leased by reader slot r (-1: none)  [9 + 2B + 2r] pid holding slot r (0: free)
+#
+# Protocol. Header updates that choose or hand out a buffer happen under an exclusive flock on
+# the segment's file (plus a thread lock within a process); that lock is the memory fence:
+# - publish: under the lock, refuse a version not above the current one and those being
+#   written; pick a buffer that is not current, not being written and not leased (the one with
+#   the oldest version), make its sequence odd, then store the version there (the
+#   reservation); copy the tensors without the lock; under the lock again make the sequence
+#   even and, if it is still the newest, make the buffer current (current, then its version).
+#   A failed copy gives the buffer back with version -1. The writer never writes the current
+#   buffer or a leased one, so with B >= N + 2 one writer never waits (W concurrent writers:
+#   B >= N + 1 + W). Short of buffers, it waits for a lease to go and raises `NoFreeBuffer`
+#   after `timeout_s`. A version older than the current one when its copy ends (a concurrent
+#   writer finished a newer one first) is completed but not made current.
+# - acquire: under the lock, lease the current buffer (the slot's single lease word moves to
+#   it, so the previously acquired tensors lose their protection) and read its version. The
+#   current buffer is always complete, and a writer choosing later sees the lease.
+# - release: under the lock, clear the lease. Closing a reader frees its slot; a slot whose
+#   pid has died is reclaimed (lease included) when a reader is claimed or a writer is short
+#   of buffers. PIDs are compared within one pid namespace.
+# - read_into: read current and its sequence, copy, and retry if the sequence changed or was
+#   odd (or the version is -1): never a mix of versions. Aligned 8-byte header words are
+#   written and read whole, and x86-64 keeps stores and loads in program order, which the
+#   lock-free paths rely on.
 MAGIC = 0x32577377686C7946  # "FlywhsW2"
 ALIGN = 64
 CURRENT, CURRENT_VERSION, N_BUFFERS, N_SLOTS, MANIFEST = 1, 2, 4, 5, 6
