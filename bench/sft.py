@@ -59,7 +59,7 @@ def main() -> None:
     from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
     from flywheel.models import load_tokenizer
     from flywheel.rollout.data_order import DataOrder
-    from flywheel.train.batching import pad_batch
+    from flywheel.train.padding import pad_batch
     from flywheel.train.metrics import read_metrics
     from flywheel.train.sft import run_sft
     from flywheel.train.sft_data import load_sft_examples

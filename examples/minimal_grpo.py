@@ -38,7 +38,7 @@ from flywheel.models import ChatRenderer, TinySpec, build_tiny_model, load
 from flywheel.rollout.advantages import grpo_advantages
 from flywheel.rollout.evaluate import evaluate
 from flywheel.rollout.play import SamplerPolicy, play
-from flywheel.train.rl_losses import policy_loss
+from flywheel.train.losses import policy_loss
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import torch
 from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.models import TinySpec, build_tiny_model, load
 from flywheel.models.tiny import ARCHITECTURES
-from flywheel.train.losses import sft_loss
+from flywheel.train.forward import sft_loss
 from flywheel.train.rl_step import RLStepConfig, rl_step
 from flywheel.types import Trajectory, TrajectoryGroup
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flywheel.rollout.advantages import dr_grpo_advantages, grpo_advantages, informative, rloo_advantages
-from flywheel.train.rl_losses import aggregate, dpo_loss, k3_kl, policy_loss
+from flywheel.train.losses import aggregate, dpo_loss, k3_kl, policy_loss
 
 R = torch.tensor([1.0, 0.0, 0.0, 1.0])  # mean 0.5, population std 0.5
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from flywheel.rollout.data_order import DataOrder
-from flywheel.train.batching import pad_batch
+from flywheel.train.padding import pad_batch
 from flywheel.train.losses import token_nll_sum
 from flywheel.train.schedule import warmup_cosine
 

@@ -1,5 +1,5 @@
 """DPO recipe: preference pairs, a frozen reference (the starting model), the sigmoid or
-IPO loss of train/rl_losses.py on summed response log-probabilities.
+IPO loss of train/losses.py on summed response log-probabilities.
 
 Per step: `batch_size` pairs -> one forward of the policy over chosen and rejected
 sequences together, one no-grad forward of the reference -> loss -> clip -> AdamW with the
@@ -19,16 +19,16 @@ import torch
 from flywheel.config import DPOConfig
 from flywheel.models import load
 from flywheel.rollout.data_order import DataOrder
-from flywheel.train.batching import pad_batch
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.dpo_data import load_pairs
 from flywheel.train.forward import set_learner_mode
+from flywheel.train.losses import dpo_loss
 from flywheel.train.metrics import MetricsWriter
+from flywheel.train.padding import pad_batch
 from flywheel.train.progress import StepProgress
-from flywheel.train.rl_losses import dpo_loss
 from flywheel.train.rl_step import token_logprobs
-from flywheel.train.schedule import warmup_cosine
 from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
+from flywheel.train.schedule import warmup_cosine
 from flywheel.train.stop import Deadline
 
 

@@ -1,12 +1,33 @@
-"""Loss functions: pure, shapes documented, each returns (loss, metrics); sft_loss runs the
-model's own forward (train/forward.py)."""
+"""The losses, pure: token NLL (SFT), the clipped policy-gradient surrogate (RL) and DPO / IPO
+(preference). Each takes tensors and returns a tensor or (loss, metrics).
+
+Shapes: B sequences, T completion positions (right-padded); `mask_B_T` is 1 on tokens the
+loss covers (the policy's own tokens; tool and environment tokens are 0).
+
+Clipped surrogate (PPO, Schulman et al. 2017; GRPO, Shao et al. 2024), per token t of sequence b:
+    ratio = exp(logp - old_logp)
+    l_t = -min(ratio * A_b, clip(ratio, 1 - eps_low, 1 + eps_high) * A_b) * is_weight_t + beta * KL_t
+- DAPO clip-higher (Yu et al. 2025): eps_high > eps_low lets low-probability tokens rise.
+- KL to a reference with the k3 estimator (Schulman, "Approximating KL divergence", 2020):
+  KL_t = exp(ref - logp) - (ref - logp) - 1, unbiased for KL(pi || ref) and always >= 0.
+- Truncated importance sampling for off-policy tokens (Yao et al. 2025, "Your efficient RL
+  framework secretly brings you off-policy RL training"): when the sampler's logprobs
+  (`behavior_logp`) differ from the learner's at sampling time (`old_logp`, stale weights or
+  kernel mismatch), weight each token by min(exp(old_logp - behavior_logp), is_cap).
+Aggregation over tokens:
+- "sequence": mean over sequences of each sequence's token mean (original GRPO);
+- "token": sum over all tokens / number of tokens (DAPO);
+- "constant": sum over all tokens / (B * max_tokens) (Dr. GRPO: no length normalisation).
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from flywheel.train.forward import logits_at
+Aggregation = Literal["sequence", "token", "constant"]
 
 
 def token_nll_sum(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
@@ -15,19 +36,77 @@ def token_nll_sum(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.Te
     return F.cross_entropy(logits_N_V.float(), targets_N, reduction="sum")
 
 
-def sft_loss(model, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
-             target_mask_B_T: torch.Tensor, normalizer: float) -> tuple[torch.Tensor, dict]:
-    """Next-token loss on trained tokens only, divided by `normalizer` (the number of trained
-    tokens in the whole optimizer step, so gradient accumulation gives a token mean).
+def k3_kl(logp_B_T: torch.Tensor, ref_logp_B_T: torch.Tensor) -> torch.Tensor:
+    d = ref_logp_B_T - logp_B_T
+    return torch.exp(d) - d - 1.0
 
-    Position t predicts token t + 1, so the kept positions are keep[:, :-1] = target_mask[:, 1:];
-    the model's own forward projects only those where it can (train/forward.py).
+
+def aggregate(values_B_T: torch.Tensor, mask_B_T: torch.Tensor, how: Aggregation,
+              max_tokens: int | None = None) -> torch.Tensor:
+    mask = mask_B_T.to(values_B_T.dtype)
+    if how == "token":
+        return (values_B_T * mask).sum() / mask.sum().clamp_min(1.0)
+    if how == "sequence":
+        per_seq = (values_B_T * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+        return per_seq.mean()
+    if how == "constant":
+        if not max_tokens:
+            raise ValueError("'constant' aggregation needs max_tokens (the generation budget)")
+        return (values_B_T * mask).sum() / (values_B_T.shape[0] * max_tokens)
+    raise ValueError(f"unknown aggregation {how!r}: use sequence, token or constant")
+
+
+def policy_loss(logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor, advantages_B: torch.Tensor,
+                mask_B_T: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.2,
+                aggregation: Aggregation = "token", max_tokens: int | None = None,
+                ref_logp_B_T: torch.Tensor | None = None, kl_beta: float = 0.0,
+                behavior_logp_B_T: torch.Tensor | None = None, is_cap: float = 2.0) -> tuple[torch.Tensor, dict]:
+    """Clipped policy-gradient loss (see the module docstring). Returns (loss, metrics)."""
+    mask = mask_B_T.to(logp_B_T.dtype)
+    ratio = torch.exp(logp_B_T - old_logp_B_T)
+    adv = advantages_B[:, None]
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+    per_token = -torch.minimum(unclipped, clipped)
+    metrics = {}
+    if behavior_logp_B_T is not None:
+        is_weight = torch.exp(old_logp_B_T - behavior_logp_B_T).clamp(max=is_cap).detach()
+        per_token = per_token * is_weight
+        metrics["is_weight_mean"] = float((is_weight * mask).sum() / mask.sum().clamp_min(1))
+        metrics["mismatch_kl"] = float((k3_kl(behavior_logp_B_T, old_logp_B_T) * mask).sum()
+                                       / mask.sum().clamp_min(1))
+    if ref_logp_B_T is not None and kl_beta:
+        kl = k3_kl(logp_B_T, ref_logp_B_T)
+        per_token = per_token + kl_beta * kl
+        metrics["kl_ref"] = float((kl.detach() * mask).sum() / mask.sum().clamp_min(1))
+    loss = aggregate(per_token, mask, aggregation, max_tokens)
+    with torch.no_grad():
+        was_clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
+        n = mask.sum().clamp_min(1)
+        metrics.update(clip_fraction=float((was_clipped.to(mask.dtype) * mask).sum() / n),
+                       ratio_mean=float((ratio * mask).sum() / n))
+    return loss, metrics
+
+
+def dpo_loss(chosen_logp_B: torch.Tensor, rejected_logp_B: torch.Tensor, ref_chosen_logp_B: torch.Tensor,
+             ref_rejected_logp_B: torch.Tensor, beta: float = 0.1,
+             loss_type: Literal["sigmoid", "ipo"] = "sigmoid") -> tuple[torch.Tensor, dict]:
+    """DPO over B preference pairs; inputs are summed log-probabilities of each response.
+
+    h = (chosen - ref_chosen) - (rejected - ref_rejected)
+    sigmoid (Rafailov et al. 2023, arXiv:2305.18290): -log sigmoid(beta * h)
+    ipo (Azar et al. 2023, arXiv:2310.12036): (h - 1 / (2 beta))^2
     """
-    predict_B_Tm1 = target_mask_B_T[:, 1:].bool()
-    keep_B_T = torch.cat([predict_B_Tm1, predict_B_Tm1.new_zeros(len(predict_B_Tm1), 1)], dim=1)
-    targets_N = input_ids_B_T[:, 1:][predict_B_Tm1]
-    logits_N_V = logits_at(model, keep_B_T, input_ids=input_ids_B_T, attention_mask=attention_mask_B_T,
-                           use_cache=False)
-    nll = token_nll_sum(logits_N_V, targets_N)
-    n = int(targets_N.numel())
-    return nll / normalizer, {"nll_sum": float(nll.detach()), "tokens": n}
+    h = (chosen_logp_B - ref_chosen_logp_B) - (rejected_logp_B - ref_rejected_logp_B)
+    if loss_type == "sigmoid":
+        losses = -F.logsigmoid(beta * h)
+    elif loss_type == "ipo":
+        losses = (h - 1.0 / (2.0 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown DPO loss_type {loss_type!r}: use sigmoid or ipo")
+    with torch.no_grad():
+        chosen_reward = beta * (chosen_logp_B - ref_chosen_logp_B)
+        rejected_reward = beta * (rejected_logp_B - ref_rejected_logp_B)
+        metrics = {"reward_margin": float((chosen_reward - rejected_reward).mean()),
+                   "reward_accuracy": float((chosen_reward > rejected_reward).float().mean())}
+    return losses.mean(), metrics

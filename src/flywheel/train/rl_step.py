@@ -10,7 +10,7 @@ A step may split its groups into `minibatches` (whole groups each) with one opti
 per minibatch, as PPO's minibatches or TRL's steps_per_generation: more updates per sample.
 The proximal policy of each update is the learner's weights just before it (the PPO ratio
 starts at 1); the sampler's logprobs are the behaviour policy, corrected by truncated
-importance sampling (train/rl_losses.py) — the decoupled form AReaL and prime-rl use for
+importance sampling (train/losses.py) — the decoupled form AReaL and prime-rl use for
 asynchronous training — so a later minibatch's drift from the sampler is what the cap bounds.
 """
 
@@ -24,7 +24,7 @@ import torch
 from flywheel.config import RLConfig
 from flywheel.rollout.advantages import ESTIMATORS, informative
 from flywheel.train.forward import set_learner_mode
-from flywheel.train.rl_losses import Aggregation, policy_loss
+from flywheel.train.losses import Aggregation, policy_loss
 from flywheel.train.shared_prefix import PlainPlan, attention_cost, plan_batch, plan_kinds
 from flywheel.types import TrajectoryGroup
 

@@ -8,7 +8,7 @@ the whole step (assistant turns / completions; see sft_data.py) -> clip -> step.
 Departures from a textbook loop, all for continuous post-training:
 - the loss is a token mean over the step, not a mean of micro-batch means, so accumulation
   gives the same gradient as one big batch;
-- the LM head runs only on positions that predict a trained token (losses.py);
+- the LM head runs only on positions that predict a trained token (forward.py);
 - checkpoints carry everything needed to continue bit-for-bit: weights, optimizer,
   scheduler, step, RNG states and the data cursor; `resume=true` continues from the newest
   complete one, and a killed run resumed follows the uninterrupted loss curve.
@@ -30,11 +30,10 @@ import torch
 from flywheel.config import SFTConfig
 from flywheel.models import load
 from flywheel.rollout.data_order import DataOrder
-from flywheel.train.batching import pad_batch
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
-from flywheel.train.forward import set_learner_mode
-from flywheel.train.losses import sft_loss
+from flywheel.train.forward import set_learner_mode, sft_loss
 from flywheel.train.metrics import MetricsWriter
+from flywheel.train.padding import pad_batch
 from flywheel.train.progress import StepProgress
 from flywheel.errors import TrainError
 from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
