@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from flywheel.envs.base import Env, Environment, Policy
+from flywheel.envs.base import Env, Environment, Policy, check_split, sample_of
 from flywheel.envs.rubric import Rubric, RewardFn
 from flywheel.envs.tool_env import SingleTurnEnv
 from flywheel.types import Task
@@ -105,12 +105,10 @@ class ArithmeticEnvironment(Environment):
         return problems[n_test:], problems[:n_test]
 
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        check_split(split)
         train, test = self._problems()
         chosen = train if split == "train" else test
-        if n is not None and n < len(chosen):
-            chosen = random.Random(seed).sample(chosen, n)
+        chosen = sample_of(chosen, n, seed)
         width = self.digits
         return [Task(id=f"{a:0{width}d}{op}{b:0{width}d}", prompt=f"{a:0{width}d}{op}{b:0{width}d}=",
                      answer=str(OPERATORS[op](a, b)), split=split) for a, op, b in chosen]

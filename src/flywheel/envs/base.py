@@ -14,10 +14,25 @@ for a task, and a scripted policy for smoke tests and benchmarks.
 from __future__ import annotations
 
 import abc
+import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from flywheel.types import Message, Task
+
+
+def check_split(split: str) -> None:
+    """Every Environment has the splits "train" and "test"."""
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+
+
+def sample_of(items: list, n: int | None, seed: int) -> list:
+    """`n` of `items` drawn without replacement by a seeded RNG; all of them, in order, when
+    n is None or not smaller than their count."""
+    if n is not None and n < len(items):
+        return random.Random(seed).sample(items, n)
+    return items
 
 
 @dataclass

@@ -25,7 +25,7 @@ import re
 import string
 import warnings
 
-from flywheel.envs.base import Env, Environment, Policy
+from flywheel.envs.base import Env, Environment, Policy, check_split
 from flywheel.envs.rubric import EpisodeState, RewardFn, Rubric
 from flywheel.envs.tool_env import ToolEnv, ToolLimits
 from flywheel.envs.tools import Tool
@@ -164,8 +164,7 @@ class CalculatorEnvironment(Environment):
         return expr, self.template.format(expression=expr, a=a, b=b)
 
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        check_split(split)
         rng = random.Random(f"calculator/{split}/{seed}")  # independent streams per split and seed
         count = n if n is not None else (5000 if split == "train" else 200)
         out = []

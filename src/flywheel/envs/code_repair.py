@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import random
 import shlex
 import shutil
 import tempfile
@@ -34,7 +33,7 @@ import weakref
 import zlib
 from pathlib import Path, PurePosixPath
 
-from flywheel.envs.base import Env, Environment, Policy
+from flywheel.envs.base import Env, Environment, Policy, check_split, sample_of
 from flywheel.envs.grading import Grade, grade, shared_pool
 from flywheel.envs.patches import materialize, parse_patch, split_lines
 from flywheel.envs.repo import CodeRepairError, DEFAULT_CORPUS, IGNORED, Instance, copy_tree, parse_instance, precompile, read_instances
@@ -286,13 +285,11 @@ class CodeRepairEnvironment(Environment):
         return "test" if zlib.crc32(inst.instance_id.encode()) % 1000 < self.test_fraction * 1000 else "train"
 
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        check_split(split)
         chosen = [i for i in self.instances if self.split_of(i) == split]
         if not chosen:  # a handful of instances without `split` fields: every split is all of them
             chosen = list(self.instances)
-        if n is not None and n < len(chosen):
-            chosen = random.Random(seed).sample(chosen, n)
+        chosen = sample_of(chosen, n, seed)
         return [Task(id=i.instance_id, split=split, answer=i.patch, tools=self.tool_schemas,
                      prompt=[{"role": "system", "content": SYSTEM},
                              {"role": "user", "content": f"{i.problem_statement.strip()}\n\n(repository: "

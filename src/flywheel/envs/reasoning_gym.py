@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import random
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from flywheel.envs.base import Env, Environment, Policy
+from flywheel.envs.base import Env, Environment, Policy, check_split, sample_of
 from flywheel.envs.rubric import EpisodeState, RewardFn, Rubric
 from flywheel.envs.tool_env import SingleTurnEnv
 from flywheel.types import Task
@@ -176,12 +175,10 @@ class ReasoningGymEnvironment(Environment):
         return self._splits
 
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        check_split(split)
         train, test = self.splits()
         chosen = train if split == "train" else test
-        if n is not None and n < len(chosen):
-            chosen = random.Random(seed).sample(chosen, n)
+        chosen = sample_of(chosen, n, seed)
         return list(chosen)
 
     def make_env(self, task: Task) -> Env:

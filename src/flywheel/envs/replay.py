@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from flywheel.envs.base import Env, Environment, Policy
+from flywheel.envs.base import Env, Environment, Policy, check_split, sample_of
 from flywheel.envs.registry import load_env
 from flywheel.types import Task
 
@@ -174,13 +173,11 @@ class ReplayEnvironment(Environment):
         return key, self._envs[key]
 
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
-        if split not in ("train", "test"):
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        check_split(split)
         records = self._train if split == "train" else self._test
         if records is None:
             raise ValueError("replay has no held-out records: give test=<rl_heldout.jsonl>")
-        if n is not None and n < len(records):
-            records = random.Random(seed).sample(records, n)
+        records = sample_of(records, n, seed)
         # fresh Tasks each call: a caller may mutate what it gets
         return [dataclasses.replace(r.task, split=split, metadata={
             **r.task.metadata, ROUTE_KEY: {"env": r.env, "settings": dict(r.settings)}}) for r in records]
