@@ -14,7 +14,6 @@ import json
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -30,15 +29,15 @@ N_TRACES = 160  # failed production traces seeded
 
 
 def _config(data_dir: Path, quick: bool = False, **gate) -> dict:
-    """quick: 2 RL steps of 2 groups and an 8-task suite, for the machinery tests."""
-    steps, groups, suite = (2, 2, 8) if quick else (40, 8, 100)
+    """quick: 2 RL steps of 2 groups, 4 RL eval tasks and an 8-task suite, for the machinery tests."""
+    steps, groups, suite, rl_eval = (2, 2, 8, 4) if quick else (40, 8, 100, 20)
     return {
         "data_dir": str(data_dir),
         "curation": {"heldout_fraction": 0.25},
         "train": {"order": ["sft", "rl"], "rl": {
             "train": {"steps": steps, "groups_per_step": groups, "group_size": 8, "seed": 0},
             "sampling": {"temperature": 1.0, "max_tokens": 6}, "optim": {"lr": 1e-4},
-            "eval": {"tasks": 20}, "log": {"progress": False}, "checkpoint": {"every": 1 if quick else 10},
+            "eval": {"tasks": rl_eval}, "log": {"progress": False}, "checkpoint": {"every": 1 if quick else 10},
             "threads": 2}},
         "eval": {"suites": {"arith": {"env": "arithmetic", "tasks": suite, "max_tokens": 6}},
                  "new_failures_max_tokens": 6},
@@ -112,31 +111,12 @@ def test_cycle_rejects_below_delta_and_records_why(tmp_path, untrained_tiny):
         assert v2.status == "rejected" and any("< delta 90.0 pts" in r for r in v2.reasons)
 
 
-_CHILD = textwrap.dedent("""
-    import os, signal, sys, yaml
-    from flywheel.config import validate
-    from flywheel.loop import cycle as cycle_module
-    from flywheel.registry import registry as registry_module
-    from flywheel.loop.loop_config import LoopConfig
-    point = sys.argv[2]
-    def crash(name):
-        if name == point:
-            os.kill(os.getpid(), signal.SIGKILL)
-    cycle_module._crash_point = crash
-    registry_module._crash_point = crash
-    cfg = validate(yaml.safe_load(open(sys.argv[1])), LoopConfig)
-    with cycle_module.Flywheel(cfg) as fw:
-        cycle_module.run_cycle(fw, log=lambda m: None)
-    sys.exit(3)  # the kill point was never reached
-""")
-
-
 @pytest.mark.parametrize("point", ["stage:curated", "train:rl", "finish:registered", "promote:logged", "finish:promoted"])
-def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point):
+def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point, forked_cli):
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(world.model_dump(mode="json")))
-    child = subprocess.run([sys.executable, "-c", _CHILD, str(path), point], capture_output=True, text=True, timeout=300)
-    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    child = forked_cli(["loop", "cycle", path], kill_at=point)  # `flywheel loop cycle`, killed at `point`
+    assert child.wait() == -signal.SIGKILL, child.output[-2000:]
     with Flywheel(world) as fw:
         assert fw.traces.count() == N_TRACES
         st = run_cycle(fw, log=lambda m: None)
@@ -150,15 +130,24 @@ def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point):
 
 
 def test_loop_cycle_command(world, tmp_path):
+    """`flywheel loop cycle` and `loop status`, invoked in this process (the entry point in a
+    process of its own is test_loop_config_errors_name_the_field's)."""
+    from typer.testing import CliRunner
+
+    from flywheel.cli.main import app
+
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(world.model_dump(mode="json")))
-    done = subprocess.run([sys.executable, "-m", "flywheel.cli.main", "loop", "cycle", str(path)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        done = CliRunner().invoke(app, ["loop", "cycle", str(path)])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)  # the command installs its own
+    assert done.exit_code == 0, (done.output[-2000:], done.exception)
     assert done.stdout.strip().splitlines()[-1].startswith("c1: promoted v2, $")
-    status = subprocess.run([sys.executable, "-m", "flywheel.cli.main", "loop", "status", "--data-dir",
-                             world.data_dir], capture_output=True, text=True, check=True).stdout
-    assert "production: v2" in status and "c1: promoted v2 from v1" in status
+    status = CliRunner().invoke(app, ["loop", "status", "--data-dir", world.data_dir])
+    assert status.exit_code == 0, status.output
+    assert "production: v2" in status.stdout and "c1: promoted v2 from v1" in status.stdout
 
 
 def test_loop_config_errors_name_the_field(tmp_path):

@@ -10,13 +10,14 @@ import pytest
 
 pytest.importorskip("uvicorn")
 
-SMALL_BASE = {"hidden": 32, "layers": 1, "heads": 2, "ffn": 64, "demos": 200, "steps": 60, "batch": 8,
-              "lr": 3e-3, "warmup": 5}
+from flywheel.demo import base as demo_base
+
+SMALL_BASE = demo_base.BaseRecipe(hidden=32, layers=1, heads=2, ffn=64, demos=200, steps=60, batch=8, lr=3e-3,
+                                  warmup=5, digits=(3,))
 
 
-@pytest.mark.slow  # a learning outcome: make test-all
+@pytest.mark.slow  # the demo end to end (minutes of training and serving): make test-all
 def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
-    from flywheel.demo import base as demo_base
     from typer.main import get_command
 
     from flywheel.cli.main import app
@@ -24,7 +25,7 @@ def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     from flywheel.traces.store import TraceStore
 
     monkeypatch.setenv("FLYWHEEL_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(demo_base, "RECIPE", {**SMALL_BASE, "family": demo_base.RECIPE["family"]})
+    monkeypatch.setattr(demo_base, "BASE_RECIPE", SMALL_BASE)
     out = tmp_path / "demo"
     get_command(app).main(["demo", "--out", str(out), "--weeks", "2", "--days", "1", "--episodes", "24",
                            "--sft-steps", "4", "--rl-steps", "1", "--eval-tasks", "8", "--correction-rate", "1.0"],
@@ -61,3 +62,19 @@ def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     assert rollouts and all(r.tokens_generated > 0 for r in rollouts), stages
     assert all(r.tokens_served > 0 for r in records if r.stage == "serve")
     assert "<figcaption>families.png</figcaption>" in (report / "index.html").read_text()  # embedded
+
+
+def test_base_recipe_key_is_the_hash_of_its_fields():
+    """The cache folder of the base model is named by its recipe's fields: the default recipe
+    keeps the key it had as a dict literal (a built cache stays valid), any field changes it."""
+    import dataclasses
+    import hashlib
+    import json
+
+    recipe = demo_base.BaseRecipe()
+    fields = {"hidden": 64, "layers": 2, "heads": 4, "ffn": 256, "demos": 4500, "steps": 3000, "batch": 16,
+              "lr": 3e-3, "warmup": 30, "family": demo_base.FAMILIES[0].settings, "digits": [2, 3, 4]}
+    assert recipe.key() == hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+    assert recipe.key() == "933f17bef0a5"
+    assert dataclasses.replace(recipe, steps=3001).key() != recipe.key()
+    assert SMALL_BASE.key() != recipe.key()

@@ -3,8 +3,6 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -90,27 +88,31 @@ def test_a_killed_worker_is_restarted_and_its_tasks_regenerated(model, tmp_path)
     assert trained_tasks(out) == expected_tasks(8, 2)  # nothing lost, nothing twice
 
 
-def test_sigkill_of_the_whole_run_then_resume(model, tmp_path):
+def test_sigkill_of_the_whole_run_then_resume(model, tmp_path, forked_cli):
+    """The killed run (`flywheel rl`) is a session of its own, learner and worker; the resume
+    runs here."""
     out = tmp_path / "run"
     config = tmp_path / "rl.yaml"
-    config.write_text(json.dumps(dict(
-        model=str(model), output_dir=str(out), env={"name": "arithmetic"},
-        train={"steps": 6, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
-        eval={"tasks": 8}, checkpoint={"every": 3, "keep": 5}, log={"progress": False}, threads=1,
-        max_off_policy_steps=1)))
-    cmd = [sys.executable, "-m", "flywheel.cli.main", "rl", str(config)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    raw = dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
+               train={"steps": 6, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
+               eval={"tasks": 8}, checkpoint={"every": 3, "keep": 5}, log={"progress": False}, threads=1,
+               max_off_policy_steps=1)
+    config.write_text(json.dumps(raw))
+    proc = forked_cli(["rl", config])
     deadline = time.time() + 90
-    while time.time() < deadline and not (out / "checkpoints" / "step_00000003" / "trainer_state.pt").exists():
+    while time.time() < deadline and not (out / "checkpoints" / "step_00000003" / "trainer_state.pt").exists() \
+            and proc.poll() is None:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc.kill_group()
+    assert proc.wait() == -signal.SIGKILL, proc.output[-2000:]
     assert (out / "rollout-weights.shm").exists()  # left behind by the kill
-    time.sleep(0.5)
+    deadline = time.time() + 10
+    while _children_running("flywheel.orchestrate.worker") and time.time() < deadline:
+        time.sleep(0.05)
     assert not _children_running("flywheel.orchestrate.worker")  # workers die with the learner
-    done = subprocess.run(cmd + ["resume=true"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "resumed from" in done.stdout + done.stderr
+    logs: list[str] = []
+    run_rl(validate({**raw, "resume": True}, RLConfig), log=logs.append)
+    assert any("resumed from" in m and "step 3" in m for m in logs), logs
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
     assert steps == list(range(1, 7))  # each once: the killed run's rows past step 3 moved aside
     assert [r["step"] for r in read_metrics(out / "rollouts.jsonl")] == list(range(1, 7))

@@ -1,10 +1,7 @@
 """SFT end to end on the tiny model: it learns, accumulates exactly, and resumes after SIGKILL."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -95,44 +92,35 @@ def test_existing_checkpoints_are_not_overwritten(setup, tmp_path):
     assert run_sft(cfg, log=lambda m: None).resumed_from == 2
 
 
-def _sft_process(cfg_path: Path, *overrides: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "flywheel.cli.main", "sft", str(cfg_path), *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-
-
-def test_sigkill_and_resume_follows_the_uninterrupted_curve(setup, tmp_path):
+def test_sigkill_and_resume_follows_the_uninterrupted_curve(setup, tmp_path, forked_cli):
+    """Only the killed run (`flywheel sft`) needs a process of its own: the uninterrupted
+    reference and the resume run here, on one thread as the child."""
     root, model, data = setup
     steps = 30
     base = make_cfg(model, data, tmp_path / "x", train={"steps": steps, "batch_size": 32, "micro_batch_size": 16},
                     checkpoint={"every": 10, "keep": 3}, optim={"lr": 3e-3, "warmup_steps": 5})
-    # uninterrupted reference
-    ref_cfg = tmp_path / "ref.yaml"
-    ref_cfg.write_text(yaml.safe_dump({**base, "output_dir": str(tmp_path / "ref")}))
-    p = _sft_process(ref_cfg)
-    assert p.wait(timeout=300) == 0, p.stdout.read().decode()
-    reference = losses(tmp_path / "ref")
-    assert sorted(reference) == list(range(1, steps + 1))
-
-    # the same run, killed with SIGKILL as soon as its first checkpoint exists
+    # the run, killed with SIGKILL as soon as its first checkpoint exists
     run_dir = tmp_path / "killed"
     cfg = tmp_path / "killed.yaml"
     cfg.write_text(yaml.safe_dump({**base, "output_dir": str(run_dir)}))
-    p = _sft_process(cfg)
+    p = forked_cli(["sft", cfg])
     deadline = time.time() + 240
     while not list_checkpoints(run_dir) and p.poll() is None and time.time() < deadline:
         time.sleep(0.005)
     p.send_signal(signal.SIGKILL)
     p.wait()
-    assert p.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert p.returncode == -signal.SIGKILL, "the run finished before it could be killed:\n" + p.output[-2000:]
     assert not (run_dir / "final").exists()
     killed_at = max(losses(run_dir))
     assert killed_at < steps
 
-    p = _sft_process(cfg, "resume=true")
-    out = p.stdout.read().decode()
-    assert p.wait(timeout=300) == 0, out
-    assert "resumed from" in out
+    reference = losses(run_sft(validate({**base, "output_dir": str(tmp_path / "ref")}, SFTConfig),
+                               log=lambda m: None).output_dir)  # uninterrupted
+    assert sorted(reference) == list(range(1, steps + 1))
+    logs: list[str] = []
+    result = run_sft(validate({**base, "output_dir": str(run_dir), "resume": True}, SFTConfig), log=logs.append)
+    assert result.resumed_from is not None and result.resumed_from <= killed_at, (result.resumed_from, killed_at)
+    assert any("resumed from" in m for m in logs), logs
     resumed = losses(run_dir)
     assert sorted(resumed) == list(range(1, steps + 1))
     logged = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]

@@ -142,19 +142,27 @@ def test_a_partial_batch_is_written_after_the_interval(tmp_path):
 
 
 def test_sink_never_blocks_on_a_dead_database():
+    """Events keep being taken while a write hangs: all 20 calls return before the hung write
+    does (no clock involved: the write waits for the test to release it)."""
+    entered, release, returned = threading.Event(), threading.Event(), []
+
     class Down:
         calls = 0
 
         def add_traces(self, records, source=None):
             Down.calls += 1
-            time.sleep(0.05)
+            entered.set()
+            release.wait(10)
+            returned.append(Down.calls)
             raise OSError("database is down")
 
     sink = TraceStoreSink(Down(), batch_size=5, interval_s=0.01, max_pending=8, retries=1)
-    t0 = time.perf_counter()
-    for i in range(20):
+    sink(_event(0))
+    assert entered.wait(10)  # the flusher is inside a write that hangs
+    for i in range(1, 20):
         sink(_event(i))
-    assert time.perf_counter() - t0 < 0.05  # enqueueing only
+    assert not returned  # every call returned while the write still hung: enqueueing only
+    release.set()
     sink.close()
     assert sink.stats.written == 0 and sink.stats.dropped == 20 and Down.calls >= 2
 

@@ -17,13 +17,37 @@ import hashlib
 import json
 import os
 import random
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from flywheel.demo.world import ENV, FAMILIES
 
-RECIPE = {"hidden": 64, "layers": 2, "heads": 4, "ffn": 256, "demos": 4500, "steps": 3000, "batch": 16,
-          "lr": 3e-3, "warmup": 30, "family": FAMILIES[0].settings, "digits": [2, 3, 4]}
+
+@dataclass(frozen=True)
+class BaseRecipe:
+    """How the demo's base model is built: the tiny model's shape, its scripted SFT data and the
+    SFT run. The hash of these fields names the model's cache folder (`key`)."""
+
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    ffn: int = 256
+    demos: int = 4500  # scripted episodes of the week-1 family
+    steps: int = 3000  # SFT steps
+    batch: int = 16  # SFT batch size (no accumulation)
+    lr: float = 3e-3
+    warmup: int = 30
+    family: dict[str, Any] = field(default_factory=lambda: FAMILIES[0].settings)  # calculator settings of the demos
+    digits: tuple[int, ...] = (2, 3, 4)  # calculator max_digits of the demos, split evenly
+
+    def key(self) -> str:
+        """12 hex digits of the SHA-256 of the fields as sorted JSON: the cache folder's name.
+        A recipe that builds another model has another key; the same fields, the same key."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+BASE_RECIPE = BaseRecipe()
 
 
 def cache_dir() -> Path:
@@ -36,46 +60,45 @@ def base_demos(final: Path) -> Path:
     return Path(final).parent.parent / "demos.jsonl"
 
 
-def base_model(recipe: dict | None = None, root: Path | None = None, log: Callable[[str], None] = print) -> Path:
-    """The cached base model folder for `recipe` (default RECIPE), built if missing."""
+def base_model(recipe: BaseRecipe | None = None, root: Path | None = None,
+               log: Callable[[str], None] = print) -> Path:
+    """The cached base model folder for `recipe` (default BASE_RECIPE), built if missing."""
     from flywheel.config import SFTConfig, validate
     from flywheel.models import TinySpec, build_tiny_model
     from flywheel.train.sft import run_sft
 
-    recipe = recipe or RECIPE
-    key = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    root = (root or cache_dir()) / f"demo-base-{key}"
+    recipe = recipe or BASE_RECIPE
+    root = (root or cache_dir()) / f"demo-base-{recipe.key()}"
     final = root / "sft" / "final"
     if (final / "config.json").exists():
         return final
-    log(f"first-time setup: building the demo's base model in {root} ({recipe['steps']} SFT steps)")
+    log(f"first-time setup: building the demo's base model in {root} ({recipe.steps} SFT steps)")
     root.mkdir(parents=True, exist_ok=True)
     tiny = root / "tiny"
     if not (tiny / "config.json").exists():
-        build_tiny_model(tiny, TinySpec(hidden=recipe["hidden"], layers=recipe["layers"], heads=recipe["heads"],
-                                        ffn=recipe["ffn"]))
+        build_tiny_model(tiny, TinySpec(hidden=recipe.hidden, layers=recipe.layers, heads=recipe.heads,
+                                        ffn=recipe.ffn))
     demos = root / "demos.jsonl"
     _addition_demos(recipe, demos)
     run_sft(validate(dict(model=str(tiny), output_dir=str(root / "sft"), resume=True,
                           data={"train": [str(demos)], "format": "chat"},
-                          train={"steps": recipe["steps"], "batch_size": recipe["batch"],
-                                 "micro_batch_size": recipe["batch"]},
-                          optim={"lr": recipe["lr"], "warmup_steps": recipe["warmup"], "min_lr_ratio": 0.1,
+                          train={"steps": recipe.steps, "batch_size": recipe.batch, "micro_batch_size": recipe.batch},
+                          optim={"lr": recipe.lr, "warmup_steps": recipe.warmup, "min_lr_ratio": 0.1,
                                  "weight_decay": 0.01},
                           checkpoint={"every": 250}, log={"progress": True}), SFTConfig), log=lambda m: None)
     return final
 
 
-def _addition_demos(recipe: dict, out: Path) -> None:
-    """`recipe["demos"]` scripted episodes of the week-1 family, split evenly over the operand
-    sizes in `recipe["digits"]` (calculator `max_digits`; absent: the family's own), as JSONL."""
+def _addition_demos(recipe: BaseRecipe, out: Path) -> None:
+    """`recipe.demos` scripted episodes of the week-1 family, split evenly over the operand
+    sizes in `recipe.digits` (calculator `max_digits`), as JSONL."""
     from flywheel.envs import load_env
-    from flywheel.envs.demos import make_demos
+    from flywheel.rollout.demos import make_demos
 
-    sizes = recipe.get("digits") or [recipe["family"]["max_digits"]]
+    sizes = recipe.digits
     rows: list[dict] = []
     for i, digits in enumerate(sizes):
-        n = recipe["demos"] // len(sizes) + (i < recipe["demos"] % len(sizes))
-        rows += make_demos(load_env(ENV, **{**recipe["family"], "max_digits": digits}), n, seed=i)[0]
+        n = recipe.demos // len(sizes) + (i < recipe.demos % len(sizes))
+        rows += make_demos(load_env(ENV, **{**recipe.family, "max_digits": digits}), n, seed=i)[0]
     random.Random(0).shuffle(rows)
     out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")

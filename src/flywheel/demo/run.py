@@ -29,16 +29,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flywheel.demo.base import BaseRecipe, base_demos, base_model
 from flywheel.demo.report import pct
 from flywheel.demo.world import ENV, WorldConfig, day_plan
 
 
 @dataclass(frozen=True)
-class Recipe:
+class DemoRecipe:
     """What each cycle trains and scores: the defaults of `make demo` (and of `flywheel demo`)."""
 
     sft_steps: int = 300
-    rl_steps: int = 20  # GRPO steps after SFT: +9 points on multiply in its first cycle at 40 (see README)
+    rl_steps: int = 20  # GRPO steps after SFT; 0 = off (40 gave multiply +9 points in its first cycle: see README)
     eval_tasks: int = 200  # tasks per family suite
     replay_ratio: float = 2.0  # verified answers rehearsed per SFT example (0.5 let subtract regress add: see README)
     min_replay: int = 256  # ... and at least this many (13 corrections + 26 replays cost add 5 points: see README)
@@ -46,7 +47,7 @@ class Recipe:
     dpo_steps: int = 0  # DPO on (correction, failed answer) pairs after SFT; 0 = off
 
 
-RECIPE = Recipe()
+DEMO_RECIPE = DemoRecipe()
 
 
 @dataclass
@@ -69,7 +70,7 @@ class DayRow:
     serve_usd_per_m: float | None = None
 
 
-def loop_config(out: Path, world: WorldConfig, recipe: Recipe, threads: int, anchor_data: list[str]) -> dict:
+def loop_config(out: Path, world: WorldConfig, recipe: DemoRecipe, threads: int, anchor_data: list[str]) -> dict:
     sft_steps, rl_steps, dpo_steps = recipe.sft_steps, recipe.rl_steps, recipe.dpo_steps
     return {
         "data_dir": str(out),
@@ -94,13 +95,12 @@ def loop_config(out: Path, world: WorldConfig, recipe: Recipe, threads: int, anc
     }
 
 
-def run_demo(out: Path, world: WorldConfig, recipe: Recipe = RECIPE, *, threads: int = 2,
-             base_recipe: dict | None = None, console=None) -> tuple[list[DayRow], dict[str, Any]]:
+def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *, threads: int = 2,
+             base_recipe: BaseRecipe | None = None, console=None) -> tuple[list[DayRow], dict[str, Any]]:
     import torch
     from rich.console import Console
 
     from flywheel.config import validate
-    from flywheel.demo.base import base_demos, base_model
     from flywheel.demo.users import run_day
     from flywheel.envs import load_env
     from flywheel.loop.cycle import Flywheel, run_cycle

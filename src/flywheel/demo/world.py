@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 ENV = "calculator"
@@ -29,6 +29,8 @@ COMMON = {"chain_prob": 0.0, "bare_prompt": True, "max_turns": 3}
 
 @dataclass(frozen=True)
 class Family:
+    """A task family: the calculator environment with one operator and question template."""
+
     name: str
     arrives: int  # the week it first appears
     operator: str
@@ -41,14 +43,16 @@ class Family:
 
 
 FAMILIES = (
-    Family("add", 1, "+", "What is {a} + {b}?"),
-    Family("subtract", 2, "-", "What is {a} minus {b}?"),
-    Family("multiply", 3, "*", "What is {a} times {b}?", max_digits=2),
+    Family(name="add", arrives=1, operator="+", template="What is {a} + {b}?"),
+    Family(name="subtract", arrives=2, operator="-", template="What is {a} minus {b}?"),
+    Family(name="multiply", arrives=3, operator="*", template="What is {a} times {b}?", max_digits=2),
 )
 
 
 @dataclass(frozen=True)
 class WorldConfig:
+    """The simulated world: how long it runs, how much traffic a day brings and how users act."""
+
     weeks: int = 3
     days_per_week: int = 3  # from week 2 on: a traffic batch, then a cycle, per day (week 1 is one baseline day)
     episodes_per_day: int = 600
@@ -56,7 +60,7 @@ class WorldConfig:
     correction_rate: float = 0.5  # failures whose user sends a corrected turn
     concurrency: int = 32  # simulated users at once
     seed: int = 0
-    families: tuple[Family, ...] = field(default=FAMILIES)
+    families: tuple[Family, ...] = FAMILIES
 
     def days(self, week: int) -> int:
         """Week 1 brings nothing new: one day shows the baseline; later weeks get `days_per_week`."""
@@ -75,7 +79,7 @@ def traffic_mix(cfg: WorldConfig, week: int) -> dict[str, float]:
     live, new = cfg.live(week), cfg.new(week)
     if new is None:
         return {f.name: 1.0 / len(live) for f in live}
-    old = [f for f in live if f is not new]
+    old = [f for f in live if f.name != new.name]
     return {**{f.name: (1.0 - cfg.new_family_share) / len(old) for f in old}, new.name: cfg.new_family_share}
 
 
