@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from flywheel.envs import load_env
-from flywheel.loop.cycle import Flywheel, run_cycle
+from flywheel.loop.cycle import LoopStores, run_cycle
 from flywheel.loop.loop_config import LoopConfig
 from flywheel.config import validate
 
@@ -48,7 +48,7 @@ def _config(data_dir: Path, quick: bool = False, **gate) -> dict:
 def _seed_world(cfg: LoopConfig, model: Path, n: int = N_TRACES) -> None:
     """Production model v1 and `n` failed traces on train-split pairs, each with a verifier."""
     tasks = load_env("arithmetic").tasks("train", n=n, seed=7)
-    with Flywheel(cfg) as fw:
+    with LoopStores(cfg) as fw:
         fw.registry.promote(fw.registry.register(model).id, "initial")
         res = fw.traces.add_traces([{
             "id": f"t{i}", "source": "serve", "messages": [{"role": "user", "content": t.prompt}],
@@ -77,7 +77,7 @@ def world(tmp_path, untrained_tiny):
 def test_cycle_trains_gates_and_promotes(learning_world):
     world = learning_world
     logs = []
-    with Flywheel(world) as fw:
+    with LoopStores(world) as fw:
         st = run_cycle(fw, log=logs.append)
         assert st.done and st.outcome == "promoted", (st.decision, logs)
         assert st.curation["items"]["rl"]["train"] + st.curation["items"]["rl"]["heldout"] == N_TRACES
@@ -103,7 +103,7 @@ def test_cycle_trains_gates_and_promotes(learning_world):
 def test_cycle_rejects_below_delta_and_records_why(tmp_path, untrained_tiny):
     cfg = validate(_config(tmp_path / "data", quick=True, delta=0.9), LoopConfig)
     _seed_world(cfg, untrained_tiny)
-    with Flywheel(cfg) as fw:
+    with LoopStores(cfg) as fw:
         st = run_cycle(fw, log=lambda m: None)
         assert st.outcome == "rejected"
         assert fw.registry.production().id == "v1"
@@ -117,7 +117,7 @@ def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point, forked_cli):
     path.write_text(yaml.safe_dump(world.model_dump(mode="json")))
     child = forked_cli(["loop", "cycle", path], kill_at=point)  # `flywheel loop cycle`, killed at `point`
     assert child.wait() == -signal.SIGKILL, child.output[-2000:]
-    with Flywheel(world) as fw:
+    with LoopStores(world) as fw:
         assert fw.traces.count() == N_TRACES
         st = run_cycle(fw, log=lambda m: None)
         assert st.id == "c1" and st.done and st.outcome == "promoted", st.decision

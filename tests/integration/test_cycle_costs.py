@@ -14,7 +14,7 @@ import pytest
 
 from flywheel.config import DPODataConfig, SFTDataConfig, validate
 from flywheel.envs import load_env
-from flywheel.loop.cycle import Flywheel, run_cycle
+from flywheel.loop.cycle import LoopStores, run_cycle
 from flywheel.loop.loop_config import LoopConfig
 
 N_TRACES = 16
@@ -46,7 +46,7 @@ def cycle_run(tmp_path):
     model = build_tiny_model(tmp_path / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
     cfg = validate(_config(tmp_path / "data"), LoopConfig)
     tasks = load_env("arithmetic").tasks("train", n=N_TRACES, seed=7)
-    with Flywheel(cfg) as fw:
+    with LoopStores(cfg) as fw:
         fw.registry.promote(fw.registry.register(model).id, "initial")
         fw.traces.add_traces([{
             "id": f"t{i}", "source": "serve", "messages": [{"role": "user", "content": t.prompt}],

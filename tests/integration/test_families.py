@@ -12,7 +12,7 @@ import pytest
 
 from flywheel.config import validate
 from flywheel.envs import load_env
-from flywheel.loop.cycle import Flywheel, run_cycle
+from flywheel.loop.cycle import LoopStores, run_cycle
 from flywheel.loop.loop_config import LoopConfig
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.models.tiny import ARCHITECTURES
@@ -36,7 +36,7 @@ def _loop_config(data_dir) -> dict:
     }
 
 
-def _seed(fw: Flywheel, model, n: int = 24) -> None:
+def _seed(fw: LoopStores, model, n: int = 24) -> None:
     """Production model v1 and `n` failed traces with a verifier, every other one corrected."""
     tasks = load_env("arithmetic").tasks("train", n=n, seed=3)
     fw.registry.promote(fw.registry.register(model).id, "initial")
@@ -55,7 +55,7 @@ def test_a_cycle_runs_every_recipe_on(arch, tmp_path):
                                                        arch=arch))
     cfg = validate(_loop_config(tmp_path / "data"), LoopConfig)
     logs: list[str] = []
-    with Flywheel(cfg) as fw:
+    with LoopStores(cfg) as fw:
         _seed(fw, model)
         st = run_cycle(fw, log=logs.append)
         assert st.done, logs

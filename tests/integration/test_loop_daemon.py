@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from flywheel.cli.main import app
 from flywheel.config import validate
 from flywheel.envs import load_env
-from flywheel.loop.cycle import Flywheel
+from flywheel.loop.cycle import LoopStores
 from flywheel.service.daemon import STATUS_FILE
 from flywheel.loop.loop_config import LoopConfig
 
@@ -62,7 +62,7 @@ def test_daemon_serves_ingests_cycles_promotes_and_stops_on_sigterm(tmp_path, un
         "gate": {"delta": 0.0, "epsilon": 1.0},
     }
     cfg = validate(raw, LoopConfig)
-    with Flywheel(cfg) as fw:
+    with LoopStores(cfg) as fw:
         fw.registry.promote(fw.registry.register(untrained_tiny).id, "initial")
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(raw))
@@ -101,7 +101,7 @@ def test_daemon_serves_ingests_cycles_promotes_and_stops_on_sigterm(tmp_path, un
     assert proc.returncode == 0, out[-3000:]
     assert "SIGTERM: stopping" in out and out.rstrip().endswith("stopped")
     assert _status(data)["state"] == "stopped"
-    with Flywheel(cfg) as fw:
+    with LoopStores(cfg) as fw:
         assert fw.registry.production().id == "v2"
         assert fw.traces.count(source="serve") >= 4  # 3 checks + the switch probe, recorded by the server
         assert fw.traces.count(source="agent") == 40

@@ -345,10 +345,10 @@ def test_an_sft_stage_mixes_corrections_replay_and_anchor_rows(tmp_path):
     with pytest.raises(CycleError, match=r"cannot read '.*missing.jsonl'"):
         read_anchor_rows([str(tmp_path / "missing.jsonl")])
     from flywheel.config import validate
-    from flywheel.loop.cycle import Flywheel
+    from flywheel.loop.cycle import LoopStores
     from flywheel.loop.loop_config import LoopConfig
 
     cfg = validate({"data_dir": str(tmp_path / "loop"), "train": {"anchor_data": [str(tmp_path / "bad.jsonl")]}},
                    LoopConfig)
     with pytest.raises(CycleError, match=r"bad.jsonl:3"):  # up front, not in every cycle
-        Flywheel(cfg)
+        LoopStores(cfg)

@@ -30,14 +30,14 @@ def _load(config: Path, overrides: list[str]):
 @app.command("cycle", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
     """Run one cycle now (or finish the unfinished one): curate, train, gate, promote or reject."""
-    from flywheel.loop.cycle import CycleError, Flywheel, run_cycle
+    from flywheel.loop.cycle import CycleError, LoopStores, run_cycle
     from flywheel.train.stop import request_stop
 
     with user_errors():
         cfg = _load(config, ctx.args)
         signal.signal(signal.SIGTERM, lambda *_: request_stop())
         try:
-            with Flywheel(cfg) as fw:
+            with LoopStores(cfg) as fw:
                 st = run_cycle(fw, log=typer.echo)
         except CycleError as e:
             print(f"error: {e}", file=sys.stderr)

@@ -103,7 +103,7 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
     from flywheel.config import validate
     from flywheel.demo.users import run_day
     from flywheel.envs import load_env
-    from flywheel.loop.cycle import Flywheel, run_cycle
+    from flywheel.loop.cycle import LoopStores, run_cycle
     from flywheel.loop.loop_config import LoopConfig
     from flywheel.service.serving import serve_production
 
@@ -116,7 +116,7 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
     tasks = {f.name: load_env(ENV, **f.settings).tasks("train", n=per_family, seed=world.seed) for f in world.families}
     rows: list[DayRow] = []
     t_start = time.perf_counter()
-    with Flywheel(cfg) as fw:
+    with LoopStores(cfg) as fw:
         v1 = fw.registry.register(base, notes="demo base model (week-1 family)")
         fw.registry.promote(v1.id, "demo start")
         serving = serve_production(fw)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
@@ -30,8 +31,21 @@ from typing import Any, Callable
 from flywheel.clock import utc_now
 from flywheel.closing import Closing
 from flywheel.crash_points import crash_point
+from flywheel.economics.catalog import load_catalog
+from flywheel.economics.ledger import Ledger, append_line
+from flywheel.economics.reports import CycleOutcome
+from flywheel.envs.replay import ReplayEnvironment
 from flywheel.files import atomic_write
+from flywheel.loop.curation import curate, write_curated
+from flywheel.loop.evaluation import Suite, evaluate_model, suite_from_config
+from flywheel.loop.failure_counter import FailureCounter
+from flywheel.loop.gate import decide
 from flywheel.loop.loop_config import LoopConfig, stage_config
+from flywheel.registry.registry import Registry
+from flywheel.traces.store import TraceStore
+from flywheel.train.dpo import run_dpo
+from flywheel.train.rl import run_rl
+from flywheel.train.sft import run_sft
 from flywheel.train.stop import stop_requested
 
 STAGES = ("started", "curated", "trained", "evaluated", "decided", "finished")
@@ -80,13 +94,10 @@ def read_states(cycles_dir: Path) -> list[CycleState]:
     return out
 
 
-class Flywheel(Closing):
+class LoopStores(Closing):
     """The loop's state stores, opened from a LoopConfig: traces, registry, ledger, cycles."""
 
     def __init__(self, cfg: LoopConfig):
-        from flywheel.economics.ledger import Ledger
-        from flywheel.registry.registry import Registry
-        from flywheel.traces.store import TraceStore
 
         # read once, when the loop opens: a bad anchor file fails here, not in every cycle
         self.anchor = read_anchor_rows(cfg.train.anchor_data) if cfg.train.anchor_rows else []
@@ -127,16 +138,14 @@ class Flywheel(Closing):
 
     def new_failures_since(self, cursor: int) -> int:
         """Failed traces (curation's outcome rule) with seq > cursor, counted afresh (a poller
-        keeps a `NewFailures` instead, which reads only what is new)."""
-        from flywheel.loop.failure_count import NewFailures
-
-        return NewFailures(self.cfg.curation, cursor).update(self.traces)
+        keeps a `FailureCounter` instead, which reads only what is new)."""
+        return FailureCounter(self.cfg.curation, cursor).update(self.traces)
 
 
 # ---------------------------------------------------------------------------- the stages
 
 
-def start_cycle(fw: Flywheel) -> CycleState:
+def start_cycle(fw: LoopStores) -> CycleState:
     prod = fw.registry.production()
     if prod is None:
         raise CycleError("no production model in the registry: register one and promote it first "
@@ -150,15 +159,12 @@ def start_cycle(fw: Flywheel) -> CycleState:
     return st
 
 
-def _regression_suites(fw: Flywheel):
-    from flywheel.loop.evaluation import suite_from_config
+def _regression_suites(fw: LoopStores):
 
     return [suite_from_config(name, s) for name, s in fw.cfg.eval.suites.items()]
 
 
-def _curate(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
-    from flywheel.loop.curation import curate, write_curated
-
+def _curate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
     t0 = time.perf_counter()
     traces = itertools.takewhile(lambda t: t.seq <= st.trace_cursor, fw.traces.iter_traces())
     eval_prompts = [t.prompt for s in _regression_suites(fw) for t in s.tasks]
@@ -194,7 +200,6 @@ def _sft_mix(files: dict[str, str], n_sft: int, mix, anchor: list[str], out: Pat
              seed: str) -> tuple[str, dict[str, int]]:
     """sft_train.jsonl plus replay rows (replay_count of them) and `mix.anchor_rows` of the
     `anchor` rows (seeded samples), shuffled together. Returns (path, rows per part)."""
-    import random
 
     rows = [r for r in Path(files["sft_train"]).read_text(encoding="utf-8").splitlines() if r.strip()]
     replay = [r for r in Path(files["replay_train"]).read_text(encoding="utf-8").splitlines() if r.strip()]
@@ -232,10 +237,9 @@ def read_anchor_rows(paths: list[str]) -> list[str]:
     return rows
 
 
-def _budget_seconds(fw: Flywheel, st: CycleState) -> float | None:
+def _budget_seconds(fw: LoopStores, st: CycleState) -> float | None:
     """What is left of the cycle's training budget (seconds, the dollar budget converted at
     the catalog price of `hardware`); None = unbounded."""
-    from flywheel.economics.catalog import load_catalog
 
     tm = fw.cfg.train
     limits = [tm.max_seconds] if tm.max_seconds else []
@@ -247,11 +251,7 @@ def _budget_seconds(fw: Flywheel, st: CycleState) -> float | None:
     return max(min(limits) - spent, 0.0)
 
 
-def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
-    from flywheel.train.dpo import run_dpo
-    from flywheel.train.rl import run_rl
-    from flywheel.train.sft import run_sft
-
+def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
     files, folder = st.files, fw.folder(st)
     current = st.stages_run[-1]["final_model"] if st.stages_run else st.incumbent_path
     done = {s["stage"] for s in st.stages_run}
@@ -295,10 +295,7 @@ def _train(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
     st.candidate_path = current if ran else None
 
 
-def _evaluate(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
-    from flywheel.envs.replay import ReplayEnvironment
-    from flywheel.loop.evaluation import Suite, evaluate_model
-
+def _evaluate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
     suites = _regression_suites(fw)
     if st.new_failures:
         env = ReplayEnvironment(Path(st.files["new_failures"]))
@@ -314,19 +311,17 @@ def _evaluate(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
     _record_cost(fw, st, "eval", seconds, tokens_generated=generated)
 
 
-def _decide(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
-    from flywheel.loop.gate import decide
-
+def _decide(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
     d = decide(st.scores["incumbent"], st.scores["candidate"], fw.cfg.gate)
     st.decision = {"promote": d.promote, "reasons": d.reasons, "gain": d.gain, "deltas": d.deltas}
     log(f"{st.id}: gate: {d.summary()}")
 
 
-def _was_promoted(fw: Flywheel, version: str) -> bool:
+def _was_promoted(fw: LoopStores, version: str) -> bool:
     return any(e.version == version and e.action == "promote" for e in fw.registry.history())
 
 
-def _finish(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
+def _finish(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
     reg = fw.registry
     if st.candidate_path is None:
         st.outcome = "nothing to train"
@@ -359,10 +354,8 @@ def _finish(fw: Flywheel, st: CycleState, log: Callable[[str], None]) -> None:
     log(f"{st.id}: {st.outcome}" + (f" ({st.version})" if st.version else ""))
 
 
-def _log_outcome(fw: Flywheel, st: CycleState) -> None:
+def _log_outcome(fw: LoopStores, st: CycleState) -> None:
     """One line per cycle in cycles.jsonl (what `flywheel economics report --cycles` reads)."""
-    from flywheel.economics.ledger import append_line
-    from flywheel.economics.reports import CycleOutcome
 
     if fw.outcomes_path.exists() and any(
             json.loads(line).get("cycle") == st.id for line in fw.outcomes_path.read_text().splitlines() if line.strip()):
@@ -377,7 +370,7 @@ def _log_outcome(fw: Flywheel, st: CycleState) -> None:
     append_line(fw.outcomes_path, outcome.model_dump_json())
 
 
-def _record_cost(fw: Flywheel, st: CycleState, stage: str, seconds: float, **tokens: int) -> None:
+def _record_cost(fw: LoopStores, st: CycleState, stage: str, seconds: float, **tokens: int) -> None:
     rec = fw.ledger.record(stage, hardware=fw.cfg.hardware, seconds=seconds, cycle=st.id, **tokens)
     st.usd += rec.usd
 
@@ -397,7 +390,7 @@ def train_cost_entries(stage: str, seconds: float, result) -> list[tuple[str, fl
             ("rl_train", seconds - wait, {"tokens_trained": result.tokens_trained})]
 
 
-def _record_train_cost(fw: Flywheel, st: CycleState, stage: str, seconds: float, result) -> None:
+def _record_train_cost(fw: LoopStores, st: CycleState, stage: str, seconds: float, result) -> None:
     for name, secs, tokens in train_cost_entries(stage, seconds, result):
         _record_cost(fw, st, name, secs, **tokens)
 
@@ -413,12 +406,12 @@ _STEPS: dict[str, tuple[str, Callable]] = {  # stage reached -> (next stage, wha
 }
 
 
-def pending_cycle(fw: Flywheel) -> CycleState | None:
+def pending_cycle(fw: LoopStores) -> CycleState | None:
     states = fw.states()
     return states[-1] if states and not states[-1].done else None
 
 
-def run_cycle(fw: Flywheel, log: Callable[[str], None] = print) -> CycleState:
+def run_cycle(fw: LoopStores, log: Callable[[str], None] = print) -> CycleState:
     """Resume the unfinished cycle if there is one, else start one; run it to the end, or
     until a stop is requested (train.run_state.request_stop: the state on disk is resumable)."""
     st = pending_cycle(fw)

@@ -24,7 +24,7 @@ _FILLED = {"sft": ("model", "output_dir", "resume"), "rl": ("model", "output_dir
 _CLASSES = {"sft": SFTConfig, "rl": RLConfig, "dpo": DPOConfig}
 
 
-class TrainMix(Config):
+class CycleTrainConfig(Config):
     order: list[Stage] = Field(default_factory=lambda: ["sft", "rl", "dpo"],
                                description="stages in the order they run; each starts from the previous one's model")
     min_examples: int = Field(4, ge=1, description="a stage with fewer curated train items is skipped")
@@ -43,7 +43,7 @@ class TrainMix(Config):
     dpo: dict[str, Any] = Field(default_factory=dict, description="DPOConfig fields (model, output_dir, data.train filled in)")
 
 
-class EvalMix(Config):
+class CycleEvalConfig(Config):
     suites: dict[str, SuiteConfig] = Field(default_factory=dict, description="frozen regression suites by name")
     new_failures_max_tokens: int = Field(16, ge=1, description="new tokens per turn on the new-failure suite")
     new_failures_max: int = Field(200, ge=1, description="cap on new-failure tasks played per model")
@@ -55,7 +55,7 @@ class TriggerConfig(Config):
     poll_s: float = Field(5.0, gt=0, description="how often the daemon looks")
 
 
-class ServeMix(Config):
+class LoopServeConfig(Config):
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -66,11 +66,11 @@ class LoopConfig(Config):
     traces_url: str | None = Field(None, description="trace store URL; default sqlite:///<data_dir>/traces.db")
     hardware: str = Field("cpu-2core", description="catalog entry whose price costs this machine's seconds")
     curation: CurationConfig = Field(default_factory=CurationConfig)
-    train: TrainMix = Field(default_factory=TrainMix)
-    eval: EvalMix = Field(default_factory=EvalMix)
+    train: CycleTrainConfig = Field(default_factory=CycleTrainConfig)
+    eval: CycleEvalConfig = Field(default_factory=CycleEvalConfig)
     gate: GateConfig = Field(default_factory=GateConfig)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
-    serve: ServeMix = Field(default_factory=ServeMix)
+    serve: LoopServeConfig = Field(default_factory=LoopServeConfig)
 
     @model_validator(mode="after")
     def _suite_names(self) -> LoopConfig:

@@ -5,7 +5,7 @@ One process, three activities:
   production version (a promotion switches it without failing requests in flight), recording
   every response as a trace in the loop's store, and taking POST /v1/traces + feedback;
 - triggering: every `trigger.poll_s` it counts failed traces since the last cycle's cursor
-  (incrementally: a poll reads only the feedback stored since the last, failure_count.py);
+  (incrementally: a poll reads only the feedback stored since the last, failure_counter.py);
   `min_new_failures` of them (or `every_s` since the last cycle) start a cycle;
 - cycles: run on this thread (cycle.py); an unfinished one is resumed first.
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from flywheel.files import atomic_write
-from flywheel.loop.cycle import CycleError, Flywheel, pending_cycle, run_cycle
-from flywheel.loop.failure_count import NewFailures
+from flywheel.loop.cycle import CycleError, LoopStores, pending_cycle, run_cycle
+from flywheel.loop.failure_counter import FailureCounter
 from flywheel.loop.loop_config import LoopConfig
 from flywheel.train.stop import clear_stop, request_stop
 
@@ -70,17 +70,17 @@ class LoopDaemon:
 
     def run(self) -> None:
         clear_stop()
-        with Flywheel(self.cfg) as fw:
+        with LoopStores(self.cfg) as fw:
             serving = self._start_serving(fw) if self.cfg.serve.enabled else None
             try:
                 self.ready.set()
                 last_cycle_at = time.monotonic()
-                counter: NewFailures | None = None
+                counter: FailureCounter | None = None
                 while not self._stop.is_set():
                     states = fw.states()
                     cursor = states[-1].trace_cursor if states else 0
                     if counter is None or counter.cursor != cursor:  # a cycle moved the cursor
-                        counter = NewFailures(self.cfg.curation, cursor)
+                        counter = FailureCounter(self.cfg.curation, cursor)
                     failures = counter.update(fw.traces)
                     due = (self.cfg.trigger.every_s is not None
                            and time.monotonic() - last_cycle_at >= self.cfg.trigger.every_s)

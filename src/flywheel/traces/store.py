@@ -225,7 +225,7 @@ class TraceStore(Closing):
                        batch_size: int = 5000) -> Iterator[tuple[int, StoredFeedback]]:
         """(seq, feedback) of the feedback stored after feedback `after_seq`, on traces after
         trace `after_trace_seq`, in insertion order, `batch_size` rows per query: an
-        incremental reader's feed (see loop/failure_count.py). Same caveat as `iter_traces`'s
+        incremental reader's feed (see loop/failure_counter.py). Same caveat as `iter_traces`'s
         cursor on PostgreSQL."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

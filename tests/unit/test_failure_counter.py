@@ -1,4 +1,4 @@
-"""NewFailures keeps the daemon's failure count by reading only new feedback; it must always
+"""FailureCounter keeps the daemon's failure count by reading only new feedback; it must always
 equal the recount from every trace (curation_rules.outcome), whatever order judgements come in."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 from flywheel.traces import TraceStore
 from flywheel.loop.curation_rules import CurationConfig, outcome
-from flywheel.loop.failure_count import NewFailures
+from flywheel.loop.failure_counter import FailureCounter
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -25,7 +25,7 @@ def test_hand_worked_sequence(tmp_path):
     cfg = CurationConfig()  # fail below 0.5; "bad" fails, "good" passes
     with TraceStore(f"sqlite:///{tmp_path / 't.db'}") as store:
         a, b, c = store.add_traces([trace(i) for i in range(3)]).ids
-        counter = NewFailures(cfg)
+        counter = FailureCounter(cfg)
         store.add_feedback(a, {"score": 0.0, "created_at": T0.isoformat()})
         store.add_feedback(b, {"label": "bad", "created_at": T0.isoformat()})
         store.add_feedback(c, {"text": "no verdict"})
@@ -37,7 +37,7 @@ def test_hand_worked_sequence(tmp_path):
         store.add_feedback(b, {"score": 0.7, "created_at": T0.isoformat()})
         assert counter.update(store) == 0  # same time as "bad", stored later: neutral wins
         assert counter.update(store) == 0  # nothing new
-        later = NewFailures(cfg, cursor=store.get(b).seq)  # only c is after the cursor
+        later = FailureCounter(cfg, cursor=store.get(b).seq)  # only c is after the cursor
         store.add_feedback(c, {"score": 0.1})
         assert later.update(store) == 1 and counter.update(store) == 1
 
@@ -48,7 +48,7 @@ def test_matches_the_recount_under_random_feedback(tmp_path):
     with TraceStore(f"sqlite:///{tmp_path / 't.db'}") as store:
         ids = store.add_traces([trace(i) for i in range(30)]).ids
         cursor = store.get(ids[9]).seq
-        whole, after = NewFailures(cfg), NewFailures(cfg, cursor)
+        whole, after = FailureCounter(cfg), FailureCounter(cfg, cursor)
         for _ in range(12):
             for _ in range(rng.randrange(1, 15)):
                 when = (T0 + timedelta(minutes=rng.randrange(5))).isoformat()  # many ties

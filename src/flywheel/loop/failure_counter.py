@@ -1,4 +1,4 @@
-"""NewFailures: how many traces after a cursor have failed, kept up to date incrementally.
+"""FailureCounter: how many traces after a cursor have failed, kept up to date incrementally.
 
 The daemon polls this every few seconds to decide whether `min_new_failures` have come in
 since the last cycle. Recounting means reading every trace since the cursor, with its
@@ -23,7 +23,7 @@ from datetime import datetime
 from flywheel.loop.curation_rules import CurationConfig, Verdict, verdict
 
 
-class NewFailures:
+class FailureCounter:
     def __init__(self, cfg: CurationConfig, cursor: int = 0):
         self.cfg = cfg
         self.cursor = cursor  # count traces with seq > cursor
