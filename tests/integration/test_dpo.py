@@ -43,7 +43,9 @@ def test_dpo_learns_the_preferences(model, tmp_path):
                      log=lambda m: None)
     assert result.steps == 30
     assert result.last["val_reward_accuracy"] == 1.0
-    assert result.last["val_loss"] < math.log(2) / 2  # started at log 2 (policy == reference)
+    # it starts at log 2 (policy == reference); over seeds 0-2 it ended at 0.49-0.75 log 2
+    # (docs/benchmarks.md, "Measurements behind choices"), so the bound leaves room for float drift
+    assert result.last["val_loss"] < 0.85 * math.log(2)
     assert (result.final_model / "config.json").exists()
 
 

@@ -65,7 +65,7 @@ def test_sft_learns_single_digit_addition(setup, tmp_path):
     assert sorted(curve) == list(range(1, 151))
     assert sum(list(curve.values())[-10:]) / 10 < 0.5 * sum(list(curve.values())[:10]) / 10
     assert accuracy(model) == 0.0
-    assert accuracy(result.final_model) >= 0.9
+    assert accuracy(result.final_model) >= 0.9  # 0.99-1.00 over seeds 0-2 (docs/benchmarks.md)
     assert calls == [False, False, False]  # steps 50, 100, then the end; model in eval mode
     assert [p.name for p in list_checkpoints(result.output_dir)] == ["step_00000100", "step_00000150"]
 
