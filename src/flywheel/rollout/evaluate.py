@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from flywheel.envs.base import Environment
-from flywheel.inference import Sampler, SamplingParams
+from flywheel.inference.sampler import Sampler, SamplingParams
 from flywheel.models import ChatRenderer
 from flywheel.rollout.play import SamplerPolicy, play
 from flywheel.types import Task, Trajectory

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence, overload
 
 from flywheel.envs.base import Env, Environment, Policy
-from flywheel.inference import Sampler, SamplingParams
+from flywheel.inference.sampler import Sampler, SamplingParams
 from flywheel.models import ChatRenderer, Conversation
 from flywheel.types import Message, Task, Trajectory, TrajectoryGroup
 
