@@ -111,7 +111,8 @@ def test_cycle_rejects_below_delta_and_records_why(tmp_path, untrained_tiny):
         assert v2.status == "rejected" and any("< delta 90.0 pts" in r for r in v2.reasons)
 
 
-@pytest.mark.parametrize("point", ["stage:curated", "train:rl", "finish:registered", "promote:logged", "finish:promoted"])
+@pytest.mark.parametrize("point", ["stage:curated", "train:rl", "cost:c1/eval", "finish:registered", "promote:logged",
+                                   "finish:promoted"])
 def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point, forked_cli):
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(world.model_dump(mode="json")))
@@ -127,6 +128,9 @@ def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point, forked_cli):
         assert fw.registry.verify("v2") == []
         assert len(fw.outcomes_path.read_text().splitlines()) == 1
         assert fw.traces.count() == N_TRACES
+        records = fw.ledger.read()  # each stage counted once, whatever was retried
+        assert [r.stage for r in records].count("eval") == 1
+        assert len({r.key for r in records}) == len(records), [r.key for r in records]
 
 
 def test_loop_cycle_command(world, tmp_path):

@@ -141,6 +141,20 @@ def test_ledger_append_read_round_trip(toy, tmp_path):
         make_record("SFT stage", hardware="toy-cpu", seconds=1, usd=0.0)
 
 
+def test_a_keyed_record_is_appended_once_in_a_file_or_in_memory(toy, tmp_path):
+    cat, _ = toy
+    path = tmp_path / "ledger.jsonl"
+    path.write_text('{"torn": \n')  # a corrupt line holds no key and stops nothing
+    for led in (Ledger(path, catalog=cat), Ledger(path, catalog=cat), Ledger(None, catalog=cat)):
+        for seconds in (10, 20):  # the same stage retried
+            led.record("eval", hardware="toy-cpu", seconds=seconds, cycle="c1", key="c1/eval")
+        led.record("eval", hardware="toy-cpu", seconds=30, cycle="c2", key="c2/eval")
+        led.record("curation", hardware="toy-cpu", seconds=1)  # no key: always appended
+    keyed = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert [(r["key"], r["seconds"]) for r in keyed] == [("c1/eval", 10.0), ("c2/eval", 30.0), (None, 1.0), (None, 1.0)]
+    assert [r.seconds for r in led.records] == [10.0, 30.0, 1.0]  # the in-memory ledger, alike
+
+
 def test_stage_context_manager_times_the_block(toy, monkeypatch):
     cat, _ = toy
     led = Ledger(catalog=cat)  # in memory

@@ -31,15 +31,16 @@ def _load(config: Path, overrides: list[str]):
 def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
     """Run one cycle now (or finish the unfinished one): curate, train, gate, promote or reject."""
     from flywheel.loop.cycle import CycleError, LoopStores, run_cycle
+    from flywheel.loop.store_lock import StoreLocked, hold_store
     from flywheel.train.stop import request_stop
 
     with user_errors():
         cfg = _load(config, ctx.args)
         signal.signal(signal.SIGTERM, lambda *_: request_stop())
         try:
-            with LoopStores(cfg) as fw:
+            with hold_store(cfg.root, "flywheel loop cycle"), LoopStores(cfg) as fw:
                 st = run_cycle(fw, log=typer.echo)
-        except CycleError as e:
+        except (CycleError, StoreLocked) as e:
             print(f"error: {e}", file=sys.stderr)
             raise typer.Exit(2) from None
     if not st.done:
@@ -52,6 +53,7 @@ def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HEL
 def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
     """Serve the production model, take traces and feedback, and run cycles when triggered,
     until SIGTERM / Ctrl-C (a cycle in progress stops after its current step and resumes next time)."""
+    from flywheel.loop.store_lock import StoreLocked
     from flywheel.service.daemon import LoopDaemon
 
     with user_errors():
@@ -64,7 +66,11 @@ def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        daemon.run()
+        try:
+            daemon.run()
+        except StoreLocked as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise typer.Exit(2) from None
     typer.echo("stopped")
 
 

@@ -80,6 +80,8 @@ class CostRecord(BaseModel):
     params: int | None = Field(None, ge=1, description="model parameters, for FLOP-based projections")
     timestamp: str = Field(default_factory=now_iso, description="ISO 8601, when the stage started")
     extra: dict[str, Any] = Field(default_factory=dict)
+    key: str | None = Field(None, description=(
+        "idempotency key: a record whose key the ledger already holds is not appended again"))
 
     @field_validator("timestamp")
     @classmethod
@@ -117,8 +119,10 @@ def _describe(e: ValidationError) -> str:
 # ---------------------------------------------------------------- file storage
 
 
-def append_line(path: Path, line: str, *, fsync: bool = False) -> None:
-    """Append one line atomically (O_APPEND, one write, exclusive flock)."""
+def append_line(path: Path, line: str, *, fsync: bool = False, unless_key: str | None = None) -> bool:
+    """Append one line atomically (O_APPEND, one write, exclusive flock). With `unless_key`,
+    append only if no JSON line of the file has that "key" (checked under the same lock).
+    Returns whether it appended."""
     if "\n" in line:
         raise LedgerError("a ledger line cannot contain a newline")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -126,8 +130,10 @@ def append_line(path: Path, line: str, *, fsync: bool = False) -> None:
     try:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_EX)
-        data = (line + "\n").encode("utf-8")
         size = os.fstat(fd).st_size
+        if unless_key is not None and size and _holds_key(os.pread(fd, size, 0), unless_key):
+            return False
+        data = (line + "\n").encode("utf-8")
         if size and os.pread(fd, 1, size - 1) != b"\n":
             data = b"\n" + data  # close off a line a crashed writer left without its newline
         written = os.write(fd, data)
@@ -135,8 +141,21 @@ def append_line(path: Path, line: str, *, fsync: bool = False) -> None:
             raise LedgerError(f"{path}: short write ({written} of {len(data)} bytes)")
         if fsync:
             os.fsync(fd)
+        return True
     finally:
         os.close(fd)  # also releases the flock
+
+
+def _holds_key(text: bytes, key: str) -> bool:
+    needle = json.dumps(key).encode()
+    for line in text.splitlines():
+        if needle in line:  # cheap filter before parsing
+            try:
+                if json.loads(line).get("key") == key:
+                    return True
+            except (ValueError, AttributeError):
+                continue  # a corrupt line holds no key
+    return False
 
 
 def read_ledger(path: str | Path, *, skip_corrupt: bool = False) -> list[CostRecord]:
@@ -214,10 +233,15 @@ class Ledger:
         return self._catalog
 
     def append(self, record: CostRecord) -> CostRecord:
+        """Append `record`, unless it has a key the ledger already holds (then it is dropped:
+        a retried stage never counts twice). Returns the record."""
         with self._lock:
             if self.path is not None:
-                append_line(self.path, record.to_json(), fsync=self.fsync)
-            self.records.append(record)
+                appended = append_line(self.path, record.to_json(), fsync=self.fsync, unless_key=record.key)
+            else:
+                appended = record.key is None or all(r.key != record.key for r in self.records)
+            if appended:
+                self.records.append(record)
         return record
 
     def record(self, stage: str, *, hardware: str, seconds: float, devices: int = 1,

@@ -370,9 +370,13 @@ def _log_outcome(fw: LoopStores, st: CycleState) -> None:
     append_line(fw.outcomes_path, outcome.model_dump_json())
 
 
-def _record_cost(fw: LoopStores, st: CycleState, stage: str, seconds: float, **tokens: int) -> None:
-    rec = fw.ledger.record(stage, hardware=fw.cfg.hardware, seconds=seconds, cycle=st.id, **tokens)
-    st.usd += rec.usd
+def _record_cost(fw: LoopStores, st: CycleState, stage: str, seconds: float, piece: str = "", **tokens: int) -> None:
+    """One ledger record, keyed by cycle, stage and piece: a stage retried after a crash (its
+    record written, the cycle's state not yet) is not counted twice."""
+    key = f"{st.id}/{stage}" + (f"/{piece}" if piece else "")
+    rec = fw.ledger.record(stage, hardware=fw.cfg.hardware, seconds=seconds, cycle=st.id, key=key, **tokens)
+    crash_point(f"cost:{key}")
+    st.usd += rec.usd  # a retried stage's state never held the first record's cost: counted once
 
 
 def train_cost_entries(stage: str, seconds: float, result) -> list[tuple[str, float, dict[str, int]]]:
@@ -392,7 +396,7 @@ def train_cost_entries(stage: str, seconds: float, result) -> list[tuple[str, fl
 
 def _record_train_cost(fw: LoopStores, st: CycleState, stage: str, seconds: float, result) -> None:
     for name, secs, tokens in train_cost_entries(stage, seconds, result):
-        _record_cost(fw, st, name, secs, **tokens)
+        _record_cost(fw, st, name, secs, piece=f"to-step-{result.steps}", **tokens)  # a run's pieces end apart
 
 
 # ---------------------------------------------------------------------------- driving a cycle

@@ -28,6 +28,7 @@ from flywheel.files import atomic_write
 from flywheel.loop.cycle import CycleError, LoopStores, pending_cycle, run_cycle
 from flywheel.loop.failure_counter import FailureCounter
 from flywheel.loop.loop_config import LoopConfig
+from flywheel.loop.store_lock import hold_store
 from flywheel.train.stop import clear_stop, request_stop
 
 STATUS_FILE = "loop-status.json"
@@ -69,8 +70,10 @@ class LoopDaemon:
         atomic_write(path, (json.dumps(self.status.__dict__, indent=2, sort_keys=True) + "\n").encode())
 
     def run(self) -> None:
+        """Until `stop()`. Raises StoreLocked, before touching anything, if another loop process
+        holds the store."""
         clear_stop()
-        with LoopStores(self.cfg) as fw:
+        with hold_store(self.cfg.root, "flywheel loop run"), LoopStores(self.cfg) as fw:
             serving = self._start_serving(fw) if self.cfg.serve.enabled else None
             try:
                 self.ready.set()
