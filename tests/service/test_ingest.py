@@ -124,3 +124,28 @@ def test_a_large_mixed_batch_reports_every_rejection_and_reads_back(client):
     again = c.post("/v1/traces", json={"traces": batch}).json()  # the retry: every valid one a duplicate, same ids
     assert again["duplicates"] == 300 - len(bad) and again["added"] == 0
     assert [x["id"] for x in again["results"]] == [x["id"] for x in body["results"]]
+
+
+def test_feedback_sent_right_after_each_response_is_always_accepted(tmp_path):
+    """Read-your-writes: served traces are written in the background (here every 0.2 s, the
+    default), yet feedback sent the moment a response returns never gets a 404."""
+    from flywheel.service import TraceStoreSink
+
+    model = build_tiny_model(tmp_path / "m", TinySpec(hidden=64, layers=2, heads=4, ffn=128))
+    store = TraceStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    sink = TraceStoreSink(store, interval_s=0.2)
+    service = OpenAIService(str(model), version="v1", trace_sink=sink)
+    errors = []
+    with TestClient(create_app(service, trace_store=store)) as c:
+        for i in range(1000):
+            response = c.post("/v1/chat/completions", json={
+                "model": "flywheel", "messages": [{"role": "user", "content": f"{i}+1="}], "max_tokens": 1})
+            assert response.status_code == 200, response.text
+            feedback = c.post(f"/v1/traces/{response.json()['id']}/feedback", json={"score": 0.0, "label": "wrong"})
+            if feedback.status_code != 200:
+                errors.append((i, feedback.status_code, feedback.text))
+        missing = c.post("/v1/traces/never-served/feedback", json={"score": 1.0})  # still a 404, promptly
+    service.close()
+    assert errors == []
+    assert missing.status_code == 404 and store.count() == 1000
+    store.close()

@@ -119,7 +119,7 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         return JSONResponse(err.body(), status_code=exc.status_code)
 
     if trace_store is not None:
-        app.include_router(ingest_router(trace_store, pool))
+        app.include_router(ingest_router(trace_store, pool, getattr(service.trace_sink, "wait_written", None)))
 
     @app.get("/health")
     async def health(svc: ServiceDep) -> dict[str, str]:

@@ -5,7 +5,9 @@ POST /v1/traces                    body: a list of trace records, or {"traces": 
     Each record is judged alone: the valid ones are stored (committed before the answer) and
     the bad ones come back with their reason; a retry with the same idempotency keys is a no-op.
 POST /v1/traces/{trace_id}/feedback body: one feedback record (score, label, correction, text,
-    verifier) -> 200 {"id"}; unknown trace 404, invalid feedback or key conflict 400.
+    verifier) -> 200 {"id"}; unknown trace 404, invalid feedback or key conflict 400. The trace
+    of a response this server has returned is accepted at once: its feedback waits for the
+    trace to be stored (read-your-writes).
 The store (flywheel.loop.TraceStore) is synchronous; calls run in a worker thread so the
 event loop keeps serving completions meanwhile.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 from fastapi import APIRouter, Request
@@ -46,8 +48,15 @@ def _json_response(content: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
 
 
-def ingest_router(store, pool: IngestPool | None = None) -> APIRouter:
-    """The routes over `store`; `pool` prepares batch bodies (default: in a thread of the server)."""
+FEEDBACK_WAIT_S = 10.0  # how long feedback waits for a trace this server answered to be stored
+
+
+def ingest_router(store, pool: IngestPool | None = None,
+                  wait_written: Callable[[float], bool] | None = None) -> APIRouter:
+    """The routes over `store`; `pool` prepares batch bodies (default: in a thread of the server).
+    wait_written(timeout): waits until the traces of the responses served so far are stored
+    (the service's sink); feedback for a trace not found yet waits for it once, so feedback
+    sent right after its response is accepted (read-your-writes)."""
     router = APIRouter()
     pool = pool or IngestPool(0)
 
@@ -78,8 +87,16 @@ def ingest_router(store, pool: IngestPool | None = None) -> APIRouter:
         body = read_json(await request.body())
         if not isinstance(body, dict):
             raise OpenAIError("expected a JSON object with the feedback", param="body")
+        def add() -> str:
+            try:
+                return store.add_feedback(trace_id, body)
+            except TraceNotFound:
+                if wait_written is None or not wait_written(FEEDBACK_WAIT_S):
+                    raise
+                return store.add_feedback(trace_id, body)  # its response's trace may be stored now
+
         try:
-            feedback_id = await asyncio.to_thread(store.add_feedback, trace_id, body)
+            feedback_id = await asyncio.to_thread(add)
         except TraceNotFound as e:
             raise OpenAIError(str(e), status=404, type="not_found_error", param="trace_id") from None
         except TraceStoreError as e:

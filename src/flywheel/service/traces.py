@@ -88,6 +88,8 @@ class TraceStoreSink:
         self._queue: deque[TraceEvent] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._processed = 0  # queued events whose write finished (written, rejected or dropped)
+        self._progress = threading.Condition()
         self._idle = threading.Event()
         self._idle.set()
         self._thread = threading.Thread(target=self._run, name="flywheel-trace-flusher", daemon=True)
@@ -109,6 +111,17 @@ class TraceStoreSink:
         with self._cond:
             self._cond.notify()
         return self._idle.wait(timeout)
+
+    def wait_written(self, timeout: float) -> bool:
+        """Wait until every event queued before this call has been through its write (stored,
+        refused or dropped), at most `timeout` seconds; True if it has. The flusher writes at
+        once instead of waiting out its interval. Read-your-writes for feedback on a trace
+        this server has just answered."""
+        with self._cond:
+            target = self.stats.queued
+            self._cond.notify()
+        with self._progress:
+            return self._progress.wait_for(lambda: self._processed >= target, timeout)
 
     def close(self, timeout: float = 30.0) -> None:
         with self._cond:
@@ -132,6 +145,9 @@ class TraceStoreSink:
                 batch = [self._queue.popleft() for _ in range(min(self.batch_size, len(self._queue)))]
             if batch:
                 self._write(batch)
+                with self._progress:
+                    self._processed += len(batch)
+                    self._progress.notify_all()
 
     def _write(self, batch: list[TraceEvent]) -> None:
         records = [e.to_record() for e in batch]
