@@ -109,3 +109,6 @@ def test_daemon_serves_ingests_cycles_promotes_and_stops_on_sigterm(tmp_path, un
     assert status.exit_code == 0, status.output
     status = status.stdout
     assert "daemon: stopped" in status and "production: v2" in status and "c1: promoted v2 from v1" in status
+    assert "it last served v2" in status and "http://" not in status  # a stopped daemon serves nothing
+    by_config = CliRunner().invoke(app, ["loop", "status", str(path)])  # the config's data_dir
+    assert by_config.exit_code == 0 and by_config.stdout == status

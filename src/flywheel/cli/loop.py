@@ -29,7 +29,8 @@ def _load(config: Path, overrides: list[str]):
 
 @app.command("cycle", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
-    """Run one cycle now (or finish the unfinished one): curate, train, gate, promote or reject."""
+    """Run one cycle now (or finish the unfinished one): curate, train, gate, promote or reject.
+    Extra arguments are dotted overrides of the config, e.g. train.order=[sft]."""
     from flywheel.loop.cycle import CycleError, LoopStores, run_cycle
     from flywheel.loop.store_lock import StoreLocked, hold_store
     from flywheel.train.stop import request_stop
@@ -52,7 +53,8 @@ def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HEL
 @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
     """Serve the production model, take traces and feedback, and run cycles when triggered,
-    until SIGTERM / Ctrl-C (a cycle in progress stops after its current step and resumes next time)."""
+    until SIGTERM / Ctrl-C (a cycle in progress stops after its current step and resumes next time).
+    Extra arguments are dotted overrides of the config, e.g. trigger.min_new_failures=50."""
     from flywheel.loop.store_lock import StoreLocked
     from flywheel.service.daemon import LoopDaemon
 
@@ -75,13 +77,18 @@ def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)
 
 
 @app.command("status")
-def status(data_dir: Path = typer.Option(Path("flywheel-data"), "--data-dir", help="the loop's data_dir"),
+def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its data_dir is the one shown"),
+           data_dir: Path | None = typer.Option(None, "--data-dir",
+                                                help="the loop's data_dir (default: the config's, else flywheel-data)"),
            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """The daemon's state, the production model, and the cycles so far."""
     from flywheel.loop.cycle import CycleError, read_states
-    from flywheel.service.daemon import STATUS_FILE
     from flywheel.process import pid_alive
+    from flywheel.service.daemon import STATUS_FILE
 
+    if data_dir is None:
+        with user_errors():
+            data_dir = Path(_load(config, []).data_dir) if config is not None else Path("flywheel-data")
     status_path = data_dir / STATUS_FILE
     daemon = json.loads(status_path.read_text()) if status_path.exists() else None
     if daemon is not None and daemon.get("state") not in ("stopped",) and not pid_alive(daemon["pid"]):
@@ -106,6 +113,8 @@ def status(data_dir: Path = typer.Option(Path("flywheel-data"), "--data-dir", he
         return
     if daemon is None:
         typer.echo(f"daemon: never ran with data_dir {data_dir}")
+    elif daemon["state"] == "stopped" or daemon["state"].startswith("not running"):
+        typer.echo(f"daemon: {daemon['state']} (pid {daemon['pid']}); it last served {daemon.get('serving')}")
     else:
         typer.echo(f"daemon: {daemon['state']} (pid {daemon['pid']}), serving {daemon.get('serving')} "
                    f"at {daemon.get('url')}; {daemon.get('new_failures', 0)} new failures "

@@ -46,8 +46,16 @@ def _change_production(location: str | None, change: Callable, said: Callable[[s
                else said(before.version, v.id))
 
 
-def _compact(d: dict) -> str:
-    return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items()) or "-"
+def _compact(d: dict, prefix: str = "") -> str:
+    """`k=v, ...` with floats to 4 significant digits; nested dicts flatten to `k.sub=v`."""
+    parts = []
+    for k, v in d.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            parts.append(_compact(v, f"{name}.") if v else f"{name}=-")
+        else:
+            parts.append(f"{name}={v:.4g}" if isinstance(v, float) else f"{name}={v}")
+    return ", ".join(parts) or "-"
 
 
 def _when(t) -> str:
