@@ -54,7 +54,7 @@ def test_feedback_arrives_later_and_bad_feedback_is_refused(client):
     c, store = client
     trace_id = c.post("/v1/traces", json=[trace(10)]).json()["results"][0]["id"]
     ok = c.post(f"/v1/traces/{trace_id}/feedback", json={"score": 0.0, "label": "wrong",
-                                                          "verifier": {"env": "arithmetic", "task": {"prompt": "10+1="}}})
+                                                          "verifier": {"env": "arithmetic", "task": {"prompt": "10+1=", "answer": "11"}}})
     assert ok.status_code == 200 and ok.json()["id"]
     assert len(store.get(trace_id).feedback) == 1
     missing = c.post("/v1/traces/no-such-trace/feedback", json={"score": 1.0})
@@ -149,3 +149,14 @@ def test_feedback_sent_right_after_each_response_is_always_accepted(tmp_path):
     assert errors == []
     assert missing.status_code == 404 and store.count() == 1000
     store.close()
+
+
+def test_feedback_curation_could_not_use_is_refused_with_the_field(client):
+    c, store = client
+    trace_id = c.post("/v1/traces", json=[trace(900)]).json()["results"][0]["id"]
+    for body, param in [({"label": "thumbs-down"}, "label"),
+                        ({"verifier": {"env": "nope", "task": {"prompt": "1+1=", "answer": "2"}}}, "verifier.env"),
+                        ({"verifier": {"env": "arithmetic", "task": {"prompt": "1+1="}}}, "verifier.task.answer")]:
+        r = c.post(f"/v1/traces/{trace_id}/feedback", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert store.get(trace_id).feedback == []  # nothing stored

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from flywheel.envs.registry import list_envs
-from flywheel.files import atomic_write
 from flywheel.envs.replay import task_from_dict
+from flywheel.files import atomic_write
 from flywheel.loop.curation_rules import (
     CurationConfig,
     EvalIndex,
@@ -39,6 +38,7 @@ from flywheel.loop.curation_rules import (
     training_messages,
     training_reply,
 )
+from flywheel.loop.feedback_check import trusted_env
 from flywheel.traces.results import StoredTrace, StoredVerifier
 
 KINDS = ("rl", "sft", "dpo", "replay")
@@ -128,17 +128,11 @@ def _read(t: StoredTrace, cfg: CurationConfig) -> _Seen:
                  latest(t, "correction"), latest(t, "verifier"))
 
 
-def _trusted_env(name: str, cfg: CurationConfig) -> bool:
-    """Verifiers come from clients and replaying one runs its environment's loader: only the
-    built-ins and what the operator listed in `curation.environments` are replayed."""
-    return name != "replay" and (name in list_envs() or name in cfg.environments)
-
-
 def _rl(s: _Seen, cfg: CurationConfig) -> _Candidate:
     """A replay task from the trace's newest verifier: its payload checked as a Task (`id`
     defaults to the trace id) and written back with every field."""
     v, t = s.verifier, s.trace
-    if not _trusted_env(v.env, cfg):
+    if not trusted_env(v.env, cfg):
         raise Unusable(f"verifier env {v.env!r} is neither a built-in environment nor listed in "
                        "curation.environments")
     try:

@@ -23,6 +23,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from flywheel.loop.curation_rules import CurationConfig
 from flywheel.service import responses as R
 from flywheel.service.core import EventStream, OpenAIService
 from flywheel.service.errors import OpenAIError
@@ -79,9 +80,10 @@ def _answer(response, req) -> JSONResponse | EventStreamResponse:
 
 
 def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = False, trace_store=None,
+               curation: CurationConfig | None = None,
                ingest_pool: IngestPool | None = None, freeze_gc: bool = True) -> FastAPI:
     """`trace_store` (a flywheel.loop.TraceStore) enables POST /v1/traces and feedback
-    (flywheel.service.ingest); `ingest_pool` prepares its batches (default: a thread of the
+    (flywheel.service.ingest), feedback judged by `curation`'s rules (default: the defaults); `ingest_pool` prepares its batches (default: a thread of the
     server does; `IngestPool(n)`: n worker processes). The app starts and closes the pool.
 
     freeze_gc: at startup (the model is loaded by then), collect once and move every live
@@ -119,7 +121,8 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         return JSONResponse(err.body(), status_code=exc.status_code)
 
     if trace_store is not None:
-        app.include_router(ingest_router(trace_store, pool, getattr(service.trace_sink, "wait_written", None)))
+        app.include_router(ingest_router(trace_store, pool, getattr(service.trace_sink, "wait_written", None),
+                                         curation or CurationConfig()))
 
     @app.get("/health")
     async def health(svc: ServiceDep) -> dict[str, str]:

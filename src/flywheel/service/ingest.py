@@ -29,6 +29,8 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from flywheel.loop.curation_rules import CurationConfig
+from flywheel.loop.feedback_check import FeedbackRefused, check_feedback
 from flywheel.traces import TraceNotFound, TraceStoreBusy, TraceStoreError
 from flywheel.traces.batch import NotABatch, PreparedBatch
 from flywheel.traces.encoding import NotJSON, decode_json
@@ -52,11 +54,15 @@ FEEDBACK_WAIT_S = 10.0  # how long feedback waits for a trace this server answer
 
 
 def ingest_router(store, pool: IngestPool | None = None,
-                  wait_written: Callable[[float], bool] | None = None) -> APIRouter:
+                  wait_written: Callable[[float], bool] | None = None,
+                  curation: CurationConfig | None = None) -> APIRouter:
     """The routes over `store`; `pool` prepares batch bodies (default: in a thread of the server).
     wait_written(timeout): waits until the traces of the responses served so far are stored
     (the service's sink); feedback for a trace not found yet waits for it once, so feedback
-    sent right after its response is accepted (read-your-writes)."""
+    sent right after its response is accepted (read-your-writes). Feedback curation could not
+    use (an unknown label, an untrusted verifier env, a task without an answer) is refused
+    with a 400 naming the field (loop/feedback_check.py; `curation` default: the defaults)."""
+    curation = curation or CurationConfig()
     router = APIRouter()
     pool = pool or IngestPool(0)
 
@@ -87,6 +93,11 @@ def ingest_router(store, pool: IngestPool | None = None,
         body = read_json(await request.body())
         if not isinstance(body, dict):
             raise OpenAIError("expected a JSON object with the feedback", param="body")
+        try:
+            check_feedback(body, curation)
+        except FeedbackRefused as e:
+            raise OpenAIError(str(e), param=e.field) from None
+
         def add() -> str:
             try:
                 return store.add_feedback(trace_id, body)

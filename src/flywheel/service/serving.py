@@ -49,7 +49,8 @@ def serve_production(fw, host: str = "127.0.0.1", port: int = 0, *, max_batch: i
     service = OpenAIService(prod.path, version=prod.id, trace_sink=sink, max_batch=max_batch)
     follower = ProductionFollower(service, registry_lookup(fw.registry), interval_s=poll_s).start()
     try:
-        server = BackgroundServer(create_app(service, trace_store=fw.traces), host=host, port=port or None).start()
+        app = create_app(service, trace_store=fw.traces, curation=fw.cfg.curation)
+        server = BackgroundServer(app, host=host, port=port or None).start()
     except BaseException:
         follower.close()
         sink.close()
