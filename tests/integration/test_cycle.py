@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from flywheel.envs import load_env
-from flywheel.loop.cycle import LoopStores, run_cycle
+from flywheel.loop.cycle import LoopStores, run_cycle, start_cycle
 from flywheel.loop.loop_config import LoopConfig
 from flywheel.config import validate
 
@@ -164,3 +164,28 @@ def test_loop_config_errors_name_the_field(tmp_path):
     done = subprocess.run([sys.executable, "-m", "flywheel.cli.main", "loop", "cycle", str(path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "train.rl.model: set by the cycle" in done.stderr, done.stderr
+
+
+def test_a_promotion_by_hand_moves_the_new_failure_window(tmp_path, untrained_tiny):
+    """Failures served by v1 are not v2's: after a manual promote (or rollback) the window
+    starts where the new production version was first seen."""
+    cfg = validate(_config(tmp_path / "data", quick=True), LoopConfig)
+    _seed_world(cfg, untrained_tiny, n=12)  # v1 in production, 12 failed traces
+    with LoopStores(cfg) as fw:
+        assert "production is v1" in fw.observe_production()  # first seen: v1 keeps all 12
+        assert fw.since_cursor("v1") == 0 and fw.new_failures_since(fw.since_cursor("v1")) == 12
+        fw.registry.promote(fw.registry.register(untrained_tiny).id, "by hand")  # v2
+        changed = fw.observe_production()
+        assert changed == "production is v2 (was v1): its new failures count from trace #13"
+        assert fw.observe_production() is None  # recorded once
+        assert fw.new_failures_since(fw.since_cursor("v2")) == 0
+        task = load_env("arithmetic").tasks("train", n=1, seed=8)[0]
+        fw.traces.add_traces([{"id": "after", "source": "serve", "messages": [{"role": "user", "content": task.prompt}],
+                               "response": {"role": "assistant", "content": "0"}, "model_version": "v2"}])
+        fw.traces.add_feedback("after", {"score": 0.0})
+        assert fw.new_failures_since(fw.since_cursor("v2")) == 1
+        st = start_cycle(fw)  # the cycle's new-failure suite reads from the same window
+        assert st.incumbent == "v2" and st.since_cursor == 12
+        fw.registry.rollback(reason="back to v1")
+        assert "production is v1 (was v2)" in fw.observe_production()
+        assert fw.since_cursor("v1") == 13  # v1's era restarts at the rollback

@@ -94,6 +94,9 @@ def read_states(cycles_dir: Path) -> list[CycleState]:
     return out
 
 
+WINDOW_FILE = "production-window.json"  # {"version", "cursor"}: LoopStores.observe_production
+
+
 class LoopStores(Closing):
     """The loop's state stores, opened from a LoopConfig: traces, registry, ledger, cycles."""
 
@@ -130,11 +133,43 @@ class LoopStores(Closing):
         return self.cycles_dir / st.id
 
     def since_cursor(self, incumbent: str) -> int:
-        """The trace cursor of the cycle that produced `incumbent` (0 for a model from outside)."""
+        """Where `incumbent`'s own failures start: the trace cursor when it was first seen in
+        production (`observe_production`), whoever promoted it; for the first version observed,
+        or one never observed, the cursor of the cycle that produced it (0 for a model from
+        outside)."""
+        window = self.production_window()
+        if window is not None and window[0] == incumbent:
+            return window[1]
+        return self._cycle_cursor(incumbent)
+
+    def _cycle_cursor(self, version: str) -> int:
         for st in reversed(self.states()):
-            if st.version == incumbent:
+            if st.version == version:
                 return st.trace_cursor
         return 0
+
+    def production_window(self) -> tuple[str, int] | None:
+        """(version, trace cursor) recorded when that version was first seen in production."""
+        path = self.root / WINDOW_FILE
+        if not path.exists():
+            return None
+        w = json.loads(path.read_text())
+        return w["version"], int(w["cursor"])
+
+    def observe_production(self) -> str | None:
+        """Record where the production version's new-failure window starts the first time it is
+        seen in production (after a cycle's promotion, a manual promote or a rollback); returns
+        what changed, or None."""
+        prod = self.registry.production()
+        window = self.production_window()
+        if prod is None or (window is not None and window[0] == prod.id):
+            return None
+        # the first version ever observed keeps the older rule: when it was promoted is unknown
+        cursor = self._cycle_cursor(prod.id) if window is None else self.traces.max_seq()
+        atomic_write(self.root / WINDOW_FILE,
+                     (json.dumps({"version": prod.id, "cursor": cursor}) + "\n").encode())
+        return (f"production is {prod.id} (was {window[0] if window else 'not recorded'}): "
+                f"its new failures count from trace #{cursor + 1}")
 
     def new_failures_since(self, cursor: int) -> int:
         """Failed traces (curation's outcome rule) with seq > cursor, counted afresh (a poller
@@ -146,6 +181,7 @@ class LoopStores(Closing):
 
 
 def start_cycle(fw: LoopStores) -> CycleState:
+    fw.observe_production()  # a version promoted by hand since: its window starts now at the latest
     prod = fw.registry.production()
     if prod is None:
         raise CycleError("no production model in the registry: register one and promote it first "
@@ -348,6 +384,7 @@ def _finish(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
         else:
             reg.promote(v.id, reason="gate: " + "; ".join(st.decision["reasons"]))
             crash_point("finish:promoted")
+            fw.observe_production()
             st.outcome = "promoted"
         _log_outcome(fw, st)
     st.finished_at = utc_now().isoformat(timespec="seconds")

@@ -80,8 +80,14 @@ class LoopDaemon:
                 last_cycle_at = time.monotonic()
                 counter: FailureCounter | None = None
                 while not self._stop.is_set():
+                    changed = fw.observe_production()  # a promotion or rollback by hand shows here
+                    if changed:
+                        self.log(changed)
                     states = fw.states()
-                    cursor = states[-1].trace_cursor if states else 0
+                    prod = fw.registry.production()
+                    # failures since the last cycle, of the version in production now
+                    cursor = max(states[-1].trace_cursor if states else 0,
+                                 fw.since_cursor(prod.id) if prod is not None else 0)
                     if counter is None or counter.cursor != cursor:  # a cycle moved the cursor
                         counter = FailureCounter(self.cfg.curation, cursor)
                     failures = counter.update(fw.traces)
