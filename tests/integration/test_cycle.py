@@ -189,3 +189,28 @@ def test_a_promotion_by_hand_moves_the_new_failure_window(tmp_path, untrained_ti
         fw.registry.rollback(reason="back to v1")
         assert "production is v1 (was v2)" in fw.observe_production()
         assert fw.since_cursor("v1") == 13  # v1's era restarts at the rollback
+
+
+def test_no_production_names_the_registry_and_its_hint_works(tmp_path, untrained_tiny):
+    """With a data_dir other than the default, following the error's hint fixes it."""
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from flywheel.cli.main import app
+    from flywheel.loop.cycle import CycleError
+
+    cfg = validate(_config(tmp_path / "elsewhere", quick=True), LoopConfig)
+    with LoopStores(cfg) as fw:
+        with pytest.raises(CycleError) as e:
+            start_cycle(fw)
+    message = str(e.value)
+    registry = str((tmp_path / "elsewhere" / "registry").resolve())
+    assert f"in the registry {registry}:" in message
+    hint = message[message.index("(") + 1:message.rindex(")")]
+    for command in hint.split(", then "):
+        args = shlex.split(command.replace("DIR", str(untrained_tiny)))[1:]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, (command, result.output)
+    with LoopStores(cfg) as fw:
+        assert fw.registry.production().id == "v1"

@@ -148,6 +148,13 @@ class LoopStores(Closing):
                 return st.trace_cursor
         return 0
 
+    def no_production(self) -> str:
+        """The error for a store with nothing in production, naming the registry it read."""
+        r = self.registry.root
+        return (f"no production model in the registry {r}: register one and promote it first "
+                f"(flywheel registry register DIR --registry {r}, then flywheel registry promote v1 "
+                f"--registry {r})")
+
     def production_window(self) -> tuple[str, int] | None:
         """(version, trace cursor) recorded when that version was first seen in production."""
         path = self.root / WINDOW_FILE
@@ -184,8 +191,7 @@ def start_cycle(fw: LoopStores) -> CycleState:
     fw.observe_production()  # a version promoted by hand since: its window starts now at the latest
     prod = fw.registry.production()
     if prod is None:
-        raise CycleError("no production model in the registry: register one and promote it first "
-                         "(flywheel registry register DIR, then flywheel registry promote v1)")
+        raise CycleError(fw.no_production())
     states = fw.states()
     n = int(states[-1].id[1:]) + 1 if states else 1
     st = CycleState(id=f"c{n}", stage="started", started_at=utc_now().isoformat(timespec="seconds"),

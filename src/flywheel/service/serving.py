@@ -43,8 +43,7 @@ def serve_production(fw, host: str = "127.0.0.1", port: int = 0, *, max_batch: i
     """Start serving `fw.registry`'s production version (port 0: a free one)."""
     prod = fw.registry.production()
     if prod is None:
-        raise RuntimeError("no production model in the registry: register one and promote it first "
-                           "(flywheel registry register DIR, then flywheel registry promote v1)")
+        raise RuntimeError(fw.no_production())
     sink = TraceStoreSink(fw.traces)
     service = OpenAIService(prod.path, version=prod.id, trace_sink=sink, max_batch=max_batch)
     follower = ProductionFollower(service, registry_lookup(fw.registry), interval_s=poll_s).start()
