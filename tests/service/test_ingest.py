@@ -134,7 +134,7 @@ def test_feedback_sent_right_after_each_response_is_always_accepted(tmp_path):
     model = build_tiny_model(tmp_path / "m", TinySpec(hidden=64, layers=2, heads=4, ffn=128))
     store = TraceStore(f"sqlite:///{tmp_path / 'traces.db'}")
     sink = TraceStoreSink(store, interval_s=0.2)
-    service = OpenAIService(str(model), version="v1", trace_sink=sink)
+    service = OpenAIService(str(model), version="v1", trace_sink=sink, window_s=0.0)  # one client: no batching wait
     errors = []
     with TestClient(create_app(service, trace_store=store)) as c:
         for i in range(1000):
