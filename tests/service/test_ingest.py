@@ -126,7 +126,8 @@ def test_a_large_mixed_batch_reports_every_rejection_and_reads_back(client):
     assert [x["id"] for x in again["results"]] == [x["id"] for x in body["results"]]
 
 
-def test_feedback_sent_right_after_each_response_is_always_accepted(tmp_path):
+@pytest.mark.parametrize("n", [100, pytest.param(1000, marks=pytest.mark.slow)])  # 1,000: make test-all
+def test_feedback_sent_right_after_each_response_is_always_accepted(tmp_path, n):
     """Read-your-writes: served traces are written in the background (here every 0.2 s, the
     default), yet feedback sent the moment a response returns never gets a 404."""
     from flywheel.service import TraceStoreSink
@@ -137,7 +138,7 @@ def test_feedback_sent_right_after_each_response_is_always_accepted(tmp_path):
     service = OpenAIService(str(model), version="v1", trace_sink=sink, window_s=0.0)  # one client: no batching wait
     errors = []
     with TestClient(create_app(service, trace_store=store)) as c:
-        for i in range(1000):
+        for i in range(n):
             response = c.post("/v1/chat/completions", json={
                 "model": "flywheel", "messages": [{"role": "user", "content": f"{i}+1="}], "max_tokens": 1})
             assert response.status_code == 200, response.text
@@ -147,7 +148,7 @@ def test_feedback_sent_right_after_each_response_is_always_accepted(tmp_path):
         missing = c.post("/v1/traces/never-served/feedback", json={"score": 1.0})  # still a 404, promptly
     service.close()
     assert errors == []
-    assert missing.status_code == 404 and store.count() == 1000
+    assert missing.status_code == 404 and store.count() == n
     store.close()
 
 
