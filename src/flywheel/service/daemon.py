@@ -100,7 +100,7 @@ class LoopDaemon:
                     self._write_status(state="idle", new_failures=failures, serving=self._served(serving),
                                        trigger=f"min_new_failures={self.cfg.trigger.min_new_failures}"
                                                + (f", every_s={self.cfg.trigger.every_s:g}" if self.cfg.trigger.every_s else ""))
-                    if why and fw.registry.production() is not None:
+                    if why and prod is not None:
                         self.log(f"cycle: {why}")
                         self._write_status(state=f"cycle ({why})")
                         try:
