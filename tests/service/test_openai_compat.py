@@ -385,6 +385,18 @@ def test_traces_are_recorded(live, store):
     assert sink.stats.rejected == 0 and sink.stats.dropped == 0
 
 
+def test_completion_traces_are_stored_as_completions(live, store):
+    """/v1/completions is traced as a raw completion (its prompt text, no messages), so
+    curation keeps it a raw completion end to end."""
+    service, _, client, sink = live
+    r = client.completions.create(model="flywheel", prompt="12+34=", max_tokens=4, temperature=0)
+    assert sink.flush()
+    trace = store.get(r.id)
+    assert trace.prompt == "12+34=" and trace.messages == [] and trace.tools is None
+    assert trace.response == {"role": "assistant", "content": r.choices[0].text}
+    assert trace.metadata["endpoint"] == "completions"
+
+
 def test_cli_registers_serve():
     from typer.testing import CliRunner
 

@@ -85,15 +85,17 @@ def test_failed_trace_with_a_verifier_becomes_an_rl_task():
                   trace(4, "5+5=", "1", label="wrong")],  # failed, no verifier
                  cfg=ALL_TRAIN)
     (item,) = out.rl.train
+    # the task is the trace as served (one user message, no tools offered), graded by the verifier's answer
     assert item.row == {"env": "arithmetic", "trace_id": "t1", "source": "serve", "prompt_hash": prompt_hash("2+2="),
-                        "task": {"id": "task-2+2=", "prompt": "2+2=", "answer": "4", "tools": None,
-                                 "metadata": {"k": 1}, "split": "train"}}
+                        "verifier_prompt": "2+2=",
+                        "task": {"id": "task-2+2=", "prompt": [{"role": "user", "content": "2+2="}], "answer": "4",
+                                 "tools": [], "metadata": {"k": 1}, "split": "train"}}
     r = out.report
     assert (r.traces, r.failures, r.passes, r.failures_with_verifier) == (4, 2, 1, 1)
 
 
 def test_bad_verifier_payloads_are_dropped_with_their_reason_and_the_rest_kept():
-    bad = [StoredVerifier("arithmetic", {"id": "x", "answer": "4"}),
+    bad = [StoredVerifier("arithmetic", {"id": "x", "prompt": 3, "answer": "4"}),
            StoredVerifier("arithmetic", {"prompt": "1+1=", "oops": 1}),
            StoredVerifier("arithmetic", ["not", "a", "dict"]),
            StoredVerifier("no_such_env", {"prompt": "1+1="}),
@@ -105,7 +107,7 @@ def test_bad_verifier_payloads_are_dropped_with_their_reason_and_the_rest_kept()
     assert out.rl.train[0].row["task"]["id"] == "t9"  # a task without an id takes the trace's
     assert out.report.dropped_count == 5
     assert [(d["trace_id"], d["kind"], d["reason"]) for d in out.report.dropped] == [
-        ("t0", "rl", "verifier task: missing field 'prompt'"),
+        ("t0", "rl", "verifier task: 'prompt' must be a non-empty string or list of messages, got number 3"),
         ("t1", "rl", "verifier task: unknown field 'oops' (Task fields: id, prompt, answer, tools, metadata, split)"),
         ("t2", "rl", "verifier task: must be a JSON object, got array"),
         ("t3", "rl", "verifier env 'no_such_env' is neither a built-in environment nor listed in curation.environments"),
@@ -278,6 +280,52 @@ def test_write_curated_is_deterministic_and_loads_with_the_sft_and_dpo_loaders(t
     assert tok.decode([i for i, m in zip(pairs[0].chosen_ids, pairs[0].chosen_mask) if m]).startswith("4")
 
 
+def completion(seq: int, prompt: str, response: str, **one_feedback) -> StoredTrace:
+    """A /v1/completions trace: the prompt text as served, no messages."""
+    t = trace(seq, prompt, response, **one_feedback)
+    return StoredTrace(**{**t.__dict__, "messages": [], "prompt": prompt})
+
+
+def test_the_rl_task_is_the_trace_as_served_graded_by_its_verifier():
+    """The gate and RL replay what production saw (system message, tools offered), not the
+    verifier's own prompt; decontamination still reads both."""
+    served = [{"role": "system", "content": "Use the calculator."}, {"role": "user", "content": "What is 2+2?"}]
+    out = curate([trace(1, served, "5", score=0.0, tools=TOOLS, verifier=verifier("2+2=", "4"))], cfg=ALL_TRAIN)
+    (item,) = out.rl.train
+    assert item.row["task"]["prompt"] == served and item.row["task"]["tools"] == TOOLS
+    assert item.row["task"]["answer"] == "4" and item.row["verifier_prompt"] == "2+2="
+    no_prompt = StoredVerifier("arithmetic", {"answer": "4"})  # a client may leave the prompt out
+    (item,) = curate([trace(1, served, "5", score=0.0, verifier=no_prompt)], cfg=ALL_TRAIN).rl.train
+    assert item.row["task"]["prompt"] == served and item.row["task"]["tools"] == [] and "verifier_prompt" not in item.row
+    dirty = curate([trace(1, served, "5", score=0.0, verifier=verifier("2+2=", "4"))], ["2+2="], cfg=ALL_TRAIN)
+    assert dirty.rl.train == [] and dirty.report.contaminated["rl"] == 1
+
+
+def test_completion_traces_stay_completions_end_to_end(tmp_path):
+    """A /v1/completions trace makes raw-text rows: RL tasks with a string prompt, SFT and
+    replay rows as prompt/completion (loaded without the chat template), no DPO pair."""
+    from flywheel.models.tiny import build_tokenizer
+    from flywheel.train.sft_data import load_sft_examples
+
+    out = curate([completion(1, "12+34=", "47", score=0.0, verifier=verifier("12+34=", "46")),
+                  completion(2, "20+20=", "41", score=0.0, correction={"role": "assistant", "content": "40"}),
+                  completion(3, "20+20=", "40", score=1.0),
+                  trace(4, "30+30=", "60", score=1.0)], cfg=ALL_TRAIN)
+    (rl,) = out.rl.train
+    assert rl.row["task"]["prompt"] == "12+34=" and rl.row["task"]["tools"] is None
+    assert [i.row for i in out.sft.train] == [{"prompt": "20+20=", "completion": "40"}]
+    assert [i.row for i in out.replay.train] == [{"prompt": "20+20=", "completion": "40"},
+                                                 {"messages": [{"role": "user", "content": "30+30="},
+                                                               {"role": "assistant", "content": "60"}]}]
+    assert out.dpo.train == [] and {d["kind"] for d in out.report.dropped} == {"dpo"}
+    assert out.report.formats == {"chat": 1, "completion": 3}
+    files = write_curated(out, tmp_path)
+    tok = build_tokenizer()
+    (ex,), _ = load_sft_examples([str(files["sft_train"])], tok, SFTDataConfig(train=["x"], format="auto"),
+                                 log=pytest.fail)
+    assert ex.ids == tok.encode("20+20=") + tok.encode("40") + [tok.eos_token_id]  # raw text, no template
+
+
 def test_passing_traces_become_replay_rows():
     out = curate([trace(1, "2+2=", "4", score=1.0), trace(2, "3+3=", "7", score=0.0), trace(3, "5+5=", "10")],
                  cfg=ALL_TRAIN)
@@ -340,8 +388,11 @@ def test_an_sft_stage_mixes_corrections_replay_and_anchor_rows(tmp_path):
     assert open(again).read() == open(path).read()  # seeded by the cycle: a resumed cycle mixes the same rows
     for bad in ("[1, 2]", '{"prompt": "x"}', "{not json"):
         (tmp_path / "bad.jsonl").write_text('{"messages": []}\n\n' + bad + "\n", encoding="utf-8")
-        with pytest.raises(CycleError, match=r"bad.jsonl:3 is not a chat SFT row"):
+        with pytest.raises(CycleError, match=r"bad.jsonl:3 is not an SFT row"):
             read_anchor_rows([str(tmp_path / "bad.jsonl")])
+    raw = tmp_path / "raw.jsonl"  # prompt/completion anchor rows, as README allows SFT data to be
+    raw.write_text('{"prompt": "12+34=", "completion": "46"}\n', encoding="utf-8")
+    assert read_anchor_rows([str(raw)]) == ['{"prompt": "12+34=", "completion": "46"}']
     with pytest.raises(CycleError, match=r"cannot read '.*missing.jsonl'"):
         read_anchor_rows([str(tmp_path / "missing.jsonl")])
     from flywheel.config import validate

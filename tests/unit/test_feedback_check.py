@@ -12,6 +12,7 @@ TASK = {"prompt": "12+34=", "answer": "46"}
     {"label": "wrong"}, {"label": " Thumbs_Down "}, {"label": "GOOD"}, {"score": 0.0},
     {"verifier": {"env": "arithmetic", "task": TASK}},
     {"label": 3},  # a wrong type is the store's to name
+    {"verifier": {"env": "arithmetic", "task": {"answer": "2"}}},  # no prompt: the trace's own is replayed
 ])
 def test_usable_feedback_passes(body):
     check_feedback(body, CurationConfig())
@@ -23,7 +24,7 @@ def test_usable_feedback_passes(body):
     ({"verifier": {"env": "replay", "task": TASK}}, "verifier.env", "'replay' is neither a built-in"),
     ({"verifier": {"env": "arithmetic", "task": {"prompt": "12+34="}}}, "verifier.task.answer", "needs the answer"),
     ({"verifier": {"env": "arithmetic", "task": {"prompt": "1+1=", "answer": None}}}, "verifier.task.answer", "answer"),
-    ({"verifier": {"env": "arithmetic", "task": {"answer": "2"}}}, "verifier.task", "missing field 'prompt'"),
+    ({"verifier": {"env": "arithmetic", "task": {"prompt": 7, "answer": "2"}}}, "verifier.task", "'prompt' must be"),
 ])
 def test_unusable_feedback_is_refused_naming_the_field(body, field, says):
     with pytest.raises(FeedbackRefused) as e:

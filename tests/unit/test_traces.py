@@ -133,6 +133,27 @@ def test_a_mixed_batch_stores_the_valid_records_and_names_the_bad_ones(store):
     assert [t.usage["prompt_tokens"] for t in store.iter_traces()] == [40, 42, 50]
 
 
+def test_a_raw_completion_trace_keeps_its_prompt_text(store):
+    """`prompt` (a /v1/completions trace) instead of `messages`: stored and read back as text."""
+    result = store.add_traces([
+        {"id": "raw", "prompt": "12+34=", "response": {"role": "assistant", "content": "46"}},
+        {"prompt": "1+1=", "messages": [{"role": "user", "content": "1+1="}]},
+        {"response": {"role": "assistant", "content": "2"}},
+        {"prompt": ""},
+    ])
+    assert [r.status for r in result.results] == ["added", "invalid", "invalid", "invalid"]
+    reasons = [str(r) for r in result.rejected]
+    assert reasons[0] == ("record 1: a trace needs exactly one of 'messages' (a chat trace) and 'prompt' "
+                          "(a raw completion), not both")
+    assert reasons[1] == ("record 2: a trace needs exactly one of 'messages' (a chat trace) and 'prompt' "
+                          "(a raw completion)")
+    assert reasons[2].startswith("record 3: prompt: string should have at least 1 character")
+    trace = store.get("raw")
+    assert trace.prompt == "12+34=" and trace.messages == [] and trace.response["content"] == "46"
+    assert store.add_traces([{"id": "raw", "prompt": "12+34=", "response": {"role": "assistant", "content": "46"}}]
+                            ).results[0].status != "conflict"  # a retry of the same content is a no-op
+
+
 def test_writers_of_one_process_queue_for_a_bounded_time(store, monkeypatch):
     """Writers of one process take turns on a lock; one that waits longer than WRITE_WAIT_S
     (another process holding the database, say) gives up without writing anything."""

@@ -39,13 +39,13 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def task_from_dict(payload: Any, default_id: str | None = None) -> Task:
+def task_from_dict(payload: Any, default_id: str | None = None, default_prompt: Any = None) -> Task:
     """The Task a dict describes; ValueError naming the field when it describes none.
 
     Keys are Task's fields. Required: `prompt` (a non-empty string, or a non-empty list of
-    message objects each with a string `role`) and `id` (a non-empty string; `default_id`
-    when absent and given). Optional: answer (any JSON), tools (list of objects or null),
-    metadata (object), split (string).
+    message objects each with a string `role`; `default_prompt` when absent and given) and
+    `id` (a non-empty string; `default_id` when absent and given). Optional: answer (any
+    JSON), tools (list of objects or null), metadata (object), split (string).
     """
     if not isinstance(payload, dict):
         raise ValueError(f"must be a JSON object, got {_json_type(payload)}")
@@ -57,9 +57,9 @@ def task_from_dict(payload: Any, default_id: str | None = None) -> Task:
         raise ValueError("missing field 'id'")
     if not isinstance(task_id, str) or not task_id:
         raise ValueError(f"'id' must be a non-empty string, got {task_id!r}")
-    if "prompt" not in payload:
+    prompt = payload.get("prompt", default_prompt)
+    if prompt is None:
         raise ValueError("missing field 'prompt'")
-    prompt = payload["prompt"]
     if isinstance(prompt, list) and prompt:
         for i, m in enumerate(prompt):
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):

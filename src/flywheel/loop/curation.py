@@ -2,10 +2,14 @@
 train / held-out. The rules (outcome, normalised prompt, contamination, split) are in
 curation_rules.py; each builder below states what it makes.
 
-- RL: a failed trace with a verifier -> `{"env", "task", "trace_id", "source", "prompt_hash"}`.
-- SFT: a trace with a correction -> `{"messages": prompt + [correction], "tools"}` (train.sft_data).
-- DPO: a failed response paired with a preferred one, OpenAI DPO rows (train.dpo_data).
-- Replay: a passing trace -> `{"messages": prompt + [response]}`, the model's own verified
+- RL: a failed trace with a verifier -> `{"env", "task", "trace_id", "source", "prompt_hash"}`,
+  the task's prompt and tools those the trace was served with (a chat trace's messages and
+  tools, a raw completion's text), so training and the gate replay what production saw.
+- SFT: a trace with a correction -> `{"messages": prompt + [correction], "tools"}`, or
+  `{"prompt", "completion"}` for a raw-completion trace (train.sft_data).
+- DPO: a failed response paired with a preferred one, OpenAI DPO rows (train.dpo_data; chat
+  traces only: the format has no raw-completion form).
+- Replay: a passing trace -> the SFT row of its prompt and response, the model's own verified
   answer, which a cycle rehearses in SFT so old skills stay while new ones are learned.
 In trace `seq` order, one RL, SFT and replay item per prompt hash is kept and one DPO pair per
 (prompt hash, bad response hash); an item whose prompt matches an eval prompt is dropped
@@ -37,6 +41,7 @@ from flywheel.loop.curation_rules import (
     split_conversation,
     training_messages,
     training_reply,
+    training_row,
 )
 from flywheel.loop.feedback_check import trusted_env
 from flywheel.traces.results import StoredTrace, StoredVerifier
@@ -82,6 +87,7 @@ class CurationReport:
     dropped_count: int = 0
     dropped: list[dict[str, str]] = field(default_factory=list)  # first MAX_LISTED {trace_id, kind, reason}
     sources: dict[str, dict[str, int]] = field(default_factory=dict)  # source -> distinct prompts per side
+    formats: dict[str, int] = field(default_factory=lambda: {"chat": 0, "completion": 0})  # traces as served
 
     def drop(self, trace_id: str, kind: str, reason: str) -> None:
         self.dropped_count += 1
@@ -106,7 +112,7 @@ class _Seen:
     """What curation needs of one trace."""
 
     trace: StoredTrace
-    prompt: list[dict]
+    prompt: list[dict] | str  # as served: a chat trace's messages, a raw completion's text
     response: dict | None
     hash: str
     root: str  # hash of the messages through the first user message
@@ -130,19 +136,27 @@ def _read(t: StoredTrace, cfg: CurationConfig) -> _Seen:
 
 def _rl(s: _Seen, cfg: CurationConfig) -> _Candidate:
     """A replay task from the trace's newest verifier: its payload checked as a Task (`id`
-    defaults to the trace id) and written back with every field."""
+    defaults to the trace id) and written back with every field, except that the prompt and
+    tools are the trace's own as served (a chat trace offered exactly its `tools`, none if it
+    had none; the verifier's prompt, when it sent one, is kept as `verifier_prompt`)."""
     v, t = s.verifier, s.trace
     if not trusted_env(v.env, cfg):
         raise Unusable(f"verifier env {v.env!r} is neither a built-in environment nor listed in "
                        "curation.environments")
     try:
-        task = task_from_dict(v.task, default_id=t.id)
+        given = task_from_dict(v.task, default_id=t.id, default_prompt=s.prompt)
     except ValueError as e:
         raise Unusable(f"verifier task: {e}") from None
+    if not s.prompt:
+        raise Unusable("no prompt before the response")
+    served = None if isinstance(s.prompt, str) else (t.tools or [])
+    task = dataclasses.replace(given, prompt=s.prompt, tools=served)
     row = {"env": v.env, "task": dataclasses.asdict(task), "trace_id": t.id, "source": t.source,
            "prompt_hash": s.hash}
+    if "prompt" in v.task:
+        row["verifier_prompt"] = v.task["prompt"]
     return _Candidate(Item("rl", row, t.id, t.source, s.hash, t.seq, s.root),
-                      (s.hash, prompt_hash(task.prompt)), (s.prompt, task.prompt))
+                      (s.hash, prompt_hash(given.prompt)), (s.prompt, given.prompt))
 
 
 def _with_tools(row: dict, tools: list | None) -> dict:
@@ -151,15 +165,13 @@ def _with_tools(row: dict, tools: list | None) -> dict:
 
 def _sft(s: _Seen) -> _Candidate:
     t = s.trace
-    messages = training_messages(s.prompt) + [training_reply(s.correction, "correction")]
-    row = _with_tools({"messages": messages}, t.tools)
+    row = training_row(s.prompt, s.correction, "correction", t.tools)
     return _Candidate(Item("sft", row, t.id, t.source, s.hash, t.seq, s.root), (s.hash,), (s.prompt,))
 
 
 def _replay(s: _Seen) -> _Candidate:
     t = s.trace
-    messages = training_messages(s.prompt) + [training_reply(s.response, "response")]
-    row = _with_tools({"messages": messages}, t.tools)
+    row = training_row(s.prompt, s.response, "response", t.tools)
     return _Candidate(Item("replay", row, t.id, t.source, s.hash, t.seq, s.root), (s.hash,), (s.prompt,))
 
 
@@ -176,6 +188,9 @@ def _dpo(group: list[_Seen], cfg: CurationConfig, report: CurationReport) -> lis
         if s.outcome != "fail" or s.response is None:
             continue
         t = s.trace
+        if isinstance(s.prompt, str):
+            report.drop(t.id, "dpo", "a raw-completion trace: DPO rows are chat (input.messages)")
+            continue
         try:
             bad = response_hash(s.response)
             if bad in paired:
@@ -216,6 +231,7 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             report.drop(getattr(t, "id", "?"), "trace", f"malformed trace: {type(e).__name__}: {e}")
             continue
+        report.formats["completion" if isinstance(s.prompt, str) else "chat"] += 1
         report.failures += s.outcome == "fail"
         report.passes += s.outcome == "pass"
         report.with_correction += s.correction is not None

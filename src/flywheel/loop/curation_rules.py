@@ -93,19 +93,25 @@ def latest(trace: StoredTrace, field: str) -> Any:
 # ---------------------------------------------------------------- normalisation
 
 
-def opening(messages: list[dict]) -> list[dict]:
+def opening(messages: list[dict] | str) -> list[dict] | str:
     """The messages through the first user message: what every turn of one episode (and every
-    retry of one question) shares, so the train / held-out split keeps them on one side."""
+    retry of one question) shares, so the train / held-out split keeps them on one side. A
+    raw-completion prompt (a string) is its own opening."""
+    if isinstance(messages, str):
+        return messages
     for i, m in enumerate(messages):
         if m.get("role") == "user":
             return messages[:i + 1]
     return messages
 
 
-def split_conversation(trace: StoredTrace) -> tuple[list[dict], dict | None]:
-    """(prompt messages, response message or None). The response is `trace.response` when
-    set; else, when `messages` ends with an assistant message (an imported episode), that last
-    message, and the prompt is the messages before it; else there is none."""
+def split_conversation(trace: StoredTrace) -> tuple[list[dict] | str, dict | None]:
+    """(prompt, response message or None): the prompt as served, messages of a chat trace or
+    the text of a raw completion (`trace.prompt`). The response is `trace.response` when set;
+    else, when a chat trace's `messages` ends with an assistant message (an imported episode),
+    that last message, and the prompt is the messages before it; else there is none."""
+    if trace.prompt is not None:
+        return trace.prompt, trace.response
     messages = list(trace.messages)
     if trace.response is not None:
         return messages, trace.response
@@ -226,6 +232,19 @@ def training_messages(messages: list[dict], where: str = "messages") -> list[dic
     if not messages:
         raise Unusable("no prompt before the response")
     return [training_message(m, f"{where}[{i}]") for i, m in enumerate(messages)]
+
+
+def training_row(prompt: list[dict] | str, reply: dict, where: str, tools: list | None) -> dict:
+    """An SFT row of `prompt` answered by `reply` (an assistant message), in the prompt's own
+    format: chat `{"messages", "tools"?}`, or `{"prompt", "completion"}` for a raw completion
+    (the reply's text: a raw completion has no tool calls)."""
+    if not isinstance(prompt, str):
+        row = {"messages": training_messages(prompt) + [training_reply(reply, where)]}
+        return {**row, "tools": tools} if tools else row
+    message = training_reply(reply, where)
+    if message.get("tool_calls") or not isinstance(message.get("content"), str):
+        raise Unusable(f"{where}: a raw completion's {where} must be text, without tool calls")
+    return {"prompt": prompt, "completion": message["content"]}
 
 
 # ---------------------------------------------------------------- decontamination

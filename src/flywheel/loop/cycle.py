@@ -37,7 +37,7 @@ from flywheel.economics.reports import CycleOutcome
 from flywheel.envs.replay import ReplayEnvironment
 from flywheel.files import atomic_write
 from flywheel.loop.curation import curate, write_curated
-from flywheel.loop.evaluation import Suite, evaluate_model, suite_from_config
+from flywheel.loop.evaluation import Suite, evaluate_model, format_warnings, suite_from_config
 from flywheel.loop.failure_counter import FailureCounter
 from flywheel.loop.gate import decide
 from flywheel.loop.loop_config import LoopConfig, stage_config
@@ -77,6 +77,7 @@ class CycleState:
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
     usd: float = 0.0
     finished_at: str | None = None
+    warnings: list[str] = field(default_factory=list)  # what a user should know of this cycle's evidence
 
     @property
     def done(self) -> bool:
@@ -209,7 +210,8 @@ def _regression_suites(fw: LoopStores):
 def _curate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
     t0 = time.perf_counter()
     traces = itertools.takewhile(lambda t: t.seq <= st.trace_cursor, fw.traces.iter_traces())
-    eval_prompts = [t.prompt for s in _regression_suites(fw) for t in s.tasks]
+    suites = _regression_suites(fw)
+    eval_prompts = [t.prompt for s in suites for t in s.tasks]
     curated = curate(traces, eval_prompts, fw.cfg.curation)
     folder = fw.folder(st) / "data"
     files = {k: str(v) for k, v in write_curated(curated, folder).items()}
@@ -223,6 +225,9 @@ def _curate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
     log(f"{st.id}: curated {st.curation['traces']} traces: "
         + ", ".join(f"{k} {v['train']}+{v['heldout']}" for k, v in items.items())
         + f" (train+held-out); {len(new)} new failures to gate on")
+    st.warnings = format_warnings(suites, curated.report.formats)
+    for w in st.warnings:
+        log(f"{st.id}: warning: {w}")
     _record_cost(fw, st, "curation", st.seconds["curate"])
 
 
@@ -256,9 +261,10 @@ def _sft_mix(files: dict[str, str], n_sft: int, mix, anchor: list[str], out: Pat
 
 
 def read_anchor_rows(paths: list[str]) -> list[str]:
-    """The non-empty lines of the anchor files, each checked to be a JSON object with a
-    `messages` list (run_sft validates the rest); CycleError names the file and line of the
-    first that is not, or the file that cannot be read."""
+    """The non-empty lines of the anchor files, each checked to be an SFT row, chat (a JSON
+    object with a `messages` list) or raw completion (string `prompt` and `completion`);
+    run_sft validates the rest. CycleError names the file and line of the first that is
+    neither, or the file that cannot be read."""
     rows: list[str] = []
     for path in paths:
         try:
@@ -272,9 +278,11 @@ def read_anchor_rows(paths: list[str]) -> list[str]:
                 row = json.loads(line)
             except ValueError:
                 row = None
-            if not (isinstance(row, dict) and isinstance(row.get("messages"), list)):
-                raise CycleError(f"train.anchor_data: {path}:{i} is not a chat SFT row "
-                                 "(a JSON object with a 'messages' list)")
+            chat = isinstance(row, dict) and isinstance(row.get("messages"), list)
+            raw = isinstance(row, dict) and isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str)
+            if not (chat or raw):
+                raise CycleError(f"train.anchor_data: {path}:{i} is not an SFT row (a JSON object with a "
+                                 "'messages' list, or with 'prompt' and 'completion' strings)")
             rows.append(line)
     return rows
 
@@ -315,7 +323,8 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
         if stage == "sft":
             data, parts = _sft_mix(files, n, fw.cfg.train, fw.anchor, folder / "data" / "sft_mix.jsonl", st.id)
             log(f"{st.id}: sft mix: " + ", ".join(f"{v} {k}" for k, v in parts.items()))
-            result = run_sft(stage_config(fw.cfg, "sft", **common, data={"train": [data], "format": "chat"}), log=log)
+            # "auto": chat rows and raw-completion rows (from /v1/completions traces) each in their own format
+            result = run_sft(stage_config(fw.cfg, "sft", **common, data={"train": [data], "format": "auto"}), log=log)
         elif stage == "dpo":
             result = run_dpo(stage_config(fw.cfg, "dpo", **common, data={"train": [files["dpo_train"]]}), log=log)
         else:

@@ -2,21 +2,28 @@
 
 A suite is an environment plus the exact tasks to play, so the incumbent and the candidate of
 a cycle are measured on the same tasks. Frozen regression suites come from an environment's
-test split (`suite_tasks`); the new-failure suite from a cycle's held-out replay records.
+test split (`suite_from_config`), played in the format the suite declares: `chat` (a
+raw-text task becomes one user message, rendered with the model's chat template, as
+/v1/chat/completions serves it) or `completion` (the raw text, as /v1/completions serves it;
+a chat task has no such form). The new-failure suite comes from a cycle's held-out replay
+records, each task the failure as it was served.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
-from flywheel.config import Config
+from flywheel.config import Config, ConfigError
 from flywheel.envs import load_env
 from flywheel.types import Task
+
+Format = Literal["chat", "completion"]  # how production calls the model: /v1/chat/completions or /v1/completions
 
 
 class SuiteConfig(Config):
@@ -28,6 +35,10 @@ class SuiteConfig(Config):
     split: str = "test"
     seed: int = 0
     max_tokens: int = Field(16, ge=1, description="new tokens per assistant turn")
+    format: Format | None = Field(None, description=(
+        "play the tasks as production calls the model: chat (through the chat template) or completion "
+        "(raw text); unset: the environment's own task format. The loop warns when it is not the format "
+        "of production's traffic"))
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,11 @@ class Suite:
     env: Any  # an Environment
     tasks: list[Task]
     max_tokens: int
+
+    @property
+    def formats(self) -> set[str]:
+        """The formats its tasks are played in: "chat" (message prompts), "completion" (text)."""
+        return {"completion" if isinstance(t.prompt, str) else "chat" for t in self.tasks}
 
 
 @dataclass(frozen=True)
@@ -48,7 +64,33 @@ class SuiteScores:
 
 def suite_from_config(name: str, cfg: SuiteConfig) -> Suite:
     env = load_env(cfg.env, **cfg.settings)
-    return Suite(name, env, env.tasks(cfg.split, n=cfg.tasks, seed=cfg.seed), cfg.max_tokens)
+    tasks = env.tasks(cfg.split, n=cfg.tasks, seed=cfg.seed)
+    if cfg.format is not None:
+        tasks = [as_format(t, cfg.format, f"eval.suites.{name}.format") for t in tasks]
+    return Suite(name, env, tasks, cfg.max_tokens)
+
+
+def as_format(task: Task, fmt: Format, where: str) -> Task:
+    """`task` played as `fmt`: a raw-text prompt as chat is one user message; a chat prompt
+    has no raw-completion form (ConfigError naming `where`)."""
+    if fmt == "chat":
+        return task if isinstance(task.prompt, list) else dataclasses.replace(
+            task, prompt=[{"role": "user", "content": task.prompt}])
+    if isinstance(task.prompt, list):
+        raise ConfigError(f"{where}: completion, but task {task.id!r} is a chat task (its prompt is messages); "
+                          "use format: chat")
+    return task
+
+
+def format_warnings(suites: list[Suite], production: dict[str, int]) -> list[str]:
+    """One warning per suite played in a format production's traffic does not use
+    (`production`: traces per format, e.g. {"chat": 120}); none when there is no traffic."""
+    served = {f for f, n in production.items() if n}
+    if not served:
+        return []
+    return [f"suite {s.name!r} is played as {' and '.join(sorted(s.formats - served))} but production is "
+            f"called as {' and '.join(sorted(served))} ({', '.join(f'{n} {f}' for f, n in sorted(production.items()))} "
+            f"traces): set eval.suites.{s.name}.format" for s in suites if s.formats - served]
 
 
 def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0) -> SuiteScores:

@@ -2,7 +2,8 @@
 at once (a 400 naming the field) what curation would otherwise drop in silence:
 - a label must be one of the configured failure or success labels (stripped, any case);
 - a verifier must name a built-in environment or one listed in `curation.environments`, and
-  its task must be a Task (envs/replay.py's `task_from_dict`) with an answer to grade against.
+  its task must be a Task (envs/replay.py's `task_from_dict`; `prompt` optional, since the
+  trace's own prompt is what is replayed) with an answer to grade against.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def check_feedback(body: dict[str, Any], cfg: CurationConfig) -> None:
                                               "nor listed in curation.environments")
     if "task" in verifier:
         try:
-            task = task_from_dict(verifier["task"], default_id="feedback")
+            # the prompt may be left out: curation replays the trace's own, as served
+            task = task_from_dict(verifier["task"], default_id="feedback", default_prompt="(the trace's prompt)")
         except ValueError as e:
             raise FeedbackRefused("verifier.task", str(e)) from None
         if task.answer is None:

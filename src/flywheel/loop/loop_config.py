@@ -33,8 +33,8 @@ class CycleTrainConfig(Config):
     min_replay: int = Field(0, ge=0, description=(
         "replay rows in an SFT stage at least (when curated): a few corrections are not trained alone"))
     anchor_data: list[str] = Field(default_factory=list, description=(
-        "chat SFT files (JSONL) every SFT stage rehearses: skills production traffic may not exercise, "
-        "e.g. the base model's own SFT data"))
+        "SFT files (JSONL, chat or prompt/completion rows) every SFT stage rehearses: skills production "
+        "traffic may not exercise, e.g. the base model's own SFT data"))
     anchor_rows: int = Field(256, ge=0, description="rows sampled from anchor_data per SFT stage")
     max_seconds: float | None = Field(None, gt=0, description="wall-clock budget for all stages of a cycle")
     max_usd: float | None = Field(None, gt=0, description="dollar budget (catalog price of `hardware` x seconds)")

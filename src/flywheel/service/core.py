@@ -240,7 +240,7 @@ class OpenAIService:
                 ch = by_index[i * c.req.n + j]
                 events.append(TraceEvent(
                     trace_id=_trace_id(response["id"], ch["index"]), model=self.name, model_version=result.label,
-                    messages=[{"role": "user", "content": prompt_text}], tools=None,
+                    messages=None, prompt=prompt_text, tools=None,
                     response={"role": "assistant", "content": ch["text"]},
                     usage=R.usage(len(prompt), len(s.token_ids)), latency_ms=latency_ms, created_at=now,
                     finish_reason=ch["finish_reason"], metadata=_request_meta(c.req, "completions", c.params[i])))

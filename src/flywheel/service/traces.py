@@ -34,7 +34,7 @@ class TraceEvent:
     trace_id: str
     model: str  # the served name
     model_version: str  # the version label that produced the response
-    messages: list[Message]
+    messages: list[Message] | None  # a chat request's; None for a raw completion
     tools: list[ToolDef] | None
     response: Message  # the assistant message as returned (content, tool_calls)
     usage: Usage  # prompt_tokens, completion_tokens, total_tokens of this choice
@@ -42,15 +42,20 @@ class TraceEvent:
     created_at: datetime
     finish_reason: str
     metadata: dict[str, Any] = field(default_factory=dict)
+    prompt: str | None = None  # a raw completion's prompt text, as served
 
     def to_record(self) -> TraceIn:
         """The trace store's `TraceIn` shape."""
         record: TraceIn = {
             "id": self.trace_id, "created_at": self.created_at.isoformat(), "source": "serve", "model": self.model,
-            "model_version": self.model_version, "messages": self.messages, "response": self.response,
+            "model_version": self.model_version, "response": self.response,
             "usage": self.usage, "latency_ms": self.latency_ms,
             "metadata": {**self.metadata, "finish_reason": self.finish_reason},
         }
+        if self.prompt is not None:
+            record["prompt"] = self.prompt
+        else:
+            record["messages"] = self.messages
         if self.tools:
             record["tools"] = self.tools
         return record

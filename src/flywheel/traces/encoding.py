@@ -185,9 +185,15 @@ def trace_row(trace: dict[str, Any], sent: dict[str, Any], encoded: dict[str, st
     text = encoded.get
     return (trace_id, get("idempotency_key") or trace_id, _digest(sent, encoded, created),
             now if created is None else created, get("source") or source, get("model"), get("model_version"),
-            text("messages"), text("tools"), text("response"), text("usage"),
+            text("messages") or _prompt_text(get("prompt")), text("tools"), text("response"), text("usage"),
             usage["prompt_tokens"] if usage else None, usage["completion_tokens"] if usage else None,
             get("latency_ms"), text("metadata"))
+
+
+def _prompt_text(prompt: str | None) -> str | None:
+    """A raw-completion trace's prompt as the `messages` column holds it: a JSON string
+    (a chat trace's column holds its message list; `_stored_trace` tells them apart)."""
+    return None if prompt is None else canonical(prompt)
 
 
 def feedback_row(trace_id: str, feedback: FeedbackIn | dict[str, Any]) -> tuple[FeedbackIn, dict[str, Any]]:

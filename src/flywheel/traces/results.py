@@ -106,7 +106,8 @@ class StoredTrace:
     idempotency_key: str
     created_at: datetime  # UTC, aware
     source: str
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  # a chat trace's; [] for a raw completion
+    prompt: str | None = None  # a raw completion's prompt, as served (no chat template)
     model: str | None = None
     model_version: str | None = None
     tools: list[dict[str, Any]] | None = None

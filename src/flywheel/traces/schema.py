@@ -1,8 +1,10 @@
 """What a trace and its feedback look like on the way in, and why a record was refused.
 
-A trace is one served request/response or one imported agent episode, in the OpenAI chat
-format: `messages` (system / developer / user / assistant with `tool_calls` / tool), the
-`tools` offered, the final assistant `response`, `usage`, latency and free metadata.
+A trace is one served request/response or one imported agent episode: a chat trace in the
+OpenAI chat format, `messages` (system / developer / user / assistant with `tool_calls` /
+tool) and the `tools` offered; a raw-completion trace (`/v1/completions`) its `prompt`, the
+text as served with no chat template. Either has the final assistant `response` (for a
+completion, its text as the content), `usage`, latency and free metadata.
 Feedback arrives later, many per trace: a score, a label, a corrected response, free text,
 or a verifier (an environment name + the task payload it replays).
 
@@ -80,7 +82,8 @@ def _assistant(what: str):
 
 @with_config(_FORBID)
 class TraceIn(TypedDict):
-    """One trace as a client sends it. Only `messages` is required.
+    """One trace as a client sends it: `messages` (a chat trace) or `prompt` (a raw-completion
+    trace), exactly one; everything else is optional.
 
     id: the client's id, or a UUID is generated. idempotency_key: a retry with the same key
     and the same content is a no-op that returns the stored id; the same key with other
@@ -95,7 +98,8 @@ class TraceIn(TypedDict):
     source: NotRequired[Annotated[str, Field(min_length=1, max_length=200)] | None]
     model: NotRequired[Annotated[str, Field(max_length=200)] | None]
     model_version: NotRequired[Annotated[str, Field(max_length=200)] | None]
-    messages: Annotated[list[Message], Field(min_length=1)]
+    messages: NotRequired[Annotated[list[Message], Field(min_length=1)]]
+    prompt: NotRequired[Annotated[str, Field(min_length=1)]]  # a raw completion: the text as served
     tools: NotRequired[list[ToolDef] | None]
     response: NotRequired[Annotated[Message | None, _assistant("the response")]]
     usage: NotRequired[Usage | None]
@@ -103,7 +107,15 @@ class TraceIn(TypedDict):
     metadata: NotRequired[dict[str, Any] | None]
 
 
-TRACE_IN = TypeAdapter(TraceIn)  # TRACE_IN.validate_python(record) -> the record as a validated dict
+def _one_prompt(trace: TraceIn) -> TraceIn:
+    if ("messages" in trace) == ("prompt" in trace):
+        raise ValueError("a trace needs exactly one of 'messages' (a chat trace) and 'prompt' "
+                         "(a raw completion)" + (", not both" if "prompt" in trace else ""))
+    return trace
+
+
+# TRACE_IN.validate_python(record) -> the record as a validated dict
+TRACE_IN = TypeAdapter(Annotated[TraceIn, AfterValidator(_one_prompt)])
 
 
 class _Strict(BaseModel):

@@ -386,6 +386,7 @@ def _stored_feedback(row) -> StoredFeedback:
 def _stored_trace(row, feedback: list[StoredFeedback]) -> StoredTrace:
     return StoredTrace(
         id=row.id, seq=row.seq, idempotency_key=row.idempotency_key, created_at=utc_aware(row.created_at),
-        source=row.source, messages=row.messages, model=row.model, model_version=row.model_version,
+        source=row.source, messages=[] if isinstance(row.messages, str) else row.messages,
+        prompt=row.messages if isinstance(row.messages, str) else None, model=row.model, model_version=row.model_version,
         tools=row.tools, response=row.response, usage=row.usage, latency_ms=row.latency_ms,
         metadata=row.metadata or {}, feedback=feedback)

@@ -33,7 +33,8 @@ class TraceRow(Base):
     source: Mapped[str] = mapped_column(String(200), index=True)
     model: Mapped[str | None] = mapped_column(String(200))
     model_version: Mapped[str | None] = mapped_column(String(200))
-    messages: Mapped[list[dict[str, Any]]] = mapped_column(json_column())
+    # a chat trace's message list, or a raw-completion trace's prompt as a JSON string
+    messages: Mapped[list[dict[str, Any]] | str] = mapped_column(json_column(), nullable=False)
     tools: Mapped[list[dict[str, Any]] | None] = mapped_column(json_column())
     response: Mapped[dict[str, Any] | None] = mapped_column(json_column())
     usage: Mapped[dict[str, Any] | None] = mapped_column(json_column())
