@@ -46,12 +46,13 @@ def _config(data_dir: Path, quick: bool = False, **gate) -> dict:
 
 
 def _seed_world(cfg: LoopConfig, model: Path, n: int = N_TRACES) -> None:
-    """Production model v1 and `n` failed traces on train-split pairs, each with a verifier."""
+    """Production model v1 and `n` failed traces on train-split pairs, each with a verifier.
+    The model is a raw-completion model (`ab+cd=`), so production calls it by /v1/completions."""
     tasks = load_env("arithmetic").tasks("train", n=n, seed=7)
     with LoopStores(cfg) as fw:
         fw.registry.promote(fw.registry.register(model).id, "initial")
         res = fw.traces.add_traces([{
-            "id": f"t{i}", "source": "serve", "messages": [{"role": "user", "content": t.prompt}],
+            "id": f"t{i}", "source": "serve", "prompt": t.prompt,
             "response": {"role": "assistant", "content": "0"}} for i, t in enumerate(tasks)])
         assert res.added == n
         for i, t in enumerate(tasks):
@@ -180,7 +181,7 @@ def test_a_promotion_by_hand_moves_the_new_failure_window(tmp_path, untrained_ti
         assert fw.observe_production() is None  # recorded once
         assert fw.new_failures_since(fw.since_cursor("v2")) == 0
         task = load_env("arithmetic").tasks("train", n=1, seed=8)[0]
-        fw.traces.add_traces([{"id": "after", "source": "serve", "messages": [{"role": "user", "content": task.prompt}],
+        fw.traces.add_traces([{"id": "after", "source": "serve", "prompt": task.prompt,
                                "response": {"role": "assistant", "content": "0"}, "model_version": "v2"}])
         fw.traces.add_feedback("after", {"score": 0.0})
         assert fw.new_failures_since(fw.since_cursor("v2")) == 1
@@ -214,3 +215,21 @@ def test_no_production_names_the_registry_and_its_hint_works(tmp_path, untrained
         assert result.exit_code == 0, (command, result.output)
     with LoopStores(cfg) as fw:
         assert fw.registry.production().id == "v1"
+
+
+def test_curation_says_what_it_dropped_in_the_log(tmp_path, untrained_tiny):
+    """Feedback stored past the HTTP checks (an import, an older server) that curation cannot
+    use is named in the cycle's log, with its reason, not only in the cycle's files."""
+    from flywheel.loop.cycle import _curate
+
+    cfg = validate(_config(tmp_path / "data", quick=True), LoopConfig)
+    _seed_world(cfg, untrained_tiny, n=4)
+    logged: list[str] = []
+    with LoopStores(cfg) as fw:
+        fw.traces.add_traces([{"id": "odd", "prompt": "1+1=", "response": {"role": "assistant", "content": "3"}}])
+        fw.traces.add_feedback("odd", {"score": 0.0, "verifier": {"env": "no_such_env", "task": {"answer": "2"}}})
+        st = start_cycle(fw)
+        _curate(fw, st, logged.append)
+    (line,) = [m for m in logged if "dropped" in m]
+    assert line.startswith("c1: 1 record dropped: 1 rl: verifier env 'no_such_env' is neither a built-in"), line
+    assert "report.json" in line

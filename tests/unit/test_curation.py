@@ -297,6 +297,12 @@ def test_the_rl_task_is_the_trace_as_served_graded_by_its_verifier():
     no_prompt = StoredVerifier("arithmetic", {"answer": "4"})  # a client may leave the prompt out
     (item,) = curate([trace(1, served, "5", score=0.0, verifier=no_prompt)], cfg=ALL_TRAIN).rl.train
     assert item.row["task"]["prompt"] == served and item.row["task"]["tools"] == [] and "verifier_prompt" not in item.row
+    episode = served + [{"role": "assistant", "content": "<tool_call>...</tool_call>"}, {"role": "tool", "content": "5"}]
+    (item,) = curate([trace(1, episode, "5", score=0.0, verifier=verifier())], cfg=ALL_TRAIN).rl.train
+    assert item.row["task"]["prompt"] == served  # the agent's turns are played again, not given
+    follow_up = episode + [{"role": "user", "content": "And 3+3?"}]
+    (item,) = curate([trace(1, follow_up, "5", score=0.0, verifier=verifier("3+3=", "6"))], cfg=ALL_TRAIN).rl.train
+    assert item.row["task"]["prompt"] == follow_up  # the question graded is the last one asked
     dirty = curate([trace(1, served, "5", score=0.0, verifier=verifier("2+2=", "4"))], ["2+2="], cfg=ALL_TRAIN)
     assert dirty.rl.train == [] and dirty.report.contaminated["rl"] == 1
 

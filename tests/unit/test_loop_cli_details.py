@@ -26,3 +26,29 @@ def test_loop_status_reads_the_data_dir_of_its_config(tmp_path):
     out = CliRunner().invoke(app, ["loop", "status", str(config)])
     assert out.exit_code == 0, out.output
     assert f"daemon: never ran with data_dir {tmp_path / 'elsewhere'}" in out.stdout
+
+
+def test_loop_status_shows_what_curation_dropped_and_the_cycles_warnings(tmp_path):
+    import dataclasses
+    import json
+
+    from flywheel.loop.curation import CurationReport, dropped_summary
+    from flywheel.loop.cycle import CycleState
+
+    report = CurationReport()
+    for i, why in enumerate(["verifier task: missing field 'prompt'"] * 2 + ["no prompt before the response"]):
+        report.drop(f"t{i}", "rl", why)
+    assert dropped_summary(report.to_dict()) == ("3 records dropped: 2 rl: verifier task: missing field 'prompt'; "
+                                                 "1 rl: no prompt before the response")
+    assert dropped_summary(report.to_dict(), limit=1).endswith("missing field 'prompt'; ...")
+    assert dropped_summary(CurationReport().to_dict()) is None
+    st = CycleState(id="c1", stage="finished", started_at="2026-12-02T00:00:00", incumbent="v1", incumbent_path="m",
+                    trace_cursor=3, since_cursor=0, curation=report.to_dict(), outcome="nothing to train",
+                    warnings=["suite 'arith' is played as completion but production is called as chat"])
+    (tmp_path / "cycles" / "c1").mkdir(parents=True)
+    (tmp_path / "cycles" / "c1" / "state.json").write_text(json.dumps(dataclasses.asdict(st)))
+    out = CliRunner().invoke(app, ["loop", "status", "--data-dir", str(tmp_path)], terminal_width=200).stdout
+    assert "3 records dropped: 2 rl: verifier task: missing field 'prompt'" in out, out
+    assert "warning: suite 'arith' is played as completion" in out
+    data = json.loads(CliRunner().invoke(app, ["loop", "status", "--data-dir", str(tmp_path), "--json"]).stdout)
+    assert data["cycles"][0]["dropped"].startswith("3 records dropped") and len(data["cycles"][0]["warnings"]) == 1

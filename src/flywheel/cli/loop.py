@@ -82,6 +82,7 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
                                                 help="the loop's data_dir (default: the config's, else flywheel-data)"),
            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """The daemon's state, the production model, and the cycles so far."""
+    from flywheel.loop.curation import dropped_summary
     from flywheel.loop.cycle import CycleError, read_states
     from flywheel.process import pid_alive
     from flywheel.service.daemon import STATUS_FILE
@@ -99,8 +100,9 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None
     cycles = [{k: getattr(st, k) for k in ("id", "stage", "outcome", "version", "incumbent", "new_failures",
-                                            "usd", "started_at", "finished_at")}
-              | {"scores": st.scores, "reasons": st.decision.get("reasons", [])} for st in states]
+                                            "usd", "started_at", "finished_at", "warnings")}
+              | {"scores": st.scores, "reasons": st.decision.get("reasons", []),
+                 "dropped": dropped_summary(st.curation)} for st in states]
     production = None
     if (data_dir / "registry" / "registry.db").exists():
         from flywheel.registry import Registry
@@ -128,3 +130,5 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
                    f"from {c['incumbent']},{gate} ${c['usd'] or 0:.4f}")
         if c["reasons"] and c["outcome"] == "rejected":
             typer.echo("      " + "; ".join(c["reasons"]))
+        for line in ([c["dropped"]] if c["dropped"] else []) + [f"warning: {w}" for w in c["warnings"]]:
+            typer.echo("      " + line)

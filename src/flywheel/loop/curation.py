@@ -3,8 +3,9 @@ train / held-out. The rules (outcome, normalised prompt, contamination, split) a
 curation_rules.py; each builder below states what it makes.
 
 - RL: a failed trace with a verifier -> `{"env", "task", "trace_id", "source", "prompt_hash"}`,
-  the task's prompt and tools those the trace was served with (a chat trace's messages and
-  tools, a raw completion's text), so training and the gate replay what production saw.
+  the task's prompt and tools those the trace was served with (a chat trace's messages
+  through its last user message and its tools, a raw completion's text), so training and the
+  gate replay what production saw.
 - SFT: a trace with a correction -> `{"messages": prompt + [correction], "tools"}`, or
   `{"prompt", "completion"}` for a raw-completion trace (train.sft_data).
 - DPO: a failed response paired with a preferred one, OpenAI DPO rows (train.dpo_data; chat
@@ -36,6 +37,7 @@ from flywheel.loop.curation_rules import (
     latest,
     opening,
     outcome,
+    posed,
     prompt_hash,
     response_hash,
     split_conversation,
@@ -98,6 +100,23 @@ class CurationReport:
         return dataclasses.asdict(self)
 
 
+def dropped_summary(report: dict[str, Any], limit: int = 3) -> str | None:
+    """What curation dropped, for a log line or `loop status`: "5 records dropped: 3 rl:
+    <reason>; ..." (the `limit` most common reasons of those listed, with their counts), or
+    None when nothing was. `report` is a CurationReport's dict (as a cycle's state keeps it)."""
+    total = report.get("dropped_count", 0)
+    if not total:
+        return None
+    counts: dict[str, int] = {}
+    for d in report.get("dropped", []):
+        key = f"{d['kind']}: {d['reason']}"
+        counts[key] = counts.get(key, 0) + 1
+    common = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
+    more = "; ..." if len(counts) > limit else ""
+    return (f"{total} record{'s' if total != 1 else ''} dropped: "
+            + "; ".join(f"{n} {why}" for why, n in common) + more)
+
+
 @dataclass
 class Curated:
     rl: Split
@@ -137,8 +156,9 @@ def _read(t: StoredTrace, cfg: CurationConfig) -> _Seen:
 def _rl(s: _Seen, cfg: CurationConfig) -> _Candidate:
     """A replay task from the trace's newest verifier: its payload checked as a Task (`id`
     defaults to the trace id) and written back with every field, except that the prompt and
-    tools are the trace's own as served (a chat trace offered exactly its `tools`, none if it
-    had none; the verifier's prompt, when it sent one, is kept as `verifier_prompt`)."""
+    tools are the trace's own as served: the prompt `posed` (through the last user message,
+    so the environment plays the agent's turns again), a chat trace's `tools` exactly (none
+    if it offered none). The verifier's prompt, when it sent one, is kept as `verifier_prompt`."""
     v, t = s.verifier, s.trace
     if not trusted_env(v.env, cfg):
         raise Unusable(f"verifier env {v.env!r} is neither a built-in environment nor listed in "
@@ -150,7 +170,7 @@ def _rl(s: _Seen, cfg: CurationConfig) -> _Candidate:
     if not s.prompt:
         raise Unusable("no prompt before the response")
     served = None if isinstance(s.prompt, str) else (t.tools or [])
-    task = dataclasses.replace(given, prompt=s.prompt, tools=served)
+    task = dataclasses.replace(given, prompt=posed(s.prompt), tools=served)
     row = {"env": v.env, "task": dataclasses.asdict(task), "trace_id": t.id, "source": t.source,
            "prompt_hash": s.hash}
     if "prompt" in v.task:
@@ -188,9 +208,6 @@ def _dpo(group: list[_Seen], cfg: CurationConfig, report: CurationReport) -> lis
         if s.outcome != "fail" or s.response is None:
             continue
         t = s.trace
-        if isinstance(s.prompt, str):
-            report.drop(t.id, "dpo", "a raw-completion trace: DPO rows are chat (input.messages)")
-            continue
         try:
             bad = response_hash(s.response)
             if bad in paired:
@@ -199,6 +216,8 @@ def _dpo(group: list[_Seen], cfg: CurationConfig, report: CurationReport) -> lis
             preferred = s.correction or (corrections[0] if corrections else passes[0] if passes else None)
             if preferred is None or response_hash(preferred) == bad:
                 continue
+            if isinstance(s.prompt, str):
+                raise Unusable("a raw-completion trace: DPO rows are chat (input.messages)")
             if len(out) >= cfg.max_pairs_per_prompt:
                 report.dpo_over_cap += 1
                 continue

@@ -105,6 +105,17 @@ def opening(messages: list[dict] | str) -> list[dict] | str:
     return messages
 
 
+def posed(prompt: list[dict] | str) -> list[dict] | str:
+    """The task a served prompt poses: its messages through the last user message, as served.
+    What follows that message (the agent's own tool calls and their results) is the episode
+    the replaying environment plays again; a prompt with no user message, or a raw
+    completion's text, is posed whole."""
+    if isinstance(prompt, str):
+        return prompt
+    last = max((i for i, m in enumerate(prompt) if m.get("role") == "user"), default=len(prompt) - 1)
+    return prompt[:last + 1]
+
+
 def split_conversation(trace: StoredTrace) -> tuple[list[dict] | str, dict | None]:
     """(prompt, response message or None): the prompt as served, messages of a chat trace or
     the text of a raw completion (`trace.prompt`). The response is `trace.response` when set;

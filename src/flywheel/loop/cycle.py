@@ -36,7 +36,7 @@ from flywheel.economics.ledger import Ledger, append_line
 from flywheel.economics.reports import CycleOutcome
 from flywheel.envs.replay import ReplayEnvironment
 from flywheel.files import atomic_write
-from flywheel.loop.curation import curate, write_curated
+from flywheel.loop.curation import curate, dropped_summary, write_curated
 from flywheel.loop.evaluation import Suite, evaluate_model, format_warnings, suite_from_config
 from flywheel.loop.failure_counter import FailureCounter
 from flywheel.loop.gate import decide
@@ -225,6 +225,9 @@ def _curate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
     log(f"{st.id}: curated {st.curation['traces']} traces: "
         + ", ".join(f"{k} {v['train']}+{v['heldout']}" for k, v in items.items())
         + f" (train+held-out); {len(new)} new failures to gate on")
+    dropped = dropped_summary(st.curation)
+    if dropped:
+        log(f"{st.id}: {dropped} (all listed in {files['report']})")
     st.warnings = format_warnings(suites, curated.report.formats)
     for w in st.warnings:
         log(f"{st.id}: warning: {w}")
