@@ -31,13 +31,13 @@ def _load(config: Path, overrides: list[str]):
 def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
     """Run one cycle now (or finish the unfinished one): curate, train, gate, promote or reject.
     Extra arguments are dotted overrides of the config, e.g. train.order=[sft]."""
+    from flywheel.cli.train import stop_on_signals
     from flywheel.loop.cycle import CycleError, LoopStores, run_cycle
     from flywheel.loop.store_lock import StoreLocked, hold_store
-    from flywheel.train.stop import request_stop
 
     with user_errors():
         cfg = _load(config, ctx.args)
-        signal.signal(signal.SIGTERM, lambda *_: request_stop())
+        stop_on_signals()
         try:
             with hold_store(cfg.root, "flywheel loop cycle"), LoopStores(cfg) as fw:
                 st = run_cycle(fw, log=typer.echo)

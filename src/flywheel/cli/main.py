@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from flywheel.cli import data, demo, dpo, economics, env, generate, loop, model, registry, rl, sft, traces
+from flywheel.cli import data, demo, economics, env, generate, loop, model, registry, traces, train
 from flywheel.cli import serve
 from flywheel.cli.help import reflow_help
 
@@ -21,9 +21,9 @@ app.add_typer(loop.app, name="loop")
 app.command("generate")(generate.generate)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
-app.command("sft", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(sft.sft)
-app.command("dpo", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(dpo.dpo)
-app.command("rl", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(rl.rl)
+app.command("sft", context_settings=train.OVERRIDES)(train.sft)
+app.command("dpo", context_settings=train.OVERRIDES)(train.dpo)
+app.command("rl", context_settings=train.OVERRIDES)(train.rl)
 reflow_help(app)
 
 

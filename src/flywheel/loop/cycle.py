@@ -304,7 +304,8 @@ def _budget_seconds(fw: LoopStores, st: CycleState) -> float | None:
     return max(min(limits) - spent, 0.0)
 
 
-def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
+def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:
+    """Run the stages not run yet; False when a stop request interrupted one."""
     files, folder = st.files, fw.folder(st)
     current = st.stages_run[-1]["final_model"] if st.stages_run else st.incumbent_path
     done = {s["stage"] for s in st.stages_run}
@@ -335,10 +336,11 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
             env = {"name": "replay", "settings": {"train": files["rl_train"], "test": test}}
             result = run_rl(stage_config(fw.cfg, "rl", **common, env=env), log=log)
         seconds = time.perf_counter() - t0
-        if stop_requested():  # cut short: not done; a resumed cycle continues from its checkpoint
+        if result.interrupted:  # cut short: not done; a resumed cycle continues from its checkpoint
             _record_train_cost(fw, st, stage, seconds, result)  # the resumed run counts only its own steps
             fw.save(st)
-            return
+            log(f"{st.id}: {stage} interrupted at step {result.steps}; the next run resumes it")
+            return False
         current = str(result.final_model)
         st.stages_run.append({"stage": stage, "examples": n, "steps": result.steps, "seconds": seconds,
                               "final_model": current})
@@ -347,22 +349,30 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
         crash_point(f"train:{stage}")
     ran = [s for s in st.stages_run if "skipped" not in s]
     st.candidate_path = current if ran else None
+    return True
 
 
-def _evaluate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
+def _evaluate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:
+    """Score incumbent and candidate; False when a stop request interrupted it (nothing is
+    kept: evaluation reruns whole on resume)."""
     suites = _regression_suites(fw)
     if st.new_failures:
         env = ReplayEnvironment(Path(st.files["new_failures"]))
         suites.append(Suite(fw.cfg.gate.new_failures, env, env.tasks("train"), fw.cfg.eval.new_failures_max_tokens))
     seconds, generated = 0.0, 0
+    log(f"{st.id}: evaluating incumbent and candidate on " + ", ".join(f"{s.name} ({len(s.tasks)})" for s in suites))
     for who, path in (("incumbent", st.incumbent_path), ("candidate", st.candidate_path)):
-        result = evaluate_model(path, suites)
+        result = evaluate_model(path, suites, stop=stop_requested)
+        if result is None:
+            log(f"{st.id}: evaluation interrupted; it reruns on the next run")
+            return False
         st.scores[who] = result.scores
         seconds += result.seconds
         generated += result.tokens_generated
         log(f"{st.id}: {who}: " + ", ".join(f"{k} {v:.3f}" for k, v in result.scores.items()))
     st.seconds["evaluate"] = seconds
     _record_cost(fw, st, "eval", seconds, tokens_generated=generated)
+    return True
 
 
 def _decide(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
@@ -486,9 +496,9 @@ def run_cycle(fw: LoopStores, log: Callable[[str], None] = print) -> CycleState:
         nxt, step = _STEPS[st.stage]
         if st.stage == "trained" and st.candidate_path is None:
             nxt, step = "finished", _finish  # nothing was trained: nothing to evaluate
-        step(fw, st, log)
-        if stop_requested() and st.stage == "curated":
-            return st  # training was cut short
+        if step(fw, st, log) is False:  # a stop request cut the stage short: it resumes next time
+            log(f"{st.id}: stopped before stage {nxt!r} was reached; `flywheel loop run` resumes from {st.stage!r}")
+            return st
         st.stage = nxt
         fw.save(st)
         crash_point(f"stage:{nxt}")

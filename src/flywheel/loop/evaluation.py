@@ -15,7 +15,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import Field
 
@@ -93,8 +93,11 @@ def format_warnings(suites: list[Suite], production: dict[str, int]) -> list[str
             f"traces): set eval.suites.{s.name}.format" for s in suites if s.formats - served]
 
 
-def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0) -> SuiteScores:
-    """Greedy accuracy of the model at `model_dir` on each suite (an empty suite is skipped)."""
+def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0, chunk: int = 64,
+                   stop: Callable[[], bool] = lambda: False) -> SuiteScores | None:
+    """Greedy accuracy of the model at `model_dir` on each suite (an empty suite is skipped).
+    Tasks are played `chunk` at a time and `stop()` is asked between chunks, so a stop
+    request waits for one chunk at most: None when it said stop."""
     # here, not at the top: loop_config imports SuiteConfig and must not load torch
     from flywheel.inference import LocalEngine
     from flywheel.models import ChatRenderer
@@ -105,9 +108,15 @@ def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0)
     renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer.chat_template else None
     scores, counts, generated = {}, {}, 0
     for suite in suites:
-        if not suite.tasks:
-            continue
-        result = evaluate(engine, suite.env, suite.tasks, max_tokens=suite.max_tokens, renderer=renderer)
-        scores[suite.name], counts[suite.name] = result.success, result.episodes
-        generated += result.tokens_generated
+        passed = 0.0
+        for i in range(0, len(suite.tasks), chunk):
+            if stop():
+                return None
+            result = evaluate(engine, suite.env, suite.tasks[i:i + chunk], max_tokens=suite.max_tokens,
+                              renderer=renderer)
+            passed += result.success * result.episodes
+            counts[suite.name] = counts.get(suite.name, 0) + result.episodes
+            generated += result.tokens_generated
+        if suite.tasks:
+            scores[suite.name] = passed / counts[suite.name]
     return SuiteScores(scores, counts, generated, time.perf_counter() - t0)

@@ -29,13 +29,13 @@ from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import token_logprobs
 from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
 from flywheel.train.schedule import warmup_cosine
-from flywheel.train.stop import Deadline
+from flywheel.train.stop import Deadline, interrupted, interrupted_message
 
 
 @dataclass
 class DPOResult:
     output_dir: Path
-    final_model: Path
+    final_model: Path | None  # None when interrupted
     steps: int
     last: dict
     # loss tokens: the completion tokens of both sides (chosen_mask[1:] + rejected_mask[1:], the
@@ -43,6 +43,7 @@ class DPOResult:
     # the reference's no-grad forward and validation are not counted. A resumed run counts only
     # the steps after its checkpoint, so the ledger records of a run's pieces never overlap.
     tokens_trained: int = 0
+    interrupted: bool = False  # a stop request ended it early: checkpointed, no final model (train.stop)
 
 
 def sequence_logprobs(model, pairs, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,9 +85,9 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
             pc, pr = sequence_logprobs(model, batch, pad, cfg.device)
             return dpo_loss(pc, pr, rc, rr, beta=cfg.beta, loss_type=cfg.loss_type)
 
-    def checkpoint():
-        save_checkpoint(out, step, model, tokenizer, trainer_state(step, opt, sched, order, cfg),
-                        keep=cfg.checkpoint.keep)
+    def checkpoint() -> Path:
+        return save_checkpoint(out, step, model, tokenizer, trainer_state(step, opt, sched, order, cfg),
+                               keep=cfg.checkpoint.keep)
 
     deadline = Deadline(cfg.max_seconds)
     tokens_trained = 0  # DPOResult.tokens_trained
@@ -112,6 +113,11 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
             progress.update(step, loss=record["loss"], tokens_per_s=0.0)
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
                 checkpoint()
+    if interrupted(step, total):
+        path = checkpoint()
+        metrics.close()
+        log(interrupted_message(step, total, path))
+        return DPOResult(out, None, step, last, tokens_trained, interrupted=True)
     if val:
         vloss, vm = losses_on(val, train=False)
         record = {"val_loss": vloss.item(), **{f"val_{k}": v for k, v in vm.items()}}

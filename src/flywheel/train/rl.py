@@ -37,7 +37,7 @@ from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import RLStepConfig, rl_step
 from flywheel.errors import TrainError
 from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
-from flywheel.train.stop import Deadline
+from flywheel.train.stop import Deadline, interrupted, interrupted_message
 from flywheel.train.schedule import warmup_cosine
 
 SHM_RECORD = "rollout-weights.shm"  # name of the run's shared-memory segment, for cleanup after a kill
@@ -46,7 +46,7 @@ SHM_RECORD = "rollout-weights.shm"  # name of the run's shared-memory segment, f
 @dataclass
 class RLResult:
     output_dir: Path
-    final_model: Path
+    final_model: Path | None  # None when interrupted
     steps: int
     evals: list[dict] = field(default_factory=list)
     # Counted over the steps this call ran (a resumed run: only those after its checkpoint, so
@@ -60,6 +60,7 @@ class RLResult:
     # wall seconds the learner waited for rollouts (all of the generation when synchronous,
     # what training did not hide when asynchronous)
     rollout_seconds: float = 0.0
+    interrupted: bool = False  # a stop request ended it early: checkpointed, no final model (train.stop)
 
 
 def _eval_record(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
@@ -203,9 +204,9 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     params = dict(model.named_parameters())
     source.publish(params, step)
 
-    def save() -> None:
+    def save() -> Path:
         state = {**trainer_state(step, opt, sched, order, cfg), "feeder": feeder.state_dict()}
-        save_checkpoint(out, step, model, tokenizer, state, keep=cfg.checkpoint.keep)
+        return save_checkpoint(out, step, model, tokenizer, state, keep=cfg.checkpoint.keep)
 
     def run_eval() -> None:
         if eval_engine.version != step:
@@ -267,6 +268,9 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
                 run_eval()
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.train.steps:
                 save()
+    if interrupted(step, cfg.train.steps):
+        log(interrupted_message(step, cfg.train.steps, save()))
+        return RLResult(out, None, step, evals, tokens_trained, tokens_generated, rollout_seconds, interrupted=True)
     run_eval()
     save()
     final = out / "final"

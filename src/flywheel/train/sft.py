@@ -37,7 +37,7 @@ from flywheel.train.padding import pad_batch
 from flywheel.train.progress import StepProgress
 from flywheel.errors import TrainError
 from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
-from flywheel.train.stop import Deadline
+from flywheel.train.stop import Deadline, interrupted, interrupted_message
 from flywheel.train.schedule import warmup_cosine
 from flywheel.train.sft_data import Example, load_sft_examples
 
@@ -47,7 +47,7 @@ Evaluator = Callable[[object, object], dict]
 @dataclass
 class SFTResult:
     output_dir: Path
-    final_model: Path
+    final_model: Path | None  # None when interrupted
     steps: int
     resumed_from: int | None
     last: dict = field(default_factory=dict)  # last logged train / eval metrics
@@ -56,6 +56,7 @@ class SFTResult:
     # validation and evaluator tokens are not. A resumed run counts only the steps after its
     # checkpoint, so the ledger records of a run's pieces add up to the run, never twice.
     tokens_trained: int = 0
+    interrupted: bool = False  # a stop request ended it early: checkpointed, no final model (train.stop)
 
 
 def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[str], None] = print) -> SFTResult:
@@ -99,9 +100,9 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     pad_id = tokenizer.pad_token_id
     last: dict = {}
 
-    def checkpoint() -> None:
-        save_checkpoint(out, step, model, tokenizer, trainer_state(step, optimizer, scheduler, order, cfg),
-                        keep=cfg.checkpoint.keep)
+    def checkpoint() -> Path:
+        return save_checkpoint(out, step, model, tokenizer, trainer_state(step, optimizer, scheduler, order, cfg),
+                               keep=cfg.checkpoint.keep)
 
     def evaluate() -> dict:
         record = {}
@@ -165,6 +166,12 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:
                 checkpoint()
 
+    if interrupted(step, total_steps):
+        path = checkpoint()
+        metrics.close()
+        log(interrupted_message(step, total_steps, path))
+        return SFTResult(output_dir=out, final_model=None, steps=step, resumed_from=resumed_from, last=last,
+                         tokens_trained=tokens_trained, interrupted=True)
     if not stopped_early:  # else the last evaluation was at this very step
         evaluate()
     checkpoint()

@@ -23,6 +23,16 @@ def clear_stop() -> None:
     _STOP.clear()
 
 
+def interrupted(step: int, total: int) -> bool:
+    """A stop request ended the loop before its last step: the run checkpoints and returns
+    without evaluating or writing a final model, so a resume continues exactly from here."""
+    return _STOP.is_set() and step < total
+
+
+def interrupted_message(step: int, total: int, checkpoint) -> str:
+    return f"interrupted at step {step} of {total}; checkpoint {checkpoint}; resume=true continues from it"
+
+
 class Deadline:
     """A wall-clock budget counted from construction (this process only: a resumed run gets
     its budget afresh), also passed once a stop is requested. `None` seconds never run out."""
