@@ -30,3 +30,14 @@ def tiny(out: Path = typer.Option(..., "--out", help="folder to write the model 
 
         n = json.loads((path / "flywheel_tiny.json").read_text())["parameters"]
         typer.echo(f"wrote {path} ({n / 1e6:.2f}M parameters)")
+
+
+@app.command("demo-base")
+def demo_base() -> None:
+    """Build once (cached in $FLYWHEEL_CACHE, else ~/.cache/flywheel) and print the folder of the
+    demo's base model: a tiny chat model taught to answer additions ("What is 123 + 45?") by
+    calling a `calc` tool. A starting model for docs/loop.md when you have none of your own."""
+    with user_errors():
+        from flywheel.demo.base import base_model
+
+        typer.echo(base_model(log=lambda m: typer.echo(m, err=True)))
