@@ -52,3 +52,20 @@ def test_loop_status_shows_what_curation_dropped_and_the_cycles_warnings(tmp_pat
     assert "warning: suite 'arith' is played as completion" in out
     data = json.loads(CliRunner().invoke(app, ["loop", "status", "--data-dir", str(tmp_path), "--json"]).stdout)
     assert data["cycles"][0]["dropped"].startswith("3 records dropped") and len(data["cycles"][0]["warnings"]) == 1
+
+
+def test_registry_commands_take_the_loops_data_dir_and_errors_name_the_registry(tmp_path, monkeypatch):
+    from flywheel.models import TinySpec, build_tiny_model
+
+    monkeypatch.chdir(tmp_path)  # the default registry (./flywheel-data) must stay untouched
+    model = build_tiny_model(tmp_path / "m", TinySpec(hidden=16, layers=1, heads=2, ffn=32))
+    data = tmp_path / "loop-data"
+    run = lambda *args: CliRunner().invoke(app, ["registry", *args], terminal_width=200)
+    assert run("register", str(model), "--data-dir", str(data)).exit_code == 0
+    assert run("promote", "v1", "--data-dir", str(data)).stdout.startswith("promoted v1 to production")
+    assert "* v1" in " ".join(run("list", "--data-dir", str(data)).stdout.split())
+    assert not (tmp_path / "flywheel-data").exists()
+    missing = run("promote", "v9", "--data-dir", str(data))
+    assert missing.exit_code == 2 and f"(registry {(data / 'registry').resolve()})" in missing.stderr, missing.stderr
+    both = run("list", "--data-dir", str(data), "--registry", str(data / "registry"))
+    assert both.exit_code == 2 and "--registry or --data-dir, not both" in both.stderr

@@ -399,7 +399,9 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch):
     empty = tmp_path / "empty"
     empty.mkdir()
     r = runner.invoke(app, ["registry", "register", str(empty)])
-    assert r.exit_code == 2 and r.stderr == f"error: {str(empty)!r} is not a model folder: it has no config.json\n"
+    registry = tmp_path / "flywheel-data" / "registry"  # each error names the registry it used
+    assert r.exit_code == 2 and r.stderr == (f"error: {str(empty)!r} is not a model folder: it has no config.json "
+                                             f"(registry {registry})\n")
     assert (tmp_path / "flywheel-data" / "registry" / "registry.db").is_file()  # the default location
     r = runner.invoke(app, ["registry", "show", "v3"])
     assert r.exit_code == 2 and r.stderr.startswith("error: unknown model version 'v3'")
@@ -407,6 +409,6 @@ def test_cli_errors_are_one_line(tmp_path, monkeypatch):
     runner.invoke(app, ["models", "reject", "v1", "--reason", "worse"])
     r = runner.invoke(app, ["models", "promote", "v1"])
     assert r.exit_code == 2 and r.stderr == "error: version v1 is rejected (worse); a rejected version " \
-                                            "cannot be promoted\n"
+                                            f"cannot be promoted (registry {registry})\n"
     r = runner.invoke(app, ["models", "rollback"])
     assert r.exit_code == 2 and "nothing to roll back" in r.stderr

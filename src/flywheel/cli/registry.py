@@ -16,30 +16,43 @@ app = typer.Typer(help="Registered model versions: lineage, promotion to product
                   no_args_is_help=True)
 
 REGISTRY_HELP = ("registry folder, or a SQLAlchemy URL of its database "
-                 "(default: $FLYWHEEL_DATA/registry, else ./flywheel-data/registry)")
+                 "(default: <--data-dir>/registry, else $FLYWHEEL_DATA/registry, else ./flywheel-data/registry)")
 RegistryOpt = typer.Option(None, "--registry", help=REGISTRY_HELP)
+DataDirOpt = typer.Option(None, "--data-dir", help="a loop's data_dir (its config's): the registry in it")
+
+
+def _location(registry: str | None, data_dir: Path | None) -> str | None:
+    if registry is not None and data_dir is not None:
+        print("error: give --registry or --data-dir, not both", file=sys.stderr)
+        raise typer.Exit(2)
+    return str(data_dir / "registry") if data_dir is not None else registry
 
 
 @contextlib.contextmanager
-def _registry(location: str | None):
-    """Open the registry; report refusals as one line and exit code 2."""
+def _registry(location: str | None, data_dir: Path | None = None):
+    """Open the registry; report refusals as one line naming the registry, and exit code 2."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from flywheel.database import SchemaVersionError
     from flywheel.registry import Registry, RegistryError
+    from flywheel.registry.registry import default_root
 
+    location = _location(location, data_dir)
+    where = location if location is not None else str(default_root().resolve())
     try:
         with Registry(location) as registry:
+            where = str(registry.root) if "://" not in where else registry.url
             yield registry
     except (RegistryError, SchemaVersionError, SQLAlchemyError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e} (registry {where})", file=sys.stderr)
         raise typer.Exit(2) from None
 
 
-def _change_production(location: str | None, change: Callable, said: Callable[[str | None, str], str]) -> None:
+def _change_production(location: str | None, data_dir: Path | None, change: Callable,
+                       said: Callable[[str | None, str], str]) -> None:
     """Run `change(registry)` (a promote or rollback) and say what it did: `said(was, now)`,
     or that `now` was in production already."""
-    with _registry(location) as reg:
+    with _registry(location, data_dir) as reg:
         before = reg.production_marker()
         v = change(reg)
     typer.echo(f"{v.id} is already in production (nothing changed)" if before.version == v.id
@@ -63,11 +76,11 @@ def _when(t) -> str:
 
 
 @app.command("list")
-def list_(registry: str | None = RegistryOpt,
+def list_(registry: str | None = RegistryOpt, data_dir: Path | None = DataDirOpt,
           status: str | None = typer.Option(None, help="only this status (candidate, production, archived, "
                                                        "rejected)")) -> None:
     """One line per version, oldest first; the production version is marked with *."""
-    with _registry(registry) as reg:
+    with _registry(registry, data_dir) as reg:
         versions = reg.list(status=status)
     if not versions:
         typer.echo(f"no versions registered in {reg.root}" if status is None else f"no {status} versions")
@@ -84,9 +97,10 @@ def list_(registry: str | None = RegistryOpt,
 
 @app.command("show")
 def show(id: str = typer.Argument(..., help="version id, e.g. v3"), registry: str | None = RegistryOpt,
+         data_dir: Path | None = DataDirOpt,
          as_json: bool = typer.Option(False, "--json", help="print the whole record as JSON")) -> None:
     """Everything recorded about one version, with its lineage and file check."""
-    with _registry(registry) as reg:
+    with _registry(registry, data_dir) as reg:
         v = reg.get(id)
         lineage = [x.id for x in reg.lineage(id)]
         problems = reg.verify(id)
@@ -114,48 +128,48 @@ def show(id: str = typer.Argument(..., help="version id, e.g. v3"), registry: st
 
 @app.command("register")
 def register(model_dir: Path = typer.Argument(..., help="Hugging Face model folder (config.json + weights)"),
-             registry: str | None = RegistryOpt,
+             registry: str | None = RegistryOpt, data_dir: Path | None = DataDirOpt,
              parent: str | None = typer.Option(None, "--parent", help="version it was trained from"),
              cycle: str | None = typer.Option(None, "--cycle", help="cycle that produced it"),
              notes: str = typer.Option("", "--notes"),
              link: bool = typer.Option(False, "--link", help="hard-link the files instead of copying them")) -> None:
     """Store a copy of MODEL_DIR as a new candidate version."""
-    with _registry(registry) as reg:
+    with _registry(registry, data_dir) as reg:
         v = reg.register(model_dir, parent=parent, cycle=cycle, notes=notes, link=link)
     typer.echo(f"registered {v.id} (candidate) from {v.source} -> {v.path}")
 
 
 @app.command("promote")
-def promote(id: str = typer.Argument(...), registry: str | None = RegistryOpt,
+def promote(id: str = typer.Argument(...), registry: str | None = RegistryOpt, data_dir: Path | None = DataDirOpt,
             reason: str = typer.Option("", "--reason", help="why (kept in the history)")) -> None:
     """Make ID the production version; the current one is archived."""
-    _change_production(registry, lambda reg: reg.promote(id, reason),
+    _change_production(registry, data_dir, lambda reg: reg.promote(id, reason),
                        lambda was, now: f"promoted {now} to production" + (f" (was {was})" if was else ""))
 
 
 @app.command("rollback")
-def rollback(registry: str | None = RegistryOpt,
+def rollback(registry: str | None = RegistryOpt, data_dir: Path | None = DataDirOpt,
              to: str | None = typer.Option(None, "--to", help="version to restore (default: the one the "
                                                               "current production replaced)"),
              reason: str = typer.Option("", "--reason")) -> None:
     """Put an earlier production version back into production."""
-    _change_production(registry, lambda reg: reg.rollback(to, reason),
+    _change_production(registry, data_dir, lambda reg: reg.rollback(to, reason),
                        lambda was, now: f"rolled back production from {was} to {now}")
 
 
 @app.command("reject")
-def reject(id: str = typer.Argument(...), registry: str | None = RegistryOpt,
+def reject(id: str = typer.Argument(...), registry: str | None = RegistryOpt, data_dir: Path | None = DataDirOpt,
            reason: list[str] = typer.Option(..., "--reason", help="why (repeat for several)")) -> None:
     """Mark ID rejected; it can no longer be promoted."""
-    with _registry(registry) as reg:
+    with _registry(registry, data_dir) as reg:
         v = reg.reject(id, reason)
     typer.echo(f"rejected {v.id}: {'; '.join(v.reasons)}")
 
 
 @app.command("history")
-def history(registry: str | None = RegistryOpt) -> None:
+def history(registry: str | None = RegistryOpt, data_dir: Path | None = DataDirOpt) -> None:
     """Promotions, rollbacks and rejections, oldest first."""
-    with _registry(registry) as reg:
+    with _registry(registry, data_dir) as reg:
         entries = reg.history()
     if not entries:
         typer.echo("no promotions yet")

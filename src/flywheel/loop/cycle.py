@@ -151,10 +151,10 @@ class LoopStores(Closing):
 
     def no_production(self) -> str:
         """The error for a store with nothing in production, naming the registry it read."""
-        r = self.registry.root
+        r, d = self.registry.root, self.root.resolve()
         return (f"no production model in the registry {r}: register one and promote it first "
-                f"(flywheel registry register DIR --registry {r}, then flywheel registry promote v1 "
-                f"--registry {r})")
+                f"(flywheel registry register DIR --data-dir {d}, then flywheel registry promote v1 "
+                f"--data-dir {d})")
 
     def production_window(self) -> tuple[str, int] | None:
         """(version, trace cursor) recorded when that version was first seen in production."""
