@@ -62,12 +62,13 @@ def expression_called(text: str) -> str | None:
     return None
 
 
-def episode(client: OpenAI, question: str, max_turns: int = 3) -> tuple[list[str], str, str | None]:
+def episode(client: OpenAI, question: str, max_tokens: int = 120,
+            max_turns: int = 3) -> tuple[list[str], str, str | None]:
     """(response ids, one per turn; the final answer text; the first expression called)."""
     messages = [{"role": "user", "content": question}]
     ids, called, text = [], None, ""
     for _ in range(max_turns):
-        r = client.chat.completions.create(model="flywheel", messages=messages, max_tokens=120, temperature=0)
+        r = client.chat.completions.create(model="flywheel", messages=messages, max_tokens=max_tokens, temperature=0)
         ids.append(r.id)
         text = r.choices[0].message.content or ""
         expression = expression_called(text)
@@ -88,6 +89,7 @@ def main() -> None:
     p.add_argument("--episodes", type=int, default=100)
     p.add_argument("--ops", default="plus,minus", help=f"comma-separated, of {', '.join(OPS)}; asked in turn")
     p.add_argument("--correction-rate", type=float, default=0.5)
+    p.add_argument("--max-tokens", type=int, default=120, help="new tokens per reply")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     rng = random.Random(args.seed)
@@ -103,7 +105,7 @@ def main() -> None:
             symbol, fn, question = OPS[op]
             a, b = rng.randrange(10, 1000), rng.randrange(10, 1000)
             answer = str(fn(a, b))
-            ids, text, called = episode(client, question.format(a=a, b=b))
+            ids, text, called = episode(client, question.format(a=a, b=b), args.max_tokens)
             numbers = re.findall(r"-?\d+", text)
             ok = bool(numbers) and numbers[-1] == answer
             solved[op][0] += ok

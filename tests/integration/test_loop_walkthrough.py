@@ -1,0 +1,110 @@
+"""docs/loop.md's walkthrough, through the public faces only: the `flywheel` CLI to register,
+promote, run and watch the loop, and HTTP for everything else (examples/loop_traffic.py sends
+chat traffic with the official `openai` client and feedback with plain HTTP). A cycle
+promotes, the server switches, SIGTERM stops the daemon, and a restarted daemon serves the
+promoted version. The machinery, not learning: an untrained model under a gate that admits
+any candidate (delta 0, epsilon 1), with the walkthrough's config made small by overrides."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("uvicorn")
+pytest.importorskip("openai")
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["serve.port=0", "trigger.min_new_failures=20", "trigger.poll_s=0.3", "train.order=[sft]",
+         "train.min_replay=0", "train.sft.train.steps=2", "eval.suites.add.tasks=4", "eval.suites.subtract.tasks=4",
+         "eval.suites.add.max_tokens=8", "eval.suites.subtract.max_tokens=8", "eval.new_failures_max_tokens=8",
+         "gate.delta=0", "gate.epsilon=1"]
+
+
+def flywheel(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "flywheel.cli.main", *args], capture_output=True, text=True,
+                          timeout=300)
+    assert not check or done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def _wait(predicate, timeout: float, what: str, proc: subprocess.Popen):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the daemon exited ({proc.returncode}) while waiting for {what}:\n"
+                                 + proc.stdout.read()[-3000:])
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _status(data: Path) -> dict:
+    return json.loads(flywheel("loop", "status", "--data-dir", str(data), "--json").stdout)
+
+
+def _daemon(data: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "flywheel.cli.main", "loop", "run",
+                             str(REPO / "configs" / "loop_calculator.yaml"), f"data_dir={data}", *SMALL],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _served_version(url: str) -> str:
+    r = httpx.post(url + "/chat/completions", json={"model": "flywheel", "max_tokens": 2,
+                                                    "messages": [{"role": "user", "content": "What is 1 + 1?"}]})
+    return r.json()["system_fingerprint"]
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out.rstrip().endswith("stopped"), out[-3000:]
+    return out
+
+
+def test_the_walkthrough_through_the_public_faces(tmp_path, untrained_tiny):
+    data = tmp_path / "loop"
+    assert "registered v1" in flywheel("registry", "register", str(untrained_tiny), "--data-dir", str(data)).stdout
+    assert "promoted v1" in flywheel("registry", "promote", "v1", "--data-dir", str(data)).stdout
+    proc = _daemon(data)
+    try:
+        url = _wait(lambda: (_status(data)["daemon"] or {}).get("url"), 120, "the server", proc)
+        assert _served_version(url) == "v1"
+        traffic = subprocess.run([sys.executable, str(REPO / "examples" / "loop_traffic.py"), "--url", url,
+                                  "--episodes", "30", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
+        assert traffic.returncode == 0, traffic.stderr
+        assert traffic.stdout.startswith("loop_traffic: episodes=30 plus_solved="), traffic.stdout
+        cycle = _wait(lambda: next((c for c in _status(data)["cycles"] if c["outcome"]), None), 300, "a cycle", proc)
+        assert cycle["outcome"] == "promoted" and cycle["version"] == "v2", cycle
+        assert cycle["new_failures"] > 0 and cycle["warnings"] == []
+        _wait(lambda: _served_version(url) == "v2", 30, "the server to switch to v2", proc)
+    finally:
+        if proc.poll() is None and proc.returncode is None:
+            out = _stop(proc)
+    assert "c1: promoted (v2)" in out
+    status = flywheel("loop", "status", "--data-dir", str(data)).stdout
+    assert "daemon: stopped" in status and "production: v2" in status and "c1: promoted v2 from v1" in status
+
+    again = _daemon(data)  # a restart serves what was promoted, and takes feedback as before
+    try:
+        url = _wait(lambda: (s := _status(data)["daemon"] or {}).get("state") == "idle" and s.get("url"), 120,
+                    "the restarted server", again)
+        assert _served_version(url) == "v2"
+        r = httpx.post(url + "/chat/completions", json={"model": "flywheel", "max_tokens": 2,
+                                                        "messages": [{"role": "user", "content": "What is 2 + 2?"}]})
+        bad = httpx.post(f"{url}/traces/{r.json()['id']}/feedback", json={"label": "thumbs-down"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "label", bad.text
+        ok = httpx.post(f"{url}/traces/{r.json()['id']}/feedback",
+                        json={"label": "thumbs_down", "verifier": {"env": "calculator", "task": {"answer": "4"}}})
+        assert ok.status_code == 200, ok.text
+    finally:
+        if again.poll() is None:
+            _stop(again)
