@@ -81,9 +81,11 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
            data_dir: Path | None = typer.Option(None, "--data-dir",
                                                 help="the loop's data_dir (default: the config's, else flywheel-data)"),
            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """The daemon's state, the production model, and the cycles so far."""
+    """The daemon's state, the production model, the cycles so far and the disk each uses
+    (its folder under cycles/, and its candidate's model in the registry: pruned or kept)."""
     from flywheel.loop.curation import dropped_summary
     from flywheel.loop.cycle import CycleError, read_states
+    from flywheel.loop.retention import human_bytes, tree_bytes
     from flywheel.process import pid_alive
     from flywheel.service.daemon import STATUS_FILE
 
@@ -103,15 +105,23 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
                                             "usd", "started_at", "finished_at", "warnings")}
               | {"scores": st.scores, "reasons": st.decision.get("reasons", []),
                  "dropped": dropped_summary(st.curation)} for st in states]
-    production = None
+    production, versions = None, {}
     if (data_dir / "registry" / "registry.db").exists():
         from flywheel.registry import Registry
 
         with Registry(data_dir / "registry") as reg:
             prod = reg.production()
             production = prod.id if prod else None
+            versions = {v.id: v for v in reg.list()}
+    for c in cycles:
+        v = versions.get(c["version"])
+        c["disk"] = {"cycle_bytes": tree_bytes(data_dir / "cycles" / c["id"]),
+                     "model_bytes": tree_bytes(v.path) if v else None, "model_pruned": bool(v and v.pruned)}
+    disk = {"total_bytes": tree_bytes(data_dir), "registry_bytes": tree_bytes(data_dir / "registry"),
+            "cycles_bytes": tree_bytes(data_dir / "cycles")}
     if as_json:
-        typer.echo(json.dumps({"daemon": daemon, "production": production, "cycles": cycles}, indent=2))
+        typer.echo(json.dumps({"daemon": daemon, "production": production, "disk": disk, "cycles": cycles},
+                              indent=2))
         return
     if daemon is None:
         typer.echo(f"daemon: never ran with data_dir {data_dir}")
@@ -122,12 +132,17 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
                    f"at {daemon.get('url')}; {daemon.get('new_failures', 0)} new failures "
                    f"[{daemon.get('trigger', '')}]")
     typer.echo(f"production: {production or 'none'}")
+    typer.echo(f"disk: {human_bytes(disk['total_bytes'])} in {data_dir} (registry {human_bytes(disk['registry_bytes'])}"
+               f", cycles {human_bytes(disk['cycles_bytes'])})")
     for c in cycles:
         new = {who: s.get("new_failures") for who, s in c["scores"].items()}
         gate = f" new failures {new.get('incumbent', float('nan')):.3f} -> {new.get('candidate', float('nan')):.3f}" \
             if all(v is not None for v in new.values()) and new else ""
+        d = c["disk"]
+        model = "" if d["model_bytes"] is None else " + model pruned" if d["model_pruned"] else \
+            f" + model {human_bytes(d['model_bytes'])}"
         typer.echo(f"  {c['id']}: {c['outcome'] or c['stage']}{' ' + c['version'] if c['version'] else ''} "
-                   f"from {c['incumbent']},{gate} ${c['usd'] or 0:.4f}")
+                   f"from {c['incumbent']},{gate} ${c['usd'] or 0:.4f}; disk {human_bytes(d['cycle_bytes'])}{model}")
         if c["reasons"] and c["outcome"] == "rejected":
             typer.echo("      " + "; ".join(c["reasons"]))
         for line in ([c["dropped"]] if c["dropped"] else []) + [f"warning: {w}" for w in c["warnings"]]:

@@ -79,7 +79,8 @@ def _when(t) -> str:
 def list_(registry: str | None = RegistryOpt, data_dir: Path | None = DataDirOpt,
           status: str | None = typer.Option(None, help="only this status (candidate, production, archived, "
                                                        "rejected)")) -> None:
-    """One line per version, oldest first; the production version is marked with *."""
+    """One line per version, oldest first; the production version is marked with *, and a
+    version whose model files were pruned (only its record is left) says so in its status."""
     with _registry(registry, data_dir) as reg:
         versions = reg.list(status=status)
     if not versions:
@@ -88,7 +89,8 @@ def list_(registry: str | None = RegistryOpt, data_dir: Path | None = DataDirOpt
     rows = [("", "ID", "STATUS", "PARENT", "CYCLE", "CREATED (UTC)", "USD", "EVAL")]
     for v in versions:
         usd = f"{v.usd:.4g}" if isinstance(v.usd, (int, float)) else "-"
-        rows.append(("*" if v.status == "production" else "", v.id, v.status, v.parent or "-", v.cycle or "-",
+        shown = f"{v.status} (pruned)" if v.pruned else v.status
+        rows.append(("*" if v.status == "production" else "", v.id, shown, v.parent or "-", v.cycle or "-",
                      _when(v.created_at), usd, _compact(v.eval_scores)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
@@ -115,8 +117,8 @@ def show(id: str = typer.Argument(..., help="version id, e.g. v3"), registry: st
         f"cycle        {v.cycle or '-'}",
         f"created      {_when(v.created_at)} UTC",
         f"source       {v.source} ({v.storage})",
-        f"files        {len(v.files)}, {sum(s for s, _ in v.files.values())} bytes, "
-        + ("intact" if not problems else "PROBLEMS: " + "; ".join(problems)),
+        f"files        {len(v.files)}, {v.size} bytes, "
+        + ("intact" if not problems else problems[0] if v.pruned else "PROBLEMS: " + "; ".join(problems)),
         f"data counts  {_compact(v.data_counts)}",
         f"eval scores  {_compact(v.eval_scores)}",
         f"cost         {_compact(v.cost)}",

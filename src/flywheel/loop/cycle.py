@@ -41,6 +41,7 @@ from flywheel.loop.evaluation import Suite, evaluate_model, format_warnings, sui
 from flywheel.loop.failure_counter import FailureCounter
 from flywheel.loop.gate import decide
 from flywheel.loop.loop_config import LoopConfig, stage_config
+from flywheel.loop.retention import after_cycle, after_stage
 from flywheel.registry.registry import Registry
 from flywheel.traces.store import TraceStore
 from flywheel.train.dpo import run_dpo
@@ -347,6 +348,7 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:
         _record_train_cost(fw, st, stage, seconds, result)
         fw.save(st)
         crash_point(f"train:{stage}")
+        after_stage(fw.cfg.retention, folder, st.stages_run, log)  # finished and saved: never resumed
     ran = [s for s in st.stages_run if "skipped" not in s]
     st.candidate_path = current if ran else None
     return True
@@ -482,7 +484,8 @@ def pending_cycle(fw: LoopStores) -> CycleState | None:
 
 def run_cycle(fw: LoopStores, log: Callable[[str], None] = print) -> CycleState:
     """Resume the unfinished cycle if there is one, else start one; run it to the end, or
-    until a stop is requested (train.run_state.request_stop: the state on disk is resumable)."""
+    until a stop is requested (train.run_state.request_stop: the state on disk is resumable).
+    Finished work is then trimmed as the config's `retention` says (retention.py)."""
     st = pending_cycle(fw)
     if st is not None:
         log(f"{st.id}: resuming after stage {st.stage!r}")
@@ -502,4 +505,5 @@ def run_cycle(fw: LoopStores, log: Callable[[str], None] = print) -> CycleState:
         st.stage = nxt
         fw.save(st)
         crash_point(f"stage:{nxt}")
+    after_cycle(fw.cfg.retention, fw.cycles_dir, fw.states(), fw.registry, log)  # saved as finished
     return st

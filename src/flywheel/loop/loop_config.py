@@ -3,7 +3,8 @@ are curated, what a cycle trains, which suites the gate reads, and when a cycle 
 
 A cycle's training stages take the usual SFT / RL / DPO configs *minus* what the cycle fills
 in (model, output_dir, data files, env, resume); `stage_config` merges and validates them, and
-`check_stages` does it once at load time so a typo fails before any trace is read.
+`check_stages` does it once at load time so a typo fails before any trace is read. What a
+data_dir keeps of finished work is the `retention` section (retention.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from flywheel.config import Config, ConfigError, DPOConfig, RLConfig, SFTConfig,
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.evaluation import SuiteConfig
 from flywheel.loop.gate import GateConfig
+from flywheel.loop.retention import RetentionConfig, with_checkpoint_keep
 
 Stage = Literal["sft", "rl", "dpo"]
 _FILLED = {"sft": ("model", "output_dir", "resume"), "rl": ("model", "output_dir", "resume", "env"),
@@ -71,6 +73,7 @@ class LoopConfig(Config):
     gate: GateConfig = Field(default_factory=GateConfig)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     serve: LoopServeConfig = Field(default_factory=LoopServeConfig)
+    retention: RetentionConfig = Field(default_factory=RetentionConfig)
 
     @model_validator(mode="after")
     def _suite_names(self) -> LoopConfig:
@@ -89,12 +92,14 @@ class LoopConfig(Config):
 
 
 def stage_config(cfg: LoopConfig, stage: Stage, **filled: Any):
-    """The stage's config from `cfg.train.<stage>` plus what the cycle fills in; errors name
-    the field as `train.<stage>.<path>`."""
+    """The stage's config from `cfg.train.<stage>` plus what the cycle fills in, keeping
+    `retention.keep_checkpoints` checkpoints unless it sets checkpoint.keep; errors name the
+    field as `train.<stage>.<path>`."""
     base = dict(getattr(cfg.train, stage))
     for key in _FILLED[stage]:
         if key in base:
             raise ConfigError(f"train.{stage}.{key}: set by the cycle; remove it from the loop config")
+    base = with_checkpoint_keep(base, cfg.retention.keep_checkpoints)
     return validate(deep_merge(base, filled), _CLASSES[stage], where=f"train.{stage}")
 
 

@@ -11,7 +11,8 @@ mix; a partial unique index refuses a second production row outright (why a data
 docs/architecture.md, "Stores of the outer loop are databases"). Model folders are copied (or
 hard-linked, `link=True`), so the registry's copy survives deletion of the run folder; each
 version records its files' sizes and SHA-256 for `verify(id)`. A crash mid-registration leaves
-at worst an unreferenced folder, which the next registration removes.
+at worst an unreferenced folder, which the next registration removes. `prune(id)` removes a
+rejected version's files and keeps its record, marked pruned (the loop's retention does it).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from flywheel.registry.storage import (
     HistoryEntry,
     HistoryRow,
     ProductionMarker,
+    PrunedRow,
     RegistryError,
     StateRow,
     StatusError,
@@ -92,7 +94,7 @@ class Registry(Closing):
 
     def get(self, id: str) -> Version:
         with self._reading() as conn:
-            return Version.from_row(self._row(conn, id), self.root)
+            return self._version(conn, self._row(conn, id))
 
     def list(self, *, status: str | None = None, cycle: str | None = None) -> list[Version]:
         """All versions in registration order, optionally only those of one status or cycle."""
@@ -104,12 +106,13 @@ class Registry(Closing):
         if cycle is not None:
             query = query.where(VersionRow.cycle == str(cycle))
         with self._reading() as conn:
-            return [Version.from_row(r, self.root) for r in conn.execute(query)]
+            pruned = {p.version: p for p in conn.execute(select(PrunedRow))}
+            return [self._version(conn, r, pruned) for r in conn.execute(query)]
 
     def production(self) -> Version | None:
         with self._reading() as conn:
             pid = conn.scalar(select(StateRow.production).where(StateRow.id == 1))
-            return None if pid is None else Version.from_row(self._row(conn, pid), self.root)
+            return None if pid is None else self._version(conn, self._row(conn, pid))
 
     def production_marker(self) -> ProductionMarker:
         """(production id, generation): one primary-key read; poll it and reload when it changes."""
@@ -129,13 +132,16 @@ class Registry(Closing):
         with self._reading() as conn:
             next_id: str | None = id
             while next_id is not None:
-                out.append(Version.from_row(self._row(conn, next_id), self.root))
+                out.append(self._version(conn, self._row(conn, next_id)))
                 next_id = out[-1].parent
         return out
 
     def verify(self, id: str) -> list[str]:
-        """Problems with a version's files (missing, resized, changed content); empty when intact."""
+        """Problems with a version's files (missing, resized, changed content); empty when intact.
+        A pruned version has one: that its files were pruned, when and why."""
         version = self.get(id)
+        if version.pruned:
+            return [f"model files pruned {version.pruned_at:%Y-%m-%d %H:%M:%S} UTC ({version.pruned_reason})"]
         problems = []
         for rel, (size, digest) in sorted(version.files.items()):
             f = version.path / rel
@@ -171,7 +177,7 @@ class Registry(Closing):
             return found
         if parent is not None:
             self.get(parent)  # fail before copying gigabytes
-        self._sweep_incoming()
+        self._sweep()
         incoming = self.models / f".incoming-{os.getpid()}-{uuid.uuid4().hex}"
         try:
             files, storage = copy_folder(source, incoming, link=link)
@@ -179,7 +185,7 @@ class Registry(Closing):
             with writing(self.engine) as conn:
                 self._lock(conn)
                 if key is not None and (row := conn.execute(select(VersionRow).where(VersionRow.key == key)).first()):
-                    return Version.from_row(row, self.root)  # another process won the race
+                    return self._version(conn, row)  # another process won the race
                 if parent is not None:
                     self._row(conn, parent)
                 seq = (conn.scalar(select(VersionRow.seq).order_by(VersionRow.seq.desc()).limit(1)) or 0) + 1
@@ -220,13 +226,14 @@ class Registry(Closing):
         locked FOR UPDATE on PostgreSQL).
 
         Promoting the current production version is a no-op (nothing recorded). A rejected
-        version cannot be promoted.
+        version cannot be promoted, nor a pruned one (its files are gone).
         """
         with writing(self.engine) as conn:
             current = self._lock(conn)
             row = self._row(conn, id)
             if current == id:
-                return Version.from_row(row, self.root)
+                return self._version(conn, row)
+            self._refuse_pruned(conn, id, "promoted")
             if row.status == "rejected":
                 raise StatusError(f"version {id} is rejected ({'; '.join(row.reasons) or 'no reason given'}); "
                                   "a rejected version cannot be promoted")
@@ -246,15 +253,14 @@ class Registry(Closing):
             if current is None:
                 raise StatusError("no version is in production; there is nothing to roll back")
             if to is None:
-                to = conn.scalar(select(HistoryRow.previous).where(
-                    HistoryRow.action == "promote", HistoryRow.version == current).order_by(
-                    HistoryRow.seq.desc()).limit(1))
+                to = self._replaced(conn, current)
                 if to is None:
                     raise StatusError(f"production version {current} replaced no earlier version; "
                                       "nothing to roll back to (name one with --to)")
             row = self._row(conn, to)
             if to == current:
-                return Version.from_row(row, self.root)
+                return self._version(conn, row)
+            self._refuse_pruned(conn, to, "rolled back to")
             if not conn.scalar(select(HistoryRow.seq).where(HistoryRow.version == to,
                                                            HistoryRow.action != "reject").limit(1)):
                 raise StatusError(f"version {to} was never in production; promote it instead of rolling back")
@@ -279,14 +285,67 @@ class Registry(Closing):
                                   "before rejecting it")
             merged = list(dict.fromkeys([*(row.reasons or []), *reasons]))
             if row.status == "rejected" and merged == row.reasons:
-                return Version.from_row(row, self.root)
+                return self._version(conn, row)
             conn.execute(update(VersionRow).where(VersionRow.id == id).values(status="rejected", reasons=merged))
             generation = conn.scalar(select(StateRow.generation).where(StateRow.id == 1))
             conn.execute(insert(HistoryRow).values(at=utc_naive(utc_now()), action="reject", version=id, previous=None,
                                                    reason="; ".join(reasons), generation=generation))
         return self.get(id)
 
+    def rollback_target(self) -> str | None:
+        """What `rollback()` without `to` would restore: the version production replaced when
+        it was last promoted (None: nothing in production, or it replaced nothing)."""
+        with self._reading() as conn:
+            current = conn.scalar(select(StateRow.production).where(StateRow.id == 1))
+            return None if current is None else self._replaced(conn, current)
+
+    def prune(self, id: str, reason: str) -> Version:
+        """Remove a rejected version's model files; its record (scores, reasons, lineage,
+        history) stays, marked pruned with `reason`, and it can no longer be promoted or rolled
+        back to. Any other status is refused (StatusError): production, archived versions (the
+        rollback targets) and candidates keep their files.
+
+        The mark commits before a file goes and the folder is renamed to a hidden name before
+        it is removed, so a crash leaves a marked version with its folder whole (pruning it
+        again removes it) or hidden (the next prune or registration removes it), never an
+        unmarked one with files missing."""
+        if not reason.strip():
+            raise RegistryError(f"pruning {id} needs a reason")
+        with writing(self.engine) as conn:
+            self._lock(conn)
+            row = self._row(conn, id)
+            if row.status != "rejected":
+                raise StatusError(f"version {id} is {row.status}; only a rejected version can be pruned")
+            if self._mark(conn, id) is None:
+                conn.execute(insert(PrunedRow).values(version=id, at=utc_naive(utc_now()), reason=reason.strip(),
+                                                      bytes=sum(size for size, _ in row.files.values())))
+        crash_point("prune:marked")
+        folder, hidden = self.root / row.path, self.models / f".pruned-{id}"
+        if folder.exists():  # a hidden folder of this id is not there: it is named after this rename
+            os.rename(folder, hidden)
+            fsync_dir(self.models)
+        crash_point("prune:hidden")
+        self._sweep()
+        return self.get(id)
+
     # ---- internals
+
+    def _version(self, conn: Connection, row: VersionRow, pruned: Mapping[str, Any] | None = None) -> Version:
+        """The record of `row` with its pruning mark, looked up or taken from `pruned` (id -> mark)."""
+        return Version.from_row(row, self.root, pruned.get(row.id) if pruned is not None else self._mark(conn, row.id))
+
+    def _mark(self, conn: Connection, id: str):
+        return conn.execute(select(PrunedRow).where(PrunedRow.version == id)).first()
+
+    def _refuse_pruned(self, conn: Connection, id: str, what: str) -> None:
+        if (mark := self._mark(conn, id)) is not None:
+            raise StatusError(f"version {id} cannot be {what}: its model files were pruned "
+                              f"{utc_aware(mark.at):%Y-%m-%d %H:%M:%S} UTC ({mark.reason}); only its record is left")
+
+    def _replaced(self, conn: Connection, current: str) -> str | None:
+        """The version `current` replaced when it was last promoted."""
+        return conn.scalar(select(HistoryRow.previous).where(
+            HistoryRow.action == "promote", HistoryRow.version == current).order_by(HistoryRow.seq.desc()).limit(1))
 
     def _switch(self, conn: Connection, current: str | None, new: str, action: str, reason: str) -> None:
         """The four writes of a change of production, inside the caller's transaction."""
@@ -323,10 +382,13 @@ class Registry(Closing):
     def _by_key(self, key: str) -> Version | None:
         with self._reading() as conn:
             row = conn.execute(select(VersionRow).where(VersionRow.key == key)).first()
-        return None if row is None else Version.from_row(row, self.root)
+            return None if row is None else self._version(conn, row)
 
-    def _sweep_incoming(self) -> None:
-        """Remove copies left by registrations whose process is gone."""
+    def _sweep(self) -> None:
+        """Remove copies left by registrations whose process is gone, and the hidden folders of
+        versions a crash left half pruned (named only after their mark committed)."""
+        for d in self.models.glob(".pruned-*"):
+            shutil.rmtree(d, ignore_errors=True)
         for d in self.models.glob(".incoming-*"):
             with contextlib.suppress(ValueError, IndexError):
                 pid = int(d.name.split("-")[1])
@@ -335,7 +397,7 @@ class Registry(Closing):
 
     def _ensure_schema(self) -> None:
         with writing(self.engine) as conn:
-            ensure_schema(conn, [VersionRow.__table__, StateRow.__table__, HistoryRow.__table__],
+            ensure_schema(conn, [VersionRow.__table__, StateRow.__table__, HistoryRow.__table__, PrunedRow.__table__],
                           SCHEMA_VERSION_KEY, SCHEMA_VERSION, "registry")
             if conn.scalar(select(StateRow.id).where(StateRow.id == 1)) is None:
                 conn.execute(insert(StateRow).values(id=1, production=None, generation=0))

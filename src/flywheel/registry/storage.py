@@ -4,8 +4,12 @@
 archived or rejected, and a partial unique index admits at most one production row, so
 even a bug cannot make two. `registry_state` is a single row (id 1): the production id and
 a generation counter bumped by every change of production (the marker servers poll).
-`registry_history` logs every promote, rollback and reject. Times are naive UTC in the
-database and timezone-aware UTC in the records.
+`registry_history` logs every promote, rollback and reject. `registry_pruned` marks the
+rejected versions whose model files were removed (`Registry.prune`): when, why, how many bytes;
+their rows stay. It is a table of its own, so a registry made before it exists gets it when
+opened, and an older flywheel reading a newer registry sees a pruned version as a rejected one
+with its files missing. Times are naive UTC in the database and timezone-aware UTC in the
+records.
 
 Model folders are checked by flywheel's one rule (`models.loading.check_model_folder`), then
 copied or hard-linked file by file with each file's size and SHA-256 recorded, and flushed
@@ -89,6 +93,15 @@ class HistoryRow(Base):
     generation: Mapped[int] = mapped_column(Integer)
 
 
+class PrunedRow(Base):
+    __tablename__ = "registry_pruned"
+
+    version: Mapped[str] = mapped_column(ForeignKey("registry_versions.id"), primary_key=True)
+    at: Mapped[datetime] = mapped_column(DateTime)
+    reason: Mapped[str] = mapped_column(Text)
+    bytes: Mapped[int] = mapped_column(Integer)  # the registered files' sizes, freed
+
+
 class RegistryError(ValueError):
     """A request the registry refuses; the message says why."""
 
@@ -107,7 +120,8 @@ class StatusError(RegistryError):
 
 @dataclass(frozen=True)
 class Version:
-    """One registered model. `path` is its folder inside the registry (load it from there)."""
+    """One registered model. `path` is its folder inside the registry (load it from there);
+    a pruned version's folder is gone, its record stays."""
 
     id: str
     path: Path
@@ -125,6 +139,17 @@ class Version:
     storage: str = "copy"
     files: dict[str, Any] = field(default_factory=dict, repr=False)  # relative path -> [size, sha256]
     key: str | None = None
+    pruned_at: datetime | None = None  # its model files were removed then (the record stays)
+    pruned_reason: str = ""
+
+    @property
+    def pruned(self) -> bool:
+        return self.pruned_at is not None
+
+    @property
+    def size(self) -> int:
+        """Bytes of its registered files (on disk unless pruned)."""
+        return sum(size for size, _ in self.files.values())
 
     @property
     def usd(self) -> float | None:
@@ -133,15 +158,18 @@ class Version:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["path"], d["created_at"] = str(self.path), self.created_at.isoformat()
+        d["pruned_at"] = self.pruned_at.isoformat() if self.pruned_at else None
         return d
 
     @classmethod
-    def from_row(cls, row: VersionRow, root: Path) -> Version:
+    def from_row(cls, row: VersionRow, root: Path, pruned: PrunedRow | None = None) -> Version:
+        """The record of `row`; `pruned`: its registry_pruned row, if it has one."""
         return cls(id=row.id, path=root / row.path, parent=row.parent, cycle=row.cycle,
                    created_at=utc_aware(row.created_at), status=row.status, reasons=list(row.reasons or []),
                    data_counts=row.data_counts or {}, config=row.config or {}, eval_scores=row.eval_scores or {},
                    cost=row.cost or {}, notes=row.notes, source=row.source, storage=row.storage,
-                   files=row.files or {}, key=row.key)
+                   files=row.files or {}, key=row.key, pruned_at=utc_aware(pruned.at) if pruned else None,
+                   pruned_reason=pruned.reason if pruned else "")
 
 
 @dataclass(frozen=True)
