@@ -1,6 +1,7 @@
 """docs/loop.md's walkthrough, through the public faces only: the `flywheel` CLI to register,
 promote, run and watch the loop, and HTTP for everything else (examples/loop_traffic.py sends
-chat traffic with the official `openai` client and feedback with plain HTTP). A cycle
+chat traffic with the official `openai` client and feedback with plain HTTP; another agent
+stack's traces arrive by POST /v1/traces). A cycle
 promotes, the server switches, SIGTERM stops the daemon, and a restarted daemon serves the
 promoted version. The machinery, not learning: an untrained model under a gate that admits
 any candidate (delta 0, epsilon 1), with the walkthrough's config made small by overrides."""
@@ -27,10 +28,14 @@ SMALL = ["serve.port=0", "trigger.min_new_failures=20", "trigger.poll_s=0.3", "t
          "gate.delta=0", "gate.epsilon=1"]
 
 
-def flywheel(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "flywheel.cli.main", *args], capture_output=True, text=True,
-                          timeout=300)
-    assert not check or done.returncode == 0, done.stdout + done.stderr
+def flywheel(*args: str):
+    """`flywheel ARGS` in this process (the daemon alone runs as a process of its own)."""
+    from typer.testing import CliRunner
+
+    from flywheel.cli.main import app
+
+    done = CliRunner().invoke(app, list(args), terminal_width=200)
+    assert done.exit_code == 0, done.output
     return done
 
 
@@ -82,6 +87,11 @@ def test_the_walkthrough_through_the_public_faces(tmp_path, untrained_tiny):
                                   "--episodes", "30", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
         assert traffic.returncode == 0, traffic.stderr
         assert traffic.stdout.startswith("loop_traffic: episodes=30 plus_solved="), traffic.stdout
+        # another agent stack's episodes arrive as traces (chat or raw completion), judged later
+        agent = [{"id": "agent-1", "source": "agent", "messages": [{"role": "user", "content": "What is 5 + 7?"}],
+                  "response": {"role": "assistant", "content": "13"}},
+                 {"id": "agent-2", "source": "agent", "prompt": "5+7=", "response": {"role": "assistant", "content": "13"}}]
+        assert httpx.post(url + "/traces", json=agent).json()["added"] == 2
         cycle = _wait(lambda: next((c for c in _status(data)["cycles"] if c["outcome"]), None), 300, "a cycle", proc)
         assert cycle["outcome"] == "promoted" and cycle["version"] == "v2", cycle
         assert cycle["new_failures"] > 0 and cycle["warnings"] == []
@@ -92,6 +102,7 @@ def test_the_walkthrough_through_the_public_faces(tmp_path, untrained_tiny):
     assert "c1: promoted (v2)" in out
     status = flywheel("loop", "status", "--data-dir", str(data)).stdout
     assert "daemon: stopped" in status and "production: v2" in status and "c1: promoted v2 from v1" in status
+    assert "it last served v2" in status and "http://" not in status  # a stopped daemon serves nothing
 
     again = _daemon(data)  # a restart serves what was promoted, and takes feedback as before
     try:
