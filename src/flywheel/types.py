@@ -37,7 +37,26 @@ def _json_kind(value: Any) -> str | None:
     return None
 
 
-@with_config(ConfigDict(extra="allow"))
+def _not_null(*keys: str) -> dict[str, Any]:
+    """JSON Schema: each of `keys` present and not null."""
+    return {"required": list(keys), "properties": {k: {"not": {"type": "null"}} for k in keys}}
+
+
+# The rules of _text_part_has_text and _fits_role below, for JSON Schema (the OpenAPI document):
+# pydantic cannot derive a schema from a validator, and tests/service/test_openapi.py checks
+# that what these schemas accept the server accepts.
+_TEXT_PART_RULE = {"if": {"properties": {"type": {"const": "text"}}}, "then": _not_null("text")}
+_ROLE_RULES = {"allOf": [
+    {"if": {"properties": {"role": {"const": "assistant"}}},
+     "then": {"anyOf": [_not_null("content"), _not_null("refusal"),
+                        {"required": ["tool_calls"], "properties": {"tool_calls": {"type": "array", "minItems": 1}}}]},
+     "else": {**_not_null("content"), "properties": {"content": {"not": {"type": "null"}},
+                                                     "tool_calls": {"type": "null"}}}},
+    {"if": {"properties": {"role": {"const": "tool"}}}, "else": {"properties": {"tool_call_id": {"type": "null"}}}},
+]}
+
+
+@with_config(ConfigDict(extra="allow", json_schema_extra=_TEXT_PART_RULE))
 class ContentPartFields(TypedDict):
     """One part of a multi-part message content (`{"type": "text", "text": ...}`, images, ...).
 
@@ -84,7 +103,7 @@ class ToolCallPart(TypedDict):
     function: FunctionCall
 
 
-@with_config(_FORBID)
+@with_config(ConfigDict(extra="forbid", json_schema_extra=_ROLE_RULES))
 class MessageFields(TypedDict):
     role: Role
     content: NotRequired[Content | None]

@@ -614,14 +614,14 @@ def test_cli_env_list(cli):
 def test_cli_env_show(cli):
     result = cli.invoke(app, ["env", "show", "arithmetic"])
     assert result.exit_code == 0, result.output
-    info_text, task_text = result.stdout.split("example task:\n")
+    info_text, rest = result.stdout.split("verifier task:", 1)  # then its shape (tests/unit/test_env_verifier.py)
     info = json.loads(info_text)
     assert info["name"] == "arithmetic" and info["train_tasks"] == 9800 and info["test_tasks"] == 200
-    task = json.loads(task_text)
+    task = json.loads(rest.split("example verifier:\n")[1])["task"]
     a, b = task["prompt"].removesuffix("=").split("+")
     assert len(a) == len(b) == 2 and task["answer"] == str(int(a) + int(b))
     shown = json.loads(cli.invoke(app, ["env", "show", "calculator", "--set", "tool_latency_s=0.25"])
-                       .stdout.split("example task:\n")[0])
+                       .stdout.split("verifier task:")[0])
     assert shown["tool_latency_s"] == 0.25 and shown["tools"][0]["function"]["name"] == "calc"
 
 

@@ -35,15 +35,27 @@ def list_() -> None:
 
 @app.command("show")
 def show(name: str, set_: list[str] = typer.Option([], "--set", help="env setting key=value (repeatable)")) -> None:
-    """Describe an environment: settings, tools, reward, and one task."""
+    """Describe an environment: settings, tools, reward, and the verifier task shape (what
+    feedback sends to have a failed trace replayed here), with one real task as example."""
     with user_errors():
         from flywheel.envs import load_env
+        from flywheel.loop.curation_rules import CurationConfig
+        from flywheel.loop.feedback_check import trusted_env
 
-        env = load_env(name, **_settings(set_))
+        settings = _settings(set_)
+        env = load_env(name, **settings)
         typer.echo(json.dumps(env.info(), indent=2, default=str))
-        task = env.tasks("test", n=1)[0]
-        typer.echo("example task:")
-        typer.echo(json.dumps({"id": task.id, "prompt": task.prompt, "answer": task.answer}, indent=2, default=str))
+        typer.echo(f'verifier task: feedback `"verifier": {{"env": {json.dumps(name)}, "task": {{...}}}}` has a '
+                   "failed trace replayed and graded here; the task's fields:")
+        for f in env.verifier_task_fields():
+            typer.echo(f"  {f.name:10s}{'required' if f.required else 'optional'}  {f.text}")
+        if settings:
+            typer.echo("note: a verifier names no settings: it is replayed with this environment's defaults")
+        if not trusted_env(name, CurationConfig()):
+            typer.echo(f"note: not a built-in: a loop replays it only if its config lists {name!r} in "
+                       "curation.environments")
+        typer.echo("example verifier:")
+        typer.echo(json.dumps({"env": name, "task": env.verifier_task_example()}, indent=2, default=str))
 
 
 @app.command("try")

@@ -74,6 +74,8 @@ OPERATORS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b:
 
 class ArithmeticEnvironment(Environment):
     name = "arithmetic"
+    answer_doc = ('the result as a JSON string of digits, e.g. "46" (a number never matches); a completion '
+                  "scores 1 when its leading number is it")
 
     def __init__(self, operators: str = "+", digits: int = 2, heldout: int = N_HELDOUT):
         bad = [op for op in operators if op not in OPERATORS]

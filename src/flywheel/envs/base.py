@@ -14,6 +14,7 @@ for a task, and a scripted policy for smoke tests and benchmarks.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -73,11 +74,34 @@ class EnvGroupBuilder:
         return list(rewards)
 
 
+@dataclass(frozen=True)
+class TaskField:
+    """One field of a task sent as JSON (a verifier's `task`, a replay record's `task`)."""
+
+    name: str
+    required: bool
+    text: str
+
+
+_ANY_ANSWER = "the reference the verifier grades against (any JSON)"
+TASK_FIELDS = (
+    TaskField("prompt", True, "what the environment replays to the policy: chat messages (objects with a "
+                              "string `role`), or a non-empty string for a raw-completion environment"),
+    TaskField("answer", True, _ANY_ANSWER),
+    TaskField("id", False, "a non-empty string; absent: the trace's id"),
+    TaskField("tools", False, "the tool schemas shown to the model (OpenAI `tools` format); absent or null: "
+                              "the environment's default"),
+    TaskField("metadata", False, "an object: what the environment reads besides (its grader, its scripted policy)"),
+    TaskField("split", False, "a string; ignored on replay: curation assigns the train / held-out split"),
+)
+
+
 class Environment(abc.ABC):
     """A family of tasks and the episodes played on them."""
 
     name: str = "env"
     description: str = ""
+    answer_doc: str = _ANY_ANSWER  # what `answer` is for this environment (verifier_task_fields)
 
     @abc.abstractmethod
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
@@ -96,6 +120,20 @@ class Environment(abc.ABC):
     def info(self) -> dict[str, Any]:
         """What `flywheel env show` prints."""
         return {"name": self.name, "description": self.description}
+
+    def verifier_task_fields(self) -> list[TaskField]:
+        """What a client sends as the `task` of feedback `verifier: {"env": NAME, "task": {...}}`
+        to have a failed trace replayed and graded here: `TASK_FIELDS`, `answer` told by
+        `answer_doc`. An environment whose grader reads more (metadata) overrides this."""
+        return [dataclasses.replace(f, text=self.answer_doc) if f.name == "answer" else f for f in TASK_FIELDS]
+
+    def verifier_task_example(self) -> dict[str, Any]:
+        """One real task of this environment (the first of a seeded test draw) as a verifier's
+        task: its fields as JSON values, without `id` and `split` (curation sets both) and
+        without fields left empty (null tools, no metadata)."""
+        task = self.tasks("test", n=1)[0]
+        out = {k: v for k, v in dataclasses.asdict(task).items() if k not in ("id", "split")}
+        return {k: v for k, v in out.items() if v is not None and v != {}}
 
 
 class Policy(abc.ABC):

@@ -107,6 +107,8 @@ def final_number(text: str) -> str | None:
 class CalculatorEnvironment(Environment):
     name = "calculator"
     description = "multi-turn tool use: multiply and chain 3-4-digit numbers with a calc tool"
+    answer_doc = ('the exact value as a JSON string, no separators, e.g. "6912" or "-15" (a number never '
+                  "matches); the final answer scores 1 when its last number is it")
 
     def __init__(self, tool_latency_s: float = 0.0, chain_prob: float = 0.5, limits: ToolLimits = ToolLimits(max_turns=6),
                  bare_prompt: bool = False, max_digits: int = 4, operator: str = "*",

@@ -113,6 +113,9 @@ def _create(dataset: str, seed: int, size: int, settings: dict):
 
 
 class ReasoningGymEnvironment(Environment):
+    answer_doc = ("the gold answer (a string): the reply's last <answer>...</answer> (else its last line) must "
+                  "equal it, whitespace and case normalised, numbers compared by value")
+
     def __init__(self, dataset: str = "leg_counting", size: int = 1000, seed: int = 0, scorer: str = "exact",
                  test_size: int = 200, settings: dict[str, Any] | None = None):
         if scorer not in SCORERS:

@@ -1,7 +1,8 @@
 """The FastAPI face of `OpenAIService`: routes decode JSON, call the core, encode the answer.
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, and
-with a trace store POST /v1/traces and POST /v1/traces/{id}/feedback (service/ingest.py).
+with a trace store POST /v1/traces and POST /v1/traces/{id}/feedback (service/ingest.py);
+GET /openapi.json describes each one's body and answers (service/openapi.py).
 Every error, including unknown routes and bodies that are not JSON, has OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`. A streamed request is answered with
 server-sent events as it is generated: `data: {chunk}` lines (a content delta per decode
@@ -29,6 +30,7 @@ from flywheel.service.core import EventStream, OpenAIService
 from flywheel.service.errors import OpenAIError
 from flywheel.service.ingest import ingest_router, read_json
 from flywheel.service.ingest_pool import IngestPool
+from flywheel.service.openapi import install as install_openapi, route_doc
 
 
 def get_service(request: Request) -> OpenAIService:
@@ -43,6 +45,11 @@ async def json_body(request: Request) -> Any:
 
 
 BodyDep = Annotated[Any, Depends(json_body)]
+
+
+GENERATION_ERRORS = {400: "an invalid request (the message names the field; unsupported OpenAI options are "
+                          "refused, never ignored)", 500: "generation failed",
+                     503: "the server is shutting down"}
 
 
 def _headers(version: str) -> dict[str, str]:
@@ -109,6 +116,8 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
 
     app = FastAPI(title="flywheel", summary="OpenAI-compatible serving with trace capture", lifespan=lifespan)
     app.state.service = service
+    curation = (curation or CurationConfig()) if trace_store is not None else None
+    install_openapi(app, curation)
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
@@ -122,22 +131,28 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
 
     if trace_store is not None:
         app.include_router(ingest_router(trace_store, pool, getattr(service.trace_sink, "wait_written", None),
-                                         curation or CurationConfig()))
+                                         curation))
 
-    @app.get("/health")
+    @app.get("/health", **route_doc(ok="Health", errors={}))
     async def health(svc: ServiceDep) -> dict[str, str]:
+        """The served model and the version serving now."""
         return {"status": "ok", "model": svc.name, "version": svc.version}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", **route_doc(ok="ModelList", errors={}))
     async def models(svc: ServiceDep) -> JSONResponse:
+        """The one served model, as OpenAI lists models."""
         return JSONResponse(svc.models(), headers=_headers(svc.version))
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", **route_doc(body="ChatCompletionRequest", ok="ChatCompletion",
+                                                  stream="ChatCompletionChunk", errors=GENERATION_ERRORS))
     async def chat_completions(svc: ServiceDep, body: BodyDep):
+        """OpenAI's chat completions: the model's chat template, tool calls in the Hermes format."""
         return _answer(*await svc.chat(body))
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", **route_doc(body="CompletionRequest", ok="TextCompletion",
+                                             stream="TextCompletionChunk", errors=GENERATION_ERRORS))
     async def completions(svc: ServiceDep, body: BodyDep):
+        """OpenAI's legacy completions: raw prompts (texts or token ids), no chat template."""
         return _answer(*await svc.completions(body))
 
     return app

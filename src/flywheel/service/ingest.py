@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from flywheel.loop.curation_rules import CurationConfig
@@ -36,6 +36,7 @@ from flywheel.traces.batch import NotABatch, PreparedBatch
 from flywheel.traces.encoding import NotJSON, decode_json
 from flywheel.service.errors import OpenAIError
 from flywheel.service.ingest_pool import IngestPool, IngestWorkerDied
+from flywheel.service.openapi import route_doc
 
 
 def read_json(raw: bytes) -> Any:
@@ -51,6 +52,20 @@ def _json_response(content: Any, status_code: int = 200) -> Response:
 
 
 FEEDBACK_WAIT_S = 10.0  # how long feedback waits for a trace this server answered to be stored
+
+TRACES_DOC = route_doc(
+    body="TraceBatch", ok="TraceIngestResult",
+    body_text="a list of trace records, or {\"traces\": [...]}; a record that is not a valid TraceIn comes back "
+              "as `invalid` with its reason, and the others are stored",
+    errors={400: 'the body is not JSON, or neither a list nor {"traces": [...]}', 500: "an ingestion worker died",
+            503: "the store's writers are busy: try again"})
+FEEDBACK_DOC = route_doc(
+    body="FeedbackIn", ok="FeedbackResult",
+    body_text="one outcome: at least one of score, label, correction, text, verifier",
+    errors={400: "invalid feedback (the message names the field: an unknown label lists the valid ones), or its "
+                 "idempotency_key already used by other feedback", 404: "no trace with this id"})
+TRACE_ID = ("the trace's id: for a response this server returned, the response's `id` (choice 0) or `<id>-<i>` "
+            "(choice i > 0); for a trace sent to POST /v1/traces, the `id` in its result")
 
 
 def ingest_router(store, pool: IngestPool | None = None,
@@ -75,8 +90,10 @@ def ingest_router(store, pool: IngestPool | None = None,
         return _json_response({"added": result.added, "duplicates": result.duplicates,
                                "rejected": len(result.rejected), "results": rows})
 
-    @router.post("/v1/traces")
+    @router.post("/v1/traces", **TRACES_DOC)
     async def add_traces(request: Request) -> Response:
+        """Store traces from any agent stack, each record judged alone; a retry with the same
+        idempotency keys (or ids) is a no-op."""
         raw = await request.body()
         try:
             batch = await pool.prepare(raw, store.default_source, datetime.now(timezone.utc))
@@ -88,8 +105,12 @@ def ingest_router(store, pool: IngestPool | None = None,
             raise OpenAIError(str(e), status=500, type="server_error") from None
         return await asyncio.to_thread(write, batch)
 
-    @router.post("/v1/traces/{trace_id}/feedback")
-    async def add_feedback(trace_id: str, request: Request) -> JSONResponse:
+    @router.post("/v1/traces/{trace_id}/feedback", **FEEDBACK_DOC)
+    async def add_feedback(trace_id: Annotated[str, Path(description=TRACE_ID)], request: Request) -> JSONResponse:
+        """Report how a trace went, at any time after it (a trace may get many). Curation reads
+        the newest: a failed trace (a low score, a failure label) with a verifier becomes an RL
+        task its environment replays and grades; a correction becomes an SFT example. Feedback
+        for a response this server just returned waits for its trace to be stored."""
         body = read_json(await request.body())
         if not isinstance(body, dict):
             raise OpenAIError("expected a JSON object with the feedback", param="body")

@@ -72,6 +72,9 @@ class Usage(TypedDict):
     completion_tokens_details: NotRequired[dict[str, Any] | None]
 
 
+ASSISTANT_ONLY = Field(json_schema_extra={"properties": {"role": {"const": "assistant"}}})  # _assistant's rule
+
+
 def _assistant(what: str):
     def check(message: MessageFields | None) -> MessageFields | None:
         if message is not None and message["role"] != "assistant":
@@ -101,7 +104,7 @@ class TraceIn(TypedDict):
     messages: NotRequired[Annotated[list[Message], Field(min_length=1)]]
     prompt: NotRequired[Annotated[str, Field(min_length=1)]]  # a raw completion: the text as served
     tools: NotRequired[list[ToolDef] | None]
-    response: NotRequired[Annotated[Message | None, _assistant("the response")]]
+    response: NotRequired[Annotated[Message | None, _assistant("the response"), ASSISTANT_ONLY]]
     usage: NotRequired[Usage | None]
     latency_ms: NotRequired[Annotated[float, Field(ge=0, allow_inf_nan=False)] | None]
     metadata: NotRequired[dict[str, Any] | None]
@@ -129,12 +132,18 @@ class Verifier(_Strict):
     task: dict[str, Any]
 
 
+_SAYS = ("score", "label", "correction", "text", "verifier")  # feedback needs one of them, not null
+
+
 class FeedbackIn(_Strict):
     """One outcome for a stored trace; at least one of score, label, correction, text, verifier."""
 
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": [k], "properties": {k: {"not": {"type": "null"}}}} for k in _SAYS]})
+
     score: float | None = Field(default=None, allow_inf_nan=False)
     label: str | None = Field(default=None, min_length=1, max_length=200)
-    correction: Annotated[Message | None, _assistant("a correction")] = None
+    correction: Annotated[Message | None, _assistant("a correction"), ASSISTANT_ONLY] = None
     text: str | None = None
     verifier: Verifier | None = None
     created_at: datetime | None = None
@@ -142,8 +151,8 @@ class FeedbackIn(_Strict):
 
     @model_validator(mode="after")
     def _says_something(self) -> FeedbackIn:
-        if all(v is None for v in (self.score, self.label, self.correction, self.text, self.verifier)):
-            raise ValueError("feedback needs at least one of score, label, correction, text, verifier")
+        if all(getattr(self, k) is None for k in _SAYS):
+            raise ValueError(f"feedback needs at least one of {', '.join(_SAYS)}")
         return self
 
 
