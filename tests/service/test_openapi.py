@@ -112,7 +112,7 @@ def test_the_feedback_route_states_the_trace_id_and_the_served_rules(doc):
     assert "Failure labels" in label["description"] and "bad, Regression" in label["description"]
     env = schemas["Verifier"]["properties"]["env"]["enum"]
     assert "examples.custom_env:load" in env and "calculator" in env and "replay" not in env
-    assert schemas["Task"]["required"] == ["prompt", "answer"]
+    assert schemas["Task"]["required"] == ["answer"]
 
 
 def events(r: httpx.Response) -> list:

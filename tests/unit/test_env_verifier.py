@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime, timezone
 
 import pytest
 from typer.testing import CliRunner
 
 from flywheel.cli.main import app
+from flywheel.envs import load_env
 from flywheel.envs.patches import make_diff
 from flywheel.envs.replay import ReplayEnvironment, task_from_dict
 from flywheel.envs.repo import CORPORA, Instance, write_instances
+from flywheel.loop.curation import curate
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.feedback_check import FeedbackRefused, check_feedback
 from flywheel.rollout.play import play
+from flywheel.traces.results import StoredFeedback, StoredTrace, StoredVerifier
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +62,24 @@ def shown(runner, *args) -> tuple[dict[str, tuple[bool, str]], list[str], dict]:
 @pytest.mark.parametrize("name", ["calculator", "arithmetic"])
 def test_the_example_verifier_is_accepted_and_replayed_by_its_environment(runner, name):
     fields, notes, verifier = shown(runner, name)
-    assert [k for k, (required, _) in fields.items() if required] == ["prompt", "answer"]
+    assert [k for k, (required, _) in fields.items() if required] == ["answer"]
     assert set(fields) == {"prompt", "answer", "id", "tools", "metadata", "split"} and not notes
     assert "JSON string" in fields["answer"][1]  # this env's own answer, not the generic text
+    assert "as it was served" in fields["prompt"][1] and "prompt" not in verifier["task"]
     assert verifier["env"] == name and isinstance(verifier["task"]["answer"], str)
-    task = task_from_dict(verifier["task"], default_id="trace-1")
     check_feedback({"label": "wrong", "verifier": verifier}, CurationConfig())
-    # replayed as curation would (the trace id as task id), its scripted policy scores 1
-    replay = ReplayEnvironment([{"env": name, "task": {**verifier["task"], "id": task.id}}])
+    # a failed trace of the env's question with this verifier: curated, its RL task is the trace
+    # as served, and the env's scripted policy scores 1 on its replay
+    question = load_env(name).tasks("test", n=1)[0]
+    sent = {"prompt": question.prompt} if isinstance(question.prompt, str) else {"messages": question.prompt}
+    trace = StoredTrace(id="trace-1", seq=1, idempotency_key="k", created_at=datetime.now(timezone.utc),
+                        source="serve", **{"messages": [], **sent}, tools=question.tools,
+                        response={"role": "assistant", "content": "0"},
+                        feedback=[StoredFeedback(id="f", trace_id="trace-1", created_at=datetime.now(timezone.utc),
+                                                 score=0.0, verifier=StoredVerifier(name, verifier["task"]))])
+    (item,) = curate([trace], cfg=CurationConfig(heldout_fraction=0.0, min_heldout=0)).rl.train
+    assert item.row["task"]["prompt"] == question.prompt
+    replay = ReplayEnvironment([item.row])
     results = asyncio.run(play(replay, replay.tasks("train"), replay.scripted_policy()))
     assert [r.reward for r in results] == [1.0]
 
@@ -85,7 +99,7 @@ def test_code_repair_requires_the_instance_in_metadata(runner, instances):
     assert notes == ["note: a verifier names no settings: it is replayed with this environment's defaults"]
     task = verifier["task"]
     assert task["metadata"]["instance"]["instance_id"] == "vowels" and task["answer"].startswith("diff --git a/minilib/text.py")
-    task_from_dict(task, default_id="trace-1")
+    task_from_dict(task, default_id="trace-1", default_prompt="(the trace's prompt)")
     check_feedback({"score": 0.0, "verifier": verifier}, CurationConfig())
 
 

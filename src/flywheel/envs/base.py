@@ -76,7 +76,7 @@ class EnvGroupBuilder:
 
 @dataclass(frozen=True)
 class TaskField:
-    """One field of a task sent as JSON (a verifier's `task`, a replay record's `task`)."""
+    """One field of a verifier's `task` (feedback `verifier: {"env", "task"}`)."""
 
     name: str
     required: bool
@@ -85,12 +85,12 @@ class TaskField:
 
 _ANY_ANSWER = "the reference the verifier grades against (any JSON)"
 TASK_FIELDS = (
-    TaskField("prompt", True, "what the environment replays to the policy: chat messages (objects with a "
-                              "string `role`), or a non-empty string for a raw-completion environment"),
     TaskField("answer", True, _ANY_ANSWER),
+    TaskField("prompt", False, "a record only: the replay plays the trace's own prompt as it was served (a chat "
+                               "trace's messages through the last user message, a raw completion's text); "
+                               "if given, chat messages or a non-empty string, kept as `verifier_prompt`"),
     TaskField("id", False, "a non-empty string; absent: the trace's id"),
-    TaskField("tools", False, "the tool schemas shown to the model (OpenAI `tools` format); absent or null: "
-                              "the environment's default"),
+    TaskField("tools", False, "ignored on replay: the tools the trace offered are the ones replayed"),
     TaskField("metadata", False, "an object: what the environment reads besides (its grader, its scripted policy)"),
     TaskField("split", False, "a string; ignored on replay: curation assigns the train / held-out split"),
 )
@@ -129,10 +129,10 @@ class Environment(abc.ABC):
 
     def verifier_task_example(self) -> dict[str, Any]:
         """One real task of this environment (the first of a seeded test draw) as a verifier's
-        task: its fields as JSON values, without `id` and `split` (curation sets both) and
-        without fields left empty (null tools, no metadata)."""
+        task: its fields as JSON values, without `id` and `split` (curation sets both), `prompt`
+        and `tools` (the trace's own are replayed) and fields left empty (no metadata)."""
         task = self.tasks("test", n=1)[0]
-        out = {k: v for k, v in dataclasses.asdict(task).items() if k not in ("id", "split")}
+        out = {k: v for k, v in dataclasses.asdict(task).items() if k not in ("id", "split", "prompt", "tools")}
         return {k: v for k, v in out.items() if v is not None and v != {}}
 
 

@@ -83,7 +83,11 @@ def _assistant(what: str):
     return AfterValidator(check)
 
 
-@with_config(_FORBID)
+# _one_prompt's rule, for the JSON Schema: exactly one of messages (chat) and prompt (raw completion)
+_ONE_PROMPT = {"oneOf": [{"required": ["messages"]}, {"required": ["prompt"]}]}
+
+
+@with_config(ConfigDict(extra="forbid", json_schema_extra=_ONE_PROMPT))
 class TraceIn(TypedDict):
     """One trace as a client sends it: `messages` (a chat trace) or `prompt` (a raw-completion
     trace), exactly one; everything else is optional.
