@@ -69,3 +69,16 @@ def test_registry_commands_take_the_loops_data_dir_and_errors_name_the_registry(
     assert missing.exit_code == 2 and f"(registry {(data / 'registry').resolve()})" in missing.stderr, missing.stderr
     both = run("list", "--data-dir", str(data), "--registry", str(data / "registry"))
     assert both.exit_code == 2 and "--registry or --data-dir, not both" in both.stderr
+
+
+def test_loop_run_refusals_are_one_line_naming_the_path(tmp_path):
+    """Nothing in production, or anchor data that is not SFT rows: exit 2 and one line, no traceback."""
+    config = tmp_path / "loop.yaml"
+    config.write_text(f"data_dir: {tmp_path / 'data'}\nserve: {{port: 0}}\n")
+    out = CliRunner().invoke(app, ["loop", "run", str(config)])
+    assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+    assert f"no production model in the registry {(tmp_path / 'data' / 'registry').resolve()}" in out.stderr
+    anchor = tmp_path / "anchor.jsonl"
+    anchor.write_text('{"prompt": "1+1=", "completion": "2"}\n{"oops": 1}\n')
+    out = CliRunner().invoke(app, ["loop", "run", str(config), f"train.anchor_data=[{anchor}]"])
+    assert out.exit_code == 2 and f"error: train.anchor_data: {anchor}:2 is not an SFT row" in out.stderr, out.output

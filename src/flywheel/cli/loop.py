@@ -55,6 +55,7 @@ def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)
     """Serve the production model, take traces and feedback, and run cycles when triggered,
     until SIGTERM / Ctrl-C (a cycle in progress stops after its current step and resumes next time).
     Extra arguments are dotted overrides of the config, e.g. trigger.min_new_failures=50."""
+    from flywheel.loop.cycle import CycleError
     from flywheel.loop.store_lock import StoreLocked
     from flywheel.service.daemon import LoopDaemon
 
@@ -70,7 +71,7 @@ def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)
         signal.signal(signal.SIGINT, on_signal)
         try:
             daemon.run()
-        except StoreLocked as e:
+        except (CycleError, StoreLocked) as e:  # nothing in production, unreadable anchor data, a held store
             print(f"error: {e}", file=sys.stderr)
             raise typer.Exit(2) from None
     typer.echo("stopped")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from flywheel.loop.cycle import CycleError
 from flywheel.service import OpenAIService
 from flywheel.service.app import create_app
 from flywheel.service.background import BackgroundServer
@@ -40,10 +41,11 @@ class Serving:
 
 def serve_production(fw, host: str = "127.0.0.1", port: int = 0, *, max_batch: int = 64,
                      poll_s: float = 1.0) -> Serving:
-    """Start serving `fw.registry`'s production version (port 0: a free one)."""
+    """Start serving `fw.registry`'s production version (port 0: a free one); CycleError, naming
+    the registry and the commands that fix it, when there is none."""
     prod = fw.registry.production()
     if prod is None:
-        raise RuntimeError(fw.no_production())
+        raise CycleError(fw.no_production())
     sink = TraceStoreSink(fw.traces)
     service = OpenAIService(prod.path, version=prod.id, trace_sink=sink, max_batch=max_batch)
     follower = ProductionFollower(service, registry_lookup(fw.registry), interval_s=poll_s).start()
