@@ -43,7 +43,8 @@ def check_feedback(body: dict[str, Any], cfg: CurationConfig) -> None:
         return
     env = verifier.get("env")
     if isinstance(env, str) and not trusted_env(env, cfg):
-        raise FeedbackRefused("verifier.env", f"{env!r} is neither a built-in environment ({', '.join(list_envs())}) "
+        raise FeedbackRefused("verifier.env", f"{env!r} is neither a built-in environment "
+                                              f"({', '.join(n for n in list_envs() if trusted_env(n, cfg))}) "
                                               "nor listed in curation.environments")
     if "task" in verifier:
         try:
