@@ -16,6 +16,7 @@ import json
 import signal
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -30,6 +31,8 @@ N_CYCLES = 10
 PROMOTED = {1, 4, 7, 10}  # their gate admits any candidate; the others' admits none
 KILLED = {3: "train:sft", 5: "cost:c5/dpo/to-step-2", 8: "prune:hidden"}  # run as `loop cycle`, SIGKILLed there
 SLACK = 1_000_000  # the rest: databases, ledger, the cycles' curated data, metrics and state
+
+pytestmark = pytest.mark.slow  # ten cycles and three resumes; the rules are tests/unit/test_retention.py's
 
 
 def _config(data_dir: Path, promote: bool) -> dict:
