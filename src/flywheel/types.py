@@ -147,6 +147,14 @@ class ToolCall:
         return part
 
 
+PromptFormat = Literal["chat", "completion"]  # how a model is called: /v1/chat/completions or /v1/completions
+
+
+def prompt_format(prompt: list[Message] | str) -> PromptFormat:
+    """A prompt's format: chat (a message list, through the chat template) or completion (raw text)."""
+    return "completion" if isinstance(prompt, str) else "chat"
+
+
 @dataclass
 class Task:
     """One problem of an environment.

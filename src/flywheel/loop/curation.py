@@ -44,9 +44,11 @@ from flywheel.loop.curation_rules import (
     training_messages,
     training_reply,
     training_row,
+    with_tools,
 )
 from flywheel.loop.feedback_check import trusted_env
 from flywheel.traces.results import StoredTrace, StoredVerifier
+from flywheel.types import prompt_format
 
 KINDS = ("rl", "sft", "dpo", "replay")
 SIDES = ("train", "heldout")
@@ -179,10 +181,6 @@ def _rl(s: _Seen, cfg: CurationConfig) -> _Candidate:
                       (s.hash, prompt_hash(given.prompt)), (s.prompt, given.prompt))
 
 
-def _with_tools(row: dict, tools: list | None) -> dict:
-    return {**row, "tools": tools} if tools else row
-
-
 def _sft(s: _Seen) -> _Candidate:
     t = s.trace
     row = training_row(s.prompt, s.correction, "correction", t.tools)
@@ -221,7 +219,7 @@ def _dpo(group: list[_Seen], cfg: CurationConfig, report: CurationReport) -> lis
             if len(out) >= cfg.max_pairs_per_prompt:
                 report.dpo_over_cap += 1
                 continue
-            row = {"input": _with_tools({"messages": training_messages(s.prompt)}, t.tools),
+            row = {"input": with_tools({"messages": training_messages(s.prompt)}, t.tools),
                    "preferred_output": [training_reply(preferred, "preferred")],
                    "non_preferred_output": [training_reply(s.response, "response")]}
         except (Unusable, AttributeError, KeyError, TypeError) as e:
@@ -250,7 +248,7 @@ def curate(traces: Iterable[StoredTrace], eval_prompts: Iterable[Any] = (),
         except (AttributeError, KeyError, TypeError, ValueError) as e:
             report.drop(getattr(t, "id", "?"), "trace", f"malformed trace: {type(e).__name__}: {e}")
             continue
-        report.formats["completion" if isinstance(s.prompt, str) else "chat"] += 1
+        report.formats[prompt_format(s.prompt)] += 1
         report.failures += s.outcome == "fail"
         report.passes += s.outcome == "pass"
         report.with_correction += s.correction is not None

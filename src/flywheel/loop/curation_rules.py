@@ -245,13 +245,17 @@ def training_messages(messages: list[dict], where: str = "messages") -> list[dic
     return [training_message(m, f"{where}[{i}]") for i, m in enumerate(messages)]
 
 
+def with_tools(row: dict, tools: list | None) -> dict:
+    """`row` with the `tools` the trace offered, when it offered any."""
+    return {**row, "tools": tools} if tools else row
+
+
 def training_row(prompt: list[dict] | str, reply: dict, where: str, tools: list | None) -> dict:
     """An SFT row of `prompt` answered by `reply` (an assistant message), in the prompt's own
     format: chat `{"messages", "tools"?}`, or `{"prompt", "completion"}` for a raw completion
     (the reply's text: a raw completion has no tool calls)."""
     if not isinstance(prompt, str):
-        row = {"messages": training_messages(prompt) + [training_reply(reply, where)]}
-        return {**row, "tools": tools} if tools else row
+        return with_tools({"messages": training_messages(prompt) + [training_reply(reply, where)]}, tools)
     message = training_reply(reply, where)
     if message.get("tool_calls") or not isinstance(message.get("content"), str):
         raise Unusable(f"{where}: a raw completion's {where} must be text, without tool calls")

@@ -15,15 +15,14 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 from pydantic import Field
 
 from flywheel.config import Config, ConfigError
 from flywheel.envs import load_env
-from flywheel.types import Task
+from flywheel.types import PromptFormat, Task, prompt_format
 
-Format = Literal["chat", "completion"]  # how production calls the model: /v1/chat/completions or /v1/completions
 
 
 class SuiteConfig(Config):
@@ -35,7 +34,7 @@ class SuiteConfig(Config):
     split: str = "test"
     seed: int = 0
     max_tokens: int = Field(16, ge=1, description="new tokens per assistant turn")
-    format: Format | None = Field(None, description=(
+    format: PromptFormat | None = Field(None, description=(
         "play the tasks as production calls the model: chat (through the chat template) or completion "
         "(raw text); unset: the environment's own task format. The loop warns when it is not the format "
         "of production's traffic"))
@@ -51,7 +50,7 @@ class Suite:
     @property
     def formats(self) -> set[str]:
         """The formats its tasks are played in: "chat" (message prompts), "completion" (text)."""
-        return {"completion" if isinstance(t.prompt, str) else "chat" for t in self.tasks}
+        return {prompt_format(t.prompt) for t in self.tasks}
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ def suite_from_config(name: str, cfg: SuiteConfig) -> Suite:
     return Suite(name, env, tasks, cfg.max_tokens)
 
 
-def as_format(task: Task, fmt: Format, where: str) -> Task:
+def as_format(task: Task, fmt: PromptFormat, where: str) -> Task:
     """`task` played as `fmt`: a raw-text prompt as chat is one user message; a chat prompt
     has no raw-completion form (ConfigError naming `where`)."""
     if fmt == "chat":
@@ -108,13 +107,13 @@ def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0,
     renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer.chat_template else None
     scores, counts, generated = {}, {}, 0
     for suite in suites:
-        passed = 0.0
+        passed = 0  # episodes that succeeded
         for i in range(0, len(suite.tasks), chunk):
             if stop():
                 return None
             result = evaluate(engine, suite.env, suite.tasks[i:i + chunk], max_tokens=suite.max_tokens,
                               renderer=renderer)
-            passed += result.success * result.episodes
+            passed += round(result.success * result.episodes)
             counts[suite.name] = counts.get(suite.name, 0) + result.episodes
             generated += result.tokens_generated
         if suite.tasks:
