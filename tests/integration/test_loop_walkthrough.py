@@ -84,7 +84,10 @@ def test_the_walkthrough_through_the_public_faces(tmp_path, untrained_tiny):
         url = _wait(lambda: (_status(data)["daemon"] or {}).get("url"), 120, "the server", proc)
         assert _served_version(url) == "v1"
         traffic = subprocess.run([sys.executable, str(REPO / "examples" / "loop_traffic.py"), "--url", url,
-                                  "--episodes", "30", "--max-tokens", "8"], capture_output=True, text=True, timeout=300)
+                                  "--episodes", "30", "--max-tokens", "8",
+                                  # a correction with every failure: the cycle that the 20th failure starts has
+                                  # SFT rows however far the traffic has got by then
+                                  "--correction-rate", "1"], capture_output=True, text=True, timeout=300)
         assert traffic.returncode == 0, traffic.stderr
         assert traffic.stdout.startswith("loop_traffic: episodes=30 plus_solved="), traffic.stdout
         # another agent stack's episodes arrive as traces (chat or raw completion), judged later
