@@ -42,11 +42,19 @@ test: setup
 test-all: setup
 	$(PY) -m pytest -q -m ''
 
-# benchmarks also need the peers (extra `bench`: trl, datasets, accelerate)
+# Every benchmark, each printing its last line `name: key=value ...` and appending its table to
+# docs/benchmarks.md. They also need the peers (extra `bench`: trl, datasets, accelerate, pinned).
+BENCHES := generate sft envs sandbox code_repair serve traces weights async rl_vs_trl
 bench:
 	@$(MAKE) --no-print-directory setup EXTRAS=dev,bench
-	OMP_NUM_THREADS=$(THREADS) $(PY) bench/generate.py --threads $(THREADS)
-	OMP_NUM_THREADS=$(THREADS) $(PY) bench/sft.py --threads $(THREADS)
+	@mkdir -p bench-work
+	@for b in $(BENCHES); do \
+	  echo "== bench/$$b.py"; \
+	  args=$$(grep -q '"--threads"' bench/$$b.py && echo --threads $(THREADS)); \
+	  OMP_NUM_THREADS=$(THREADS) $(PY) bench/$$b.py $$args > bench-work/$$b.log 2>&1 \
+	    || { tail -20 bench-work/$$b.log; echo "bench/$$b.py failed (bench-work/$$b.log)"; exit 1; }; \
+	  tail -1 bench-work/$$b.log; \
+	done
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info

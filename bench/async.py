@@ -4,9 +4,12 @@ The peer is flywheel itself with `max_off_policy_steps=0` (generation in the lea
 then the update), at its better generation thread count (1 or all: small-batch decoding is
 bound by op dispatch, so one thread is often faster). The candidate is `max_off_policy_steps=1`:
 rollout worker processes (1 thread each) generate step s + 1 while step s trains, the learner
-on the cores left. Measured: steady-state samples/s, the median over steps after the first
-`--skip` of each run (start-up and the first evaluation excluded), the variants interleaved
-`--repeats` times; ratio = the better async variant / the better sync variant.
+on the cores left. Measured: total samples over total training time of each run (the sum of
+all its step times, the first steps and slow ones included; evaluations excluded), the
+variants interleaved `--repeats` times. Per repeat, ratio = the better async variant / the
+better sync variant (each chosen by its median over repeats); reported: the median and range
+of the per-repeat ratios. The whole run's wall time (model loads, worker start-up) is shown
+beside it as context.
 
 Two workloads:
   - calculator: multi-turn tool use (bare prompts, "What is a + b?" with 2-3 digit numbers, the
@@ -23,6 +26,7 @@ import argparse
 import shutil
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,7 +49,9 @@ def variants(threads: int) -> dict[str, dict]:
     return out
 
 
-def run(model: Path, env: dict, v: dict, steps: int, groups: int, group_size: int, max_tokens: int) -> list[dict]:
+def run(model: Path, env: dict, v: dict, steps: int, groups: int, group_size: int,
+        max_tokens: int) -> tuple[list[dict], float]:
+    """(the per-step metrics records, the wall time of the whole run_rl call)."""
     from flywheel.config import RLConfig, validate
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
@@ -58,8 +64,13 @@ def run(model: Path, env: dict, v: dict, steps: int, groups: int, group_size: in
                         optim={"lr": 1e-5}, eval={"tasks": 1}, checkpoint={"every": 0},
                         log={"progress": False}, max_off_policy_steps=v["k"],
                         rollout={"threads": v["gen"], "workers": v["workers"]}, threads=v["learner"]), RLConfig)
+    t0 = time.perf_counter()
     run_rl(cfg, log=lambda m: None)
-    return [r for r in read_metrics(out / "metrics.jsonl") if "time/step_s" in r]
+    wall = time.perf_counter() - t0
+    records = [r for r in read_metrics(out / "metrics.jsonl") if "time/step_s" in r]
+    if len(records) != steps:
+        sys.exit(f"{out}/metrics.jsonl has {len(records)} step records, not {steps}")
+    return records, wall
 
 
 def calculator_rl(steps: int, threads: int) -> tuple[float, float]:
@@ -85,28 +96,34 @@ def calculator_rl(steps: int, threads: int) -> tuple[float, float]:
 def measure(name: str, model: Path, env: dict, args, groups: int, group_size: int, max_tokens: int,
             threads: int) -> dict:
     runs = variants(threads)
-    sps: dict[str, list[float]] = {n: [] for n in runs}
+    sps: dict[str, list[float]] = {n: [] for n in runs}  # total samples / total step time, per repeat
+    wall_sps: dict[str, list[float]] = {n: [] for n in runs}  # total samples / run wall, per repeat
     split: dict[str, dict] = {}
     for _ in range(args.repeats):
         for n, v in runs.items():
-            records = run(model, env, v, args.steps, groups, group_size, max_tokens)[args.skip:]
-            sps[n].append(statistics.median(r["samples_per_s"] for r in records))
+            records, wall = run(model, env, v, args.steps, groups, group_size, max_tokens)
+            samples = groups * group_size * len(records)
+            sps[n].append(samples / sum(r["time/step_s"] for r in records))
+            wall_sps[n].append(samples / wall)
             split[n] = {key: statistics.median(r.get(key, 0.0) for r in records)
                         for key in ("time/rollout_wait_s", "time/train_s", "rollout/generate_s", "reward_mean")}
     med = {n: statistics.median(v) for n, v in sps.items()}
     best_sync = max((n for n in med if n.startswith("sync")), key=med.get)
     best_async = max((n for n in med if n.startswith("async")), key=med.get)
+    ratios = [a / b for a, b in zip(sps[best_async], sps[best_sync])]
+    wall_ratios = [a / b for a, b in zip(wall_sps[best_async], wall_sps[best_sync])]
     return {"name": name, "med": med, "runs": sps, "split": split, "best_sync": best_sync,
-            "best_async": best_async, "ratio": med[best_async] / med[best_sync]}
+            "best_async": best_async, "ratios": ratios, "ratio": statistics.median(ratios),
+            "wall_ratio": statistics.median(wall_ratios)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--skip", type=int, default=4, help="first steps of each run left out of the median")
-    ap.add_argument("--tool-latency-s", type=float, default=0.02)
+    ap.add_argument("--tool-latencies-ms", type=float, nargs="+", default=[20.0, 0.0],
+                    help="calculator rows, one per latency of every calc call; the first is the headline")
     ap.add_argument("--groups", type=int, default=8, help="calculator tasks per step (x 8 attempts)")
     ap.add_argument("--calculator-rl-steps", type=int, default=20,
                     help="GRPO steps of the held-out success report (calculator from memory); 0 = skip")
@@ -115,19 +132,21 @@ def main() -> None:
     from flywheel.demo.base import base_model
 
     results = [
-        measure("calculator", base_model(), {"name": "calculator", "settings": {
-            **CALCULATOR, "tool_latency_s": args.tool_latency_s}},
-                args, groups=args.groups, group_size=8, max_tokens=128, threads=threads),
+        *(measure(f"calculator, tools {ms:g} ms", base_model(), {"name": "calculator", "settings": {
+            **CALCULATOR, "tool_latency_s": ms / 1000}},
+                  args, groups=args.groups, group_size=8, max_tokens=128, threads=threads)
+          for ms in args.tool_latencies_ms),
         measure("arithmetic", common.warm_model(), {"name": "arithmetic"}, args, groups=8, group_size=8,
                 max_tokens=6, threads=threads),
     ]
     names = list(results[0]["med"])
-    rows = ["| workload | " + " | ".join(f"{n} samples/s" for n in names) + " | ratio |",
-            "|---|" + "---|" * (len(names) + 1)]
+    rows = ["| workload | " + " | ".join(f"{n} samples/s" for n in names) + " | ratio, median (range) | "
+            "ratio of run walls |", "|---|" + "---|" * (len(names) + 2)]
     for r in results:
         cells = [f"**{r['med'][n]:.1f}**" if n in (r["best_sync"], r["best_async"]) else f"{r['med'][n]:.1f}"
                  for n in names]
-        rows.append(f"| {r['name']} | " + " | ".join(cells) + f" | {r['ratio']:.2f} |")
+        rows.append(f"| {r['name']} | " + " | ".join(cells) + f" | {r['ratio']:.2f} "
+                    f"({min(r['ratios']):.2f}-{max(r['ratios']):.2f}) | {r['wall_ratio']:.2f} |")
     split_rows = ["| workload | variant | learner waits s | learner trains s | generation s (per item) | reward |",
                   "|---|---|---|---|---|---|"]
     for r in results:
@@ -135,7 +154,7 @@ def main() -> None:
             sp = r["split"][n]
             split_rows.append(f"| {r['name']} | {n} | {sp['time/rollout_wait_s']:.3f} | {sp['time/train_s']:.3f} | "
                               f"{sp['rollout/generate_s']:.3f} | {sp['reward_mean']:.2f} |")
-    calc, arith = results
+    calc, arith = results[0], results[-1]
     rl_line, rl_before, rl_after = "", float("nan"), float("nan")
     if args.calculator_rl_steps:
         rl_before, rl_after = calculator_rl(args.calculator_rl_steps, threads)
@@ -145,21 +164,25 @@ def main() -> None:
                    f"off-policy, no tool latency): held-out greedy success {rl_before:.2f} -> {rl_after:.2f} "
                    "(100 test tasks).")
     body = "\n".join([
-        f"Machine: {common.machine_line(threads)}. Each run: {args.steps} steps, median samples/s over steps "
-        f"after the first {args.skip}; the variants interleaved, {args.repeats} runs each (medians of runs); "
-        "ratio = the better async variant / the better sync variant (bold). "
+        f"Machine: {common.machine_line(threads)}. Each run: {args.steps} steps; samples/s = total samples / "
+        f"the sum of all step times; the variants interleaved, {args.repeats} runs each (medians of runs); "
+        "ratio = the better async variant / the better sync variant (bold), per repeat, median (range); "
+        "ratio of run walls: the same over each run_rl call's wall time (start-up included), median. "
         f"Calculator: {args.groups} tasks x 8 attempts per step, <= 128 tokens per turn, bare prompts "
-        f"(a + b, 2-3 digits), every calc call sleeps {args.tool_latency_s * 1000:.0f} ms; policy: the demo's "
+        f"(a + b, 2-3 digits), every calc call sleeps the row's latency; policy: the demo's "
         "base model. Arithmetic: 8 x 8, <= 6 tokens. Threads: a sync run's learner uses all; async runs give "
         "each worker process 1 and the learner the rest (2 workers + learner: 3 processes on the cores).",
         "", *rows, "", *split_rows, "", *([rl_line, ""] if rl_line else []),
         "Per-run samples/s: " + "; ".join(f"{r['name']} " + ", ".join(
             f"{n} {['%.1f' % x for x in r['runs'][n]]}" for n in names) for r in results)])
-    last = (f"async: ratio={calc['ratio']:.2f} arithmetic_ratio={arith['ratio']:.2f} "
+    others = " ".join(f"ratio_tools_{ms:g}ms={r['ratio']:.2f}" for ms, r in zip(args.tool_latencies_ms, results))
+    last = (f"async: ratio={calc['ratio']:.2f} ratio_min={min(calc['ratios']):.2f} "
+            f"ratio_max={max(calc['ratios']):.2f} metric=total repeats={args.repeats} {others} "
+            f"arithmetic_ratio={arith['ratio']:.2f} "
             f"calculator_sync_sps={calc['med'][calc['best_sync']]:.1f} "
             f"calculator_async_sps={calc['med'][calc['best_async']]:.1f} "
             f"calculator_success_before={rl_before:.2f} calculator_success_after={rl_after:.2f} "
-            f"tool_latency_ms={args.tool_latency_s * 1000:.0f} threads={threads}")
+            f"tool_latency_ms={args.tool_latencies_ms[0]:g} threads={threads}")
     common.append_report("bench/async.py: one step off-policy vs synchronous RL", body, last)
 
 

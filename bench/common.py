@@ -118,3 +118,31 @@ def append_report(title: str, body: str, last_line: str, write: bool = True) -> 
         f.write(section)
     print(body)
     print(last_line)
+
+
+def sustained_at(accuracies: list[float], target: float) -> int | None:
+    """Index of the first evaluation from which every later one (itself included) is at or
+    above `target`; None when the last one is below it. The time-to-target rule of the RL
+    benchmarks, the same for every system: touching the target and falling back does not count.
+    sustained_at([.5, .9, .7, .9, .95], .9) == 3."""
+    at = None
+    for i, acc in enumerate(accuracies):
+        if acc >= target:
+            at = i if at is None else at
+        else:
+            at = None
+    return at
+
+
+def median_range(values: list[float], fmt: str = "{:.2f}") -> str:
+    """'median (min-max, n=N)' of the finite values; not-reached runs (inf/nan) are counted
+    as such, and the median is over all runs with inf above every finite value."""
+    import math
+
+    finite = [v for v in values if math.isfinite(v)]
+    missed = len(values) - len(finite)
+    ordered = sorted(finite) + [math.inf] * missed
+    med = statistics.median(ordered) if ordered else math.nan
+    text = "not reached" if not math.isfinite(med) else fmt.format(med)
+    span = f"{fmt.format(min(finite))}-{fmt.format(max(finite))}" if finite else "-"
+    return f"{text} ({span}, n={len(values)}{f', {missed} not reached' if missed else ''})"

@@ -1,0 +1,24 @@
+"""The benchmarks' measuring rules (bench/common.py), worked by hand."""
+
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from common import median_range, sustained_at  # noqa: E402
+
+
+def test_touching_the_target_and_falling_back_does_not_count():
+    assert sustained_at([0.5, 0.9, 0.7, 0.9, 0.95], 0.9) == 3
+
+
+def test_sustained_from_the_first_evaluation_and_never_reached():
+    assert sustained_at([0.9, 0.91, 0.9], 0.9) == 0
+    assert sustained_at([0.9, 0.95, 0.89], 0.9) is None
+    assert sustained_at([], 0.9) is None
+
+
+def test_median_range_counts_runs_that_missed_the_target_as_slowest():
+    assert median_range([3.0, 1.0, 2.0]) == "2.00 (1.00-3.00, n=3)"
+    assert median_range([3.0, math.inf, 1.0]) == "3.00 (1.00-3.00, n=3, 1 not reached)"
+    assert median_range([math.inf, math.inf, 1.0]).startswith("not reached (1.00-1.00")
