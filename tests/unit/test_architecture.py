@@ -76,7 +76,8 @@ def test_the_check_finds_an_upward_import(tmp_path, monkeypatch):
     assert upward_imports() == ["src/flywheel/traces/bad.py:4: traces imports flywheel.loop.cycle, a layer above it"]
 
 
-@pytest.mark.parametrize("module", ["flywheel.loop.gate", "flywheel.loop.retention", "flywheel.economics.catalog"])
+@pytest.mark.parametrize("module", ["flywheel.loop.gate", "flywheel.loop.paired", "flywheel.loop.retention",
+                                    "flywheel.economics.catalog"])
 def test_pure_modules_import_nothing_heavy(module):
     code = (f"import sys, {module}; "
             "print(sorted(h for h in ('torch', 'sqlalchemy', 'fastapi', 'transformers') if h in sys.modules))")

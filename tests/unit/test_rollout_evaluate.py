@@ -72,6 +72,7 @@ def test_evaluate_scores_greedy_episodes_and_averages_the_env_metrics():
     sampler = ScriptedSampler()
     result = evaluate(sampler, Sums(), Sums().tasks(), max_tokens=8)
     assert result.success == 2 / 3  # "2" and "6" right, "five" wrong
+    assert result.passed == (True, False, True)  # per task, in task order: what the gate pairs
     assert result.metrics == {"length": (1 + 4 + 1) / 3, "wrong": 1 / 3}  # 0 where an episode lacks it
     assert result.episodes == 3 and result.tokens_generated == 6 and result.pass_at_k is None
     assert sampler.calls == [(3, 0.0)]  # one greedy generate call for all episodes
@@ -90,7 +91,7 @@ def test_evaluate_adds_pass_at_k_from_sampled_groups():
 
 def test_evaluate_on_no_tasks_is_zero():
     result = evaluate(ScriptedSampler(), Sums(), [], max_tokens=8)
-    assert (result.success, result.metrics, result.episodes, result.tokens_generated) == (0.0, {}, 0, 0)
+    assert (result.success, result.metrics, result.episodes, result.tokens_generated, result.passed) == (0.0, {}, 0, 0, ())
 
 
 def test_a_sampler_episode_keeps_the_sampled_ids_masked_and_in_task_order():

@@ -6,7 +6,9 @@ test split (`suite_from_config`), played in the format the suite declares: `chat
 raw-text task becomes one user message, rendered with the model's chat template, as
 /v1/chat/completions serves it) or `completion` (the raw text, as /v1/completions serves it;
 a chat task has no such form). The new-failure suite comes from a cycle's held-out replay
-records, each task the failure as it was served.
+records, each task the failure as it was served. Besides each suite's accuracy it keeps which
+tasks passed (`outcomes`, in task order, with the task ids), so the gate compares the two
+models task by task.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pydantic import Field
 
 from flywheel.config import Config, ConfigError
 from flywheel.envs import load_env
+from flywheel.loop.paired import Outcomes
 from flywheel.types import PromptFormat, Task, prompt_format
 
 
@@ -59,6 +62,8 @@ class SuiteScores:
     tasks: dict[str, int]
     tokens_generated: int
     seconds: float
+    outcomes: dict[str, Outcomes] = dataclasses.field(default_factory=dict)  # suite -> pass/fail per task
+    task_ids: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # suite -> ids, in task order
 
 
 def suite_from_config(name: str, cfg: SuiteConfig) -> Suite:
@@ -105,17 +110,19 @@ def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0,
     t0 = time.perf_counter()
     engine = LocalEngine.from_path(str(model_dir), seed=seed)
     renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer.chat_template else None
-    scores, counts, generated = {}, {}, 0
+    scores, counts, outcomes, ids, generated = {}, {}, {}, {}, 0
     for suite in suites:
-        passed = 0  # episodes that succeeded
+        passed: list[bool] = []  # per task, in task order
         for i in range(0, len(suite.tasks), chunk):
             if stop():
                 return None
             result = evaluate(engine, suite.env, suite.tasks[i:i + chunk], max_tokens=suite.max_tokens,
                               renderer=renderer)
-            passed += round(result.success * result.episodes)
+            passed += result.passed
             counts[suite.name] = counts.get(suite.name, 0) + result.episodes
             generated += result.tokens_generated
         if suite.tasks:
-            scores[suite.name] = passed / counts[suite.name]
-    return SuiteScores(scores, counts, generated, time.perf_counter() - t0)
+            scores[suite.name] = sum(passed) / counts[suite.name]
+            ids[suite.name] = [t.id for t in suite.tasks]
+            outcomes[suite.name] = Outcomes.of(ids[suite.name], passed)
+    return SuiteScores(scores, counts, generated, time.perf_counter() - t0, outcomes, ids)

@@ -1,10 +1,11 @@
 """Score a sampler on an environment's tasks: the one evaluator.
 
 `evaluate(sampler, env, tasks, max_tokens=...)` plays one greedy (temperature 0) episode per
-task (rollout/play.py) and returns the share that fully succeeded (reward >= 1), the mean of
-every metric the environment reports (0 for an episode that lacks it), and the tokens sampled.
-With `pass_k` > 1 it then plays k episodes per task with `sampling` and adds pass@k: the share
-of tasks where at least one succeeded. No tasks: success 0.0 and no metrics.
+task (rollout/play.py) and returns the share that fully succeeded (reward >= 1) and which
+tasks did (`passed`, in task order), the mean of every metric the environment reports (0 for
+an episode that lacks it), and the tokens sampled. With `pass_k` > 1 it then plays k episodes
+per task with `sampling` and adds pass@k: the share of tasks where at least one succeeded.
+No tasks: success 0.0 and no metrics.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Evaluation:
     episodes: int
     tokens_generated: int  # sampled tokens of the greedy episodes
     pass_at_k: float | None = None  # with pass_k > 1
+    passed: tuple[bool, ...] = ()  # per task, in task order: its greedy episode succeeded (reward >= 1)
 
 
 def evaluate(sampler: Sampler, env: Environment, tasks: Sequence[Task], *, max_tokens: int,
@@ -44,7 +46,7 @@ def evaluate(sampler: Sampler, env: Environment, tasks: Sequence[Task], *, max_t
         groups = asyncio.run(play(env, tasks, SamplerPolicy(sampler, sampling, renderer), group_size=pass_k))
         pass_at_k = sum(any(t.reward >= 1.0 for t in g.trajectories) for g in groups) / len(tasks) if tasks else 0.0
     return Evaluation(_success_rate(greedy), _episode_metric_means(greedy), len(greedy),
-                      sum(sum(t.loss_mask) for t in greedy), pass_at_k)
+                      sum(sum(t.loss_mask) for t in greedy), pass_at_k, tuple(t.reward >= 1.0 for t in greedy))
 
 
 def _success_rate(trajectories: list[Trajectory]) -> float:
