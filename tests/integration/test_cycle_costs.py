@@ -36,6 +36,7 @@ def _config(data_dir: Path) -> dict:
                          "sampling": {"max_tokens": MAX_TOKENS}, "eval": {"tasks": 2}, **quiet}},
         "eval": {"suites": {"arith": {"env": "arithmetic", "tasks": 4, "max_tokens": MAX_TOKENS}},
                  "new_failures_max_tokens": MAX_TOKENS, "new_failures_max": 4},
+        "gate": {"min_new_failures": 1},  # a handful of traces: the costs, not the decision, are checked
     }
 
 

@@ -28,7 +28,8 @@ def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo_base, "BASE_RECIPE", SMALL_BASE)
     out = tmp_path / "demo"
     get_command(app).main(["demo", "--out", str(out), "--weeks", "2", "--days", "1", "--episodes", "24",
-                           "--sft-steps", "4", "--rl-steps", "1", "--eval-tasks", "8", "--correction-rate", "1.0"],
+                           "--sft-steps", "4", "--rl-steps", "1", "--eval-tasks", "8", "--correction-rate", "1.0",
+                           "--min-new-failures", "1"],  # 24 episodes a day hold a few new failures
                           standalone_mode=False)
     lines = capsys.readouterr().out.strip().splitlines()
     m = re.fullmatch(r"demo: new_family_before=(\S+) new_family_after=(\S+) old_delta=(\S+) cycles=2", lines[-1])

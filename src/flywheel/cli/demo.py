@@ -24,12 +24,15 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
          min_replay: int = typer.Option(DEMO_RECIPE.min_replay, min=0, help="verified answers rehearsed per SFT stage at least"),
          anchor_rows: int = typer.Option(DEMO_RECIPE.anchor_rows, min=0, help="rows of the base model's SFT data rehearsed per SFT stage"),
          dpo_steps: int = typer.Option(DEMO_RECIPE.dpo_steps, min=0, help="DPO steps on correction vs failed-answer pairs; 0 = off"),
+         min_new_failures: int = typer.Option(DEMO_RECIPE.min_new_failures, min=1,
+                                              help="held-out new failures a cycle needs to decide (fewer: it waits)"),
          threads: int = typer.Option(2, min=1)) -> None:
     """A simulated production world drifts week by week; the flywheel serves it, curates its
     failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""
     world = WorldConfig(weeks=weeks, days_per_week=days, episodes_per_day=episodes, correction_rate=correction_rate)
     recipe = DemoRecipe(sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks, replay_ratio=replay_ratio,
-                    min_replay=min_replay, anchor_rows=anchor_rows, dpo_steps=dpo_steps)
+                    min_replay=min_replay, anchor_rows=anchor_rows, dpo_steps=dpo_steps,
+                    min_new_failures=min_new_failures)
     _, summary = run_demo(out, world, recipe, threads=threads)
     for line in summary_lines(summary):
         print(line)

@@ -85,7 +85,7 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
     """The daemon's state, the production model, the cycles so far and the disk each uses
     (its folder under cycles/, and its candidate's model in the registry: pruned or kept)."""
     from flywheel.loop.curation import dropped_summary
-    from flywheel.loop.cycle import CycleError, read_states
+    from flywheel.loop.cycle import WAITING, CycleError, read_states
     from flywheel.loop.retention import human_bytes, tree_bytes
     from flywheel.process import pid_alive
     from flywheel.service.daemon import STATUS_FILE
@@ -132,6 +132,8 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
         typer.echo(f"daemon: {daemon['state']} (pid {daemon['pid']}), serving {daemon.get('serving')} "
                    f"at {daemon.get('url')}; {daemon.get('new_failures', 0)} new failures "
                    f"[{daemon.get('trigger', '')}]")
+        if daemon.get("waiting"):
+            typer.echo(f"  {WAITING}: {daemon['waiting']}")
     typer.echo(f"production: {production or 'none'}")
     typer.echo(f"disk: {human_bytes(disk['total_bytes'])} in {data_dir} (registry {human_bytes(disk['registry_bytes'])}"
                f", cycles {human_bytes(disk['cycles_bytes'])})")
@@ -144,7 +146,7 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
             f" + model {human_bytes(d['model_bytes'])}"
         typer.echo(f"  {c['id']}: {c['outcome'] or c['stage']}{' ' + c['version'] if c['version'] else ''} "
                    f"from {c['incumbent']},{gate} ${c['usd'] or 0:.4f}; disk {human_bytes(d['cycle_bytes'])}{model}")
-        if c["reasons"] and c["outcome"] == "rejected":
+        if c["reasons"] and c["outcome"] in ("rejected", WAITING):
             typer.echo("      " + "; ".join(c["reasons"]))
         for line in ([c["dropped"]] if c["dropped"] else []) + [f"warning: {w}" for w in c["warnings"]]:
             typer.echo("      " + line)

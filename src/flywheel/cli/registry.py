@@ -71,6 +71,20 @@ def _compact(d: dict, prefix: str = "") -> str:
     return ", ".join(parts) or "-"
 
 
+def _scores(eval_scores: dict) -> dict:
+    """The accuracies, less the per-task outcomes (shown apart, by size)."""
+    return {k: v for k, v in eval_scores.items() if k != "outcomes"}
+
+
+def _outcomes(eval_scores: dict) -> str:
+    """`incumbent: add 200 tasks, ...; candidate: ...`: what the per-task outcomes cover."""
+    kept = eval_scores.get("outcomes")
+    if not isinstance(kept, dict) or not kept:
+        return "-"
+    return "; ".join(f"{who}: " + ", ".join(f"{suite} {rec.get('n', '?')} tasks" for suite, rec in suites.items())
+                     for who, suites in kept.items() if isinstance(suites, dict)) or "-"
+
+
 def _when(t) -> str:
     return f"{t:%Y-%m-%d %H:%M:%S}"
 
@@ -91,7 +105,7 @@ def list_(registry: str | None = RegistryOpt, data_dir: Path | None = DataDirOpt
         usd = f"{v.usd:.4g}" if isinstance(v.usd, (int, float)) else "-"
         shown = f"{v.status} (pruned)" if v.pruned else v.status
         rows.append(("*" if v.status == "production" else "", v.id, shown, v.parent or "-", v.cycle or "-",
-                     _when(v.created_at), usd, _compact(v.eval_scores)))
+                     _when(v.created_at), usd, _compact(_scores(v.eval_scores))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         typer.echo("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
@@ -120,7 +134,8 @@ def show(id: str = typer.Argument(..., help="version id, e.g. v3"), registry: st
         f"files        {len(v.files)}, {v.size} bytes, "
         + ("intact" if not problems else problems[0] if v.pruned else "PROBLEMS: " + "; ".join(problems)),
         f"data counts  {_compact(v.data_counts)}",
-        f"eval scores  {_compact(v.eval_scores)}",
+        f"eval scores  {_compact(_scores(v.eval_scores))}",
+        f"outcomes     {_outcomes(v.eval_scores)}",
         f"cost         {_compact(v.cost)}",
         f"config       {json.dumps(v.config, sort_keys=True) if v.config else '-'}",
         f"notes        {v.notes or '-'}",

@@ -45,6 +45,9 @@ class DemoRecipe:
     min_replay: int = 256  # ... and at least this many (13 corrections + 26 replays cost add 5 points: see README)
     anchor_rows: int = 256  # rows of the base model's own SFT data rehearsed per SFT stage (see README)
     dpo_steps: int = 0  # DPO on (correction, failed answer) pairs after SFT; 0 = off
+    # held-out new failures a cycle needs to decide (gate.min_new_failures); with fewer the day's
+    # cycle waits and the next day's traffic adds to them
+    min_new_failures: int = 20
 
 
 DEMO_RECIPE = DemoRecipe()
@@ -91,7 +94,7 @@ def loop_config(out: Path, world: WorldConfig, recipe: DemoRecipe, threads: int,
         "eval": {"suites": {f.name: {"env": ENV, "settings": f.settings, "tasks": recipe.eval_tasks, "max_tokens": 120}
                             for f in world.families if f.arrives <= world.weeks},
                  "new_failures_max_tokens": 120, "new_failures_max": 200},
-        "gate": {"delta": 0.05, "epsilon": 0.02},
+        "gate": {"delta": 0.05, "epsilon": 0.02, "confidence": 0.95, "min_new_failures": recipe.min_new_failures},
     }
 
 

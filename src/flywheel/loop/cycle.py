@@ -3,11 +3,16 @@
     started   -> the incumbent (production version) and the trace cursor are fixed
     curated   -> traces with seq <= cursor curated into RL / SFT / DPO files (curation.py);
                  held-out RL tasks from traces after the incumbent's own cursor are the
-                 *new-failure* suite (failures of the model now serving)
+                 *new-failure* suite (failures of the model now serving). Fewer than
+                 gate.min_new_failures of them: finished, "waiting for more traffic" (nothing
+                 is trained; the next cycle's suite holds these failures and the newer ones)
     trained   -> SFT -> RL -> DPO (configurable order), each from the previous model
-    evaluated -> incumbent and candidate scored on the regression suites + new failures
-    decided   -> the gate (gate.py)
-    finished  -> candidate registered (idempotent key), promoted or rejected, outcome logged
+    evaluated -> incumbent and candidate scored on the regression suites + new failures,
+                 task by task (the per-task outcomes are kept in the state)
+    decided   -> the gate (gate.py), also against the best score a promoted version reached
+                 on each frozen suite (best_scores.py, from the registry's records)
+    finished  -> candidate registered (idempotent key) with both models' scores and per-task
+                 outcomes, promoted or rejected, outcome logged
 
 The state is one JSON file per cycle (`<data_dir>/cycles/<id>/state.json`), replaced
 atomically after each stage, so a SIGKILL anywhere leaves the last finished stage on disk.
@@ -39,7 +44,9 @@ from flywheel.files import atomic_write
 from flywheel.loop.curation import curate, dropped_summary, write_curated
 from flywheel.loop.evaluation import Suite, evaluate_model, format_warnings, suite_from_config
 from flywheel.loop.failure_counter import FailureCounter
-from flywheel.loop.gate import decide
+from flywheel.loop.best_scores import best_promoted
+from flywheel.loop.gate import decide, too_few
+from flywheel.loop.paired import Outcomes
 from flywheel.loop.loop_config import LoopConfig, stage_config
 from flywheel.loop.retention import after_cycle, after_stage
 from flywheel.registry.registry import Registry
@@ -51,6 +58,7 @@ from flywheel.train.stop import stop_requested
 
 STAGES = ("started", "curated", "trained", "evaluated", "decided", "finished")
 NEW_FAILURES_FILE = "new_failures.jsonl"
+WAITING = "waiting for more traffic"  # the outcome of a cycle with too few new failures to decide
 
 
 class CycleError(RuntimeError):
@@ -72,9 +80,12 @@ class CycleState:
     stages_run: list[dict[str, Any]] = field(default_factory=list)
     candidate_path: str | None = None
     scores: dict[str, dict[str, float]] = field(default_factory=dict)  # "incumbent" / "candidate" -> suite -> acc
+    # "incumbent" / "candidate" -> suite -> paired.Outcomes.record (pass/fail per task, one bit each)
+    outcomes: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    task_ids: dict[str, list[str]] = field(default_factory=dict)  # suite -> task ids, in the outcomes' order
     decision: dict[str, Any] = field(default_factory=dict)
     version: str | None = None  # the registered candidate
-    outcome: str | None = None  # promoted | rejected | nothing to train
+    outcome: str | None = None  # promoted | rejected | nothing to train | waiting for more traffic
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
     usd: float = 0.0
     finished_at: str | None = None
@@ -369,6 +380,8 @@ def _evaluate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> boo
             log(f"{st.id}: evaluation interrupted; it reruns on the next run")
             return False
         st.scores[who] = result.scores
+        st.outcomes[who] = {k: o.record() for k, o in result.outcomes.items()}
+        st.task_ids = result.task_ids
         seconds += result.seconds
         generated += result.tokens_generated
         log(f"{st.id}: {who}: " + ", ".join(f"{k} {v:.3f}" for k, v in result.scores.items()))
@@ -377,10 +390,29 @@ def _evaluate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> boo
     return True
 
 
+def _measured(st: CycleState, who: str) -> dict[str, float | Outcomes]:
+    """A model's scores for the gate: per-task Outcomes where the state kept them."""
+    records = st.outcomes.get(who, {})
+    return {k: Outcomes.from_record(records[k]) if k in records else v for k, v in st.scores[who].items()}
+
+
 def _decide(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
-    d = decide(st.scores["incumbent"], st.scores["candidate"], fw.cfg.gate)
-    st.decision = {"promote": d.promote, "reasons": d.reasons, "gain": d.gain, "deltas": d.deltas}
+    incumbent, candidate = _measured(st, "incumbent"), _measured(st, "candidate")
+    frozen = {k: v.tasks if isinstance(v, Outcomes) else None for k, v in candidate.items()
+              if k != fw.cfg.gate.new_failures}
+    d = decide(incumbent, candidate, fw.cfg.gate, best=best_promoted(fw.registry, frozen))
+    st.decision = {"promote": d.promote, "reasons": d.reasons, "gain": d.gain, "deltas": d.deltas,
+                   "bounds": d.bounds, "below_best": d.below_best}
     log(f"{st.id}: gate: {d.summary()}")
+
+
+def _wait(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
+    """Too few new failures to decide: train nothing, finish, say so. Nothing is registered and
+    no cursor moves: the next cycle's new-failure suite holds these failures and the newer ones."""
+    st.outcome = WAITING
+    st.decision = {"promote": False, "reasons": [f"{too_few(st.new_failures, fw.cfg.gate)}; {WAITING}"]}
+    st.finished_at = utc_now().isoformat(timespec="seconds")
+    log(f"{st.id}: {st.decision['reasons'][0]}")
 
 
 def _was_promoted(fw: LoopStores, version: str) -> bool:
@@ -396,7 +428,8 @@ def _finish(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> None:
         v = reg.register(st.candidate_path, parent=st.incumbent, cycle=st.id, key=f"cycle:{st.id}:{st.started_at}",
                          data_counts={**counts, "new_failures": st.new_failures},
                          config={"stages": [s["stage"] for s in st.stages_run if "skipped" not in s]},
-                         eval_scores=st.scores, cost={"usd": st.usd}, notes="; ".join(st.decision["reasons"]))
+                         eval_scores={**st.scores, "outcomes": st.outcomes}, cost={"usd": st.usd},
+                         notes="; ".join(st.decision["reasons"]))
         st.version = v.id
         crash_point("finish:registered")
         prod = reg.production()
@@ -497,7 +530,9 @@ def run_cycle(fw: LoopStores, log: Callable[[str], None] = print) -> CycleState:
             log(f"{st.id}: stopping after stage {st.stage!r}; `flywheel loop run` resumes it")
             return st
         nxt, step = _STEPS[st.stage]
-        if st.stage == "trained" and st.candidate_path is None:
+        if st.stage == "curated" and too_few(st.new_failures, fw.cfg.gate):
+            nxt, step = "finished", _wait  # checked before training: no compute on an undecidable cycle
+        elif st.stage == "trained" and st.candidate_path is None:
             nxt, step = "finished", _finish  # nothing was trained: nothing to evaluate
         if step(fw, st, log) is False:  # a stop request cut the stage short: it resumes next time
             log(f"{st.id}: stopped before stage {nxt!r} was reached; `flywheel loop run` resumes from {st.stage!r}")

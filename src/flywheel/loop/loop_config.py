@@ -48,11 +48,15 @@ class CycleTrainConfig(Config):
 class CycleEvalConfig(Config):
     suites: dict[str, SuiteConfig] = Field(default_factory=dict, description="frozen regression suites by name")
     new_failures_max_tokens: int = Field(16, ge=1, description="new tokens per turn on the new-failure suite")
-    new_failures_max: int = Field(200, ge=1, description="cap on new-failure tasks played per model")
+    new_failures_max: int = Field(200, ge=1, description=(
+        "cap on new-failure tasks played per model; at least gate.min_new_failures"))
 
 
 class TriggerConfig(Config):
-    min_new_failures: int = Field(20, ge=1, description="start a cycle when this many failed traces arrived since the last")
+    min_new_failures: int = Field(20, ge=1, description=(
+        "start a cycle when this many failed traces arrived since the last (only curation.heldout_fraction "
+        "of them become held-out new failures, which the gate counts against gate.min_new_failures); after a "
+        "cycle that waited for more traffic, when this many more arrived"))
     every_s: float | None = Field(None, gt=0, description="also start one on this schedule (seconds)")
     poll_s: float = Field(5.0, gt=0, description="how often the daemon looks")
 
@@ -80,6 +84,9 @@ class LoopConfig(Config):
         if self.gate.new_failures in self.eval.suites:
             raise ValueError(f"eval.suites: {self.gate.new_failures!r} is the new-failure suite's name; "
                              "name regression suites otherwise")
+        if self.eval.new_failures_max < self.gate.min_new_failures:
+            raise ValueError(f"eval.new_failures_max {self.eval.new_failures_max} < gate.min_new_failures "
+                             f"{self.gate.min_new_failures}: no cycle could ever decide")
         return self
 
     @property

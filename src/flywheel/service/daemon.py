@@ -6,7 +6,11 @@ One process, three activities:
   every response as a trace in the loop's store, and taking POST /v1/traces + feedback;
 - triggering: every `trigger.poll_s` it counts failed traces since the last cycle's cursor
   (incrementally: a poll reads only the feedback stored since the last, failure_counter.py);
-  `min_new_failures` of them (or `every_s` since the last cycle) start a cycle;
+  `min_new_failures` of them (or `every_s` since the last cycle) start a cycle. A cycle that
+  found too few held-out new failures to decide (gate.min_new_failures) trains nothing and
+  waits for more traffic: the count is not reset (it still runs from the last cycle that
+  decided, and the next cycle's suite holds those failures too), and the next cycle starts
+  once `min_new_failures` more have arrived since the wait (`trigger_reason`);
 - cycles: run on this thread (cycle.py); an unfinished one is resumed first.
 
 `stop()` (the CLI's SIGTERM / SIGINT handler) asks training loops to stop after their step,
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from flywheel.files import atomic_write
-from flywheel.loop.cycle import CycleError, LoopStores, pending_cycle, run_cycle
+from flywheel.loop.cycle import WAITING, CycleError, LoopStores, pending_cycle, run_cycle
 from flywheel.loop.failure_counter import FailureCounter
 from flywheel.loop.loop_config import LoopConfig
 from flywheel.loop.store_lock import hold_store
@@ -43,9 +47,24 @@ class LoopStatus:
     serving: str | None = None  # version id served now
     cycles_run: int = 0
     last_cycle: dict[str, Any] = field(default_factory=dict)
-    new_failures: int = 0
+    new_failures: int = 0  # failed traces since the last cycle that decided (a wait does not reset it)
     trigger: str = ""
+    waiting: str = ""  # set while the last cycle waits for more traffic: why, and when the next starts
     updated_at: float = 0.0
+
+
+def trigger_reason(failures: int, threshold: int, *, since_wait: int | None = None, pending: bool = False,
+                   due: bool = False) -> str:
+    """Why a cycle starts now, or "" if none does. `failures`: failed traces since the last
+    cycle that decided; `since_wait`: those since the last cycle, when it waited for more
+    traffic (None when it did not), which must reach `threshold` again; `due`: the schedule."""
+    if pending:
+        return "resuming an unfinished cycle"
+    if since_wait is None and failures >= threshold:
+        return f"{failures} new failures >= {threshold}"
+    if since_wait is not None and since_wait >= threshold:
+        return f"{failures} new failures, {since_wait} since the last cycle waited for more traffic >= {threshold}"
+    return "schedule" if due else ""
 
 
 class LoopDaemon:
@@ -79,26 +98,36 @@ class LoopDaemon:
                 self.ready.set()
                 last_cycle_at = time.monotonic()
                 counter: FailureCounter | None = None
+                since_wait: FailureCounter | None = None
+                threshold = self.cfg.trigger.min_new_failures
                 while not self._stop.is_set():
                     changed = fw.observe_production()  # a promotion or rollback by hand shows here
                     if changed:
                         self.log(changed)
                     states = fw.states()
                     prod = fw.registry.production()
-                    # failures since the last cycle, of the version in production now
-                    cursor = max(states[-1].trace_cursor if states else 0,
+                    # failures since the last cycle that decided, of the version in production now
+                    decided = [s for s in states if s.outcome != WAITING]
+                    cursor = max(decided[-1].trace_cursor if decided else 0,
                                  fw.since_cursor(prod.id) if prod is not None else 0)
                     if counter is None or counter.cursor != cursor:  # a cycle moved the cursor
                         counter = FailureCounter(self.cfg.curation, cursor)
                     failures = counter.update(fw.traces)
+                    waited = states[-1] if states and states[-1].outcome == WAITING \
+                        and states[-1].trace_cursor >= cursor else None
+                    if waited is not None and (since_wait is None or since_wait.cursor != waited.trace_cursor):
+                        since_wait = FailureCounter(self.cfg.curation, waited.trace_cursor)
+                    fresh = since_wait.update(fw.traces) if waited is not None else None
                     due = (self.cfg.trigger.every_s is not None
                            and time.monotonic() - last_cycle_at >= self.cfg.trigger.every_s)
-                    why = ("resuming an unfinished cycle" if pending_cycle(fw) is not None else
-                           f"{failures} new failures >= {self.cfg.trigger.min_new_failures}"
-                           if failures >= self.cfg.trigger.min_new_failures else
-                           "schedule" if due else "")
+                    why = trigger_reason(failures, threshold, since_wait=fresh, pending=pending_cycle(fw) is not None,
+                                         due=due)
+                    waiting = "" if waited is None else (
+                        f"{waited.id}: {waited.decision.get('reasons', [WAITING])[0]}; the next cycle starts "
+                        f"after {threshold} more failures ({fresh} so far)")
                     self._write_status(state="idle", new_failures=failures, serving=self._served(serving),
-                                       trigger=f"min_new_failures={self.cfg.trigger.min_new_failures}"
+                                       waiting=waiting,
+                                       trigger=f"min_new_failures={threshold}"
                                                + (f", every_s={self.cfg.trigger.every_s:g}" if self.cfg.trigger.every_s else ""))
                     if why and prod is not None:
                         self.log(f"cycle: {why}")
@@ -114,6 +143,8 @@ class LoopDaemon:
                             self._write_status(cycles_run=self.status.cycles_run + 1, last_cycle={
                                 "id": st.id, "outcome": st.outcome, "version": st.version, "usd": st.usd,
                                 "reasons": st.decision.get("reasons", [])})
+                        if st.outcome == WAITING:
+                            self.log(f"{WAITING}: the next cycle starts after {threshold} more failed traces")
                         if serving is not None:
                             serving.switch_now()  # rather than at the next poll
                         continue
