@@ -55,6 +55,12 @@ def _rows(path: str) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def _app():
+    from flywheel.cli.main import app  # here: the CLI's imports are not needed by the other tests
+
+    return app
+
+
 def test_too_few_new_failures_wait_then_the_next_cycle_holds_them(tmp_path, untrained_tiny):
     cfg = validate(_config(tmp_path / "data"), LoopConfig)
     logs: list[str] = []
@@ -93,15 +99,9 @@ def test_too_few_new_failures_wait_then_the_next_cycle_holds_them(tmp_path, untr
         gate = next(m for m in logs if "gate: promote" in m)
         assert "95% lower bound" in gate and f"of {c2.new_failures} tasks) >= delta 0.0 pts" in gate
 
-    status = CliRunner().invoke(app_(), ["loop", "status", "--data-dir", cfg.data_dir], terminal_width=200).stdout
+    status = CliRunner().invoke(_app(), ["loop", "status", "--data-dir", cfg.data_dir], terminal_width=200).stdout
     assert f"c1: {WAITING} from v1" in status and f"      {reason}" in status, status
     assert "c2: promoted v2 from v1" in status
-
-
-def app_():
-    from flywheel.cli.main import app
-
-    return app
 
 
 def test_the_gate_holds_a_candidate_to_the_best_promoted_score(tmp_path, untrained_tiny):
@@ -142,7 +142,8 @@ def test_trigger_reason():
     assert trigger_reason(0, 20, due=True) == "schedule"
     # after a cycle that waited, the count goes on (35), and 20 more since the wait start the next
     assert trigger_reason(35, 20, since_wait=15) == ""
-    assert trigger_reason(40, 20, since_wait=20) == "40 new failures, 20 since the last cycle waited for more traffic >= 20"
+    assert trigger_reason(40, 20, since_wait=20) == \
+        "40 new failures, 20 since the last cycle waited for more traffic >= 20"
 
 
 def test_the_daemon_waits_for_more_traffic_without_resetting_its_count(tmp_path, untrained_tiny):
@@ -176,8 +177,9 @@ def test_the_daemon_waits_for_more_traffic_without_resetting_its_count(tmp_path,
         time.sleep(0.5)  # five polls: 8 failures >= 4, but none since c1 waited
         s = status()
         assert s["cycles_run"] == 1 and s["new_failures"] == 8 and s["last_cycle"]["outcome"] == WAITING
-        assert s["waiting"].startswith("c1: too few new failures to decide: ") and \
-            s["waiting"].endswith("< 20; waiting for more traffic; the next cycle starts after 4 more failures (0 so far)")
+        assert s["waiting"].startswith("c1: too few new failures to decide: ")
+        assert s["waiting"].endswith("< 20; waiting for more traffic; the next cycle starts after 4 more failures "
+                                     "(0 so far)")
         assert "cycle: 8 new failures >= 4" in logs
         assert f"{WAITING}: the next cycle starts after 4 more failed traces" in logs
         with LoopStores(cfg) as fw:
@@ -186,7 +188,7 @@ def test_the_daemon_waits_for_more_traffic_without_resetting_its_count(tmp_path,
         assert "cycle: 12 new failures, 4 since the last cycle waited for more traffic >= 4" in logs
         s = status()
         assert s["new_failures"] == 12 and s["waiting"].startswith("c2: too few new failures to decide")  # not reset
-        text = CliRunner().invoke(app_(), ["loop", "status", "--data-dir", cfg.data_dir], terminal_width=200).stdout
+        text = CliRunner().invoke(_app(), ["loop", "status", "--data-dir", cfg.data_dir], terminal_width=200).stdout
         assert f"  {WAITING}: c2: too few new failures to decide" in text, text
         assert "12 new failures [min_new_failures=4]" in text
     finally:

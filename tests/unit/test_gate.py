@@ -176,7 +176,8 @@ def test_the_best_rule_says_what_it_compared():
 @pytest.mark.parametrize("inc, cand, why", [
     ({"arith": 0.5}, {"arith": 0.6}, "no 'new_failures' suite was measured"),
     ({"new_failures": NEW_INC, "arith": 0.5}, {"new_failures": NEW_CAND}, "arith: no score for the candidate"),
-    ({"new_failures": 0.1}, {"new_failures": math.nan}, "new_failures: non-finite score (incumbent 0.1, candidate nan)"),
+    ({"new_failures": 0.1}, {"new_failures": math.nan},
+     "new_failures: non-finite score (incumbent 0.1, candidate nan)"),
 ])
 def test_unmeasured_rejects(inc, cand, why):
     d = decide(inc, cand, CFG)
