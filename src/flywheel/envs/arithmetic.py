@@ -4,11 +4,17 @@ never trained on, and reward 1 when the completion's leading number is the sum.
 
 As an environment (`load(operators="+", digits=2)`, the defaults being the shared task) it
 is single-turn and raw-completion: the prompt is the text `ab+cd=` with no chat template.
-Other operators (+, -, *) and digit counts generate their own seeded split.
+Other operators (+, -, *), digit counts and `heldout` sizes share one rule, so that no train
+task is ever a test problem under any settings (`side_of_prompt`): a two-digit `ab+cd=` prompt
+is on the side the peer split gives it, any other prompt on the side a hash of it gives
+(envs/splits.py, a fifth test). The problems (all of them, or 20,000 drawn with a fixed seed in
+larger spaces) go to train when on the train side; test holds the first `heldout` of those on
+the test side, and the rest of the test side is used by neither.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -17,6 +23,7 @@ from typing import Iterable
 
 from flywheel.envs.base import Env, Environment, Policy, check_split, sample_of
 from flywheel.envs.rubric import Rubric, RewardFn
+from flywheel.envs.splits import side_of
 from flywheel.envs.tool_env import SingleTurnEnv
 from flywheel.types import Task
 
@@ -36,6 +43,19 @@ def split_pairs() -> tuple[list[Pair], list[Pair]]:
     pairs = all_pairs()
     random.Random(SPLIT_SEED).shuffle(pairs)
     return pairs[N_HELDOUT:], pairs[:N_HELDOUT]
+
+
+@functools.lru_cache(maxsize=1)
+def _peer_test_prompts() -> frozenset[str]:
+    return frozenset(prompt_of(a, b) for a, b in split_pairs()[1])
+
+
+def side_of_prompt(prompt: str) -> str:
+    """The split of a problem under every setting: for a two-digit sum ("12+34=") the peer
+    split's, for any other prompt its hash's (envs/splits.py)."""
+    if len(prompt) == 6 and prompt[2] == "+" and prompt[5] == "=" and (prompt[:2] + prompt[3:5]).isdigit():
+        return "test" if prompt in _peer_test_prompts() else "train"
+    return side_of("arithmetic\0" + prompt)
 
 
 def prompt_of(a: int, b: int) -> str:
@@ -86,11 +106,17 @@ class ArithmeticEnvironment(Environment):
         operators = "".join(dict.fromkeys(operators))  # "++" is "+"
         self.operators, self.digits, self.heldout = operators, digits, heldout
         self.shared = operators == "+" and digits == 2 and heldout == N_HELDOUT
+        self._split: tuple[list[tuple], list[tuple]] | None = None
         self.description = ("the shared `ab+cd=` bench task (9,800 train / 200 held-out pairs)" if self.shared
                             else f"{digits}-digit arithmetic with {operators}")
         self.rubric = Rubric([RewardFn(lambda st: reward(st.final_text, st.task.answer), name="correct", inline=True)])
 
     def _problems(self) -> tuple[list[tuple], list[tuple]]:
+        if self._split is None:
+            self._split = self._make_split()
+        return self._split
+
+    def _make_split(self) -> tuple[list[tuple], list[tuple]]:
         if self.shared:
             train, test = split_pairs()
             return [(a, "+", b) for a, b in train], [(a, "+", b) for a, b in test]
@@ -103,16 +129,21 @@ class ArithmeticEnvironment(Environment):
             if p not in seen:
                 seen.add(p)
                 problems.append(p)
-        n_test = min(self.heldout, len(problems) // 5)
-        return problems[n_test:], problems[:n_test]
+        train, test = [], []
+        for p in problems:
+            (train if side_of_prompt(self._prompt(p)) == "train" else test).append(p)
+        return train, test[:max(self.heldout, 0)]
+
+    def _prompt(self, problem: tuple) -> str:
+        a, op, b = problem
+        return f"{a:0{self.digits}d}{op}{b:0{self.digits}d}="
 
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         check_split(split)
         train, test = self._problems()
         chosen = train if split == "train" else test
         chosen = sample_of(chosen, n, seed)
-        width = self.digits
-        return [Task(id=f"{a:0{width}d}{op}{b:0{width}d}", prompt=f"{a:0{width}d}{op}{b:0{width}d}=",
+        return [Task(id=self._prompt((a, op, b))[:-1], prompt=self._prompt((a, op, b)),
                      answer=str(OPERATORS[op](a, b)), split=split) for a, op, b in chosen]
 
     def make_env(self, task: Task) -> Env:

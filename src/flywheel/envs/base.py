@@ -19,6 +19,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from flywheel.canonical import canonical
 from flywheel.types import Message, Task
 
 
@@ -110,6 +111,12 @@ class Environment(abc.ABC):
     @abc.abstractmethod
     def make_env(self, task: Task) -> Env: ...
 
+    def problem_key(self, task: Task) -> str:
+        """What makes two tasks one problem, for the held-out checks (envs/splits.py): by
+        default the prompt as canonical JSON. An environment whose problems read differently
+        (calculator: "12 * 57" is "57 * 12") overrides this."""
+        return canonical(task.prompt)
+
     def group_builder(self, task: Task, n: int) -> EnvGroupBuilder:
         return EnvGroupBuilder(self.make_env, task, n)
 
@@ -127,11 +134,15 @@ class Environment(abc.ABC):
         `answer_doc`. An environment whose grader reads more (metadata) overrides this."""
         return [dataclasses.replace(f, text=self.answer_doc) if f.name == "answer" else f for f in TASK_FIELDS]
 
+    def example_task(self) -> Task:
+        """One real task to show: the first of a seeded test draw."""
+        return self.tasks("test", n=1)[0]
+
     def verifier_task_example(self) -> dict[str, Any]:
-        """One real task of this environment (the first of a seeded test draw) as a verifier's
+        """One real task of this environment (`example_task`) as a verifier's
         task: its fields as JSON values, without `id` and `split` (curation sets both), `prompt`
         and `tools` (the trace's own are replayed) and fields left empty (no metadata)."""
-        task = self.tasks("test", n=1)[0]
+        task = self.example_task()
         out = {k: v for k, v in dataclasses.asdict(task).items() if k not in ("id", "split", "prompt", "tools")}
         return {k: v for k, v in out.items() if v is not None and v != {}}
 

@@ -11,6 +11,15 @@ one tool serves several task families. `bare_prompt` asks the
 question alone, with no system message and no tool schemas (the calc tool still answers): a
 model fine-tuned on the tool does not need them, and prompts shrink from about a thousand byte
 tokens to a few dozen, which is what makes multi-turn RL on it fit a CPU test.
+
+Splits: a problem's side is a hash of its canonical expression (`canonical_expression`: the
+operands of every + and * in a fixed order, so "57 * 12" and "12 * 57" are one problem), a
+fifth of them test (envs/splits.py), whatever the settings, seed or count; so no train task is
+ever a test problem, in this environment or in another with other settings (a family whose
+operands overlap, e.g. max_digits 2 and 3). `tasks(split, n, seed)` draws `n` distinct
+expressions of that side (default 5,000 train, 200 test), seeded; asking for more than the
+side holds (only small spaces: max_digits 2 without chains has 9,801 ordered pairs, about
+7,800 of them train and 2,000 test) is a ValueError.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import warnings
 
 from flywheel.envs.base import Env, Environment, Policy, check_split
 from flywheel.envs.rubric import EpisodeState, RewardFn, Rubric
+from flywheel.envs.splits import side_of
 from flywheel.envs.tool_env import ToolEnv, ToolLimits
 from flywheel.envs.tools import Tool
 from flywheel.types import Task
@@ -99,6 +109,44 @@ def _check_template(template: str, chain_prob: float) -> None:
         raise ValueError(f"template {template!r} cannot state chained problems (no {{expression}}); set chain_prob 0")
 
 
+_OP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%", ast.Div: "/",
+            ast.Pow: "**"}
+
+
+def canonical_expression(expression: str) -> str:
+    """One text per problem: fully parenthesised, the two operands of every + and * in text
+    order ("57 * 12" and "12 * 57" both give "(12 * 57)"). ValueError for what `evaluate`
+    would not read."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(expression, mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"not an arithmetic expression: {e.msg}") from None
+    return _canon(tree.body)
+
+
+def _canon(node) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return repr(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return f"({'-' if isinstance(node.op, ast.USub) else '+'}{_canon(node.operand)})"
+    if isinstance(node, ast.BinOp) and type(node.op) in _OP_TEXT:
+        left, right = _canon(node.left), _canon(node.right)
+        if isinstance(node.op, (ast.Add, ast.Mult)) and right < left:
+            left, right = right, left
+        return f"({left} {_OP_TEXT[type(node.op)]} {right})"
+    raise ValueError(f"unsupported element: {ast.dump(node)[:60]}")
+
+
+def side_of_expression(expression: str) -> str:
+    """The split ("train" / "test") an expression's problem belongs to, under every setting."""
+    return side_of("calculator\0" + canonical_expression(expression))
+
+
+_ENUMERATE_MAX = 100_000  # plain a-op-b spaces up to this many pairs are listed whole (max_digits 2)
+
+
 def final_number(text: str) -> str | None:
     found = _NUMBER.findall(text)
     return found[-1].replace(",", "") if found else None
@@ -124,6 +172,7 @@ class CalculatorEnvironment(Environment):
         self.max_digits = max_digits
         self.tool_latency_s, self.chain_prob, self.limits = tool_latency_s, chain_prob, limits
         self.bare_prompt = bare_prompt
+        self._plain_sides: dict[str, list[tuple[int, int]]] = {}
         self.calc = Tool.from_function(self._calc_async if tool_latency_s > 0 else self._calc,
                                        name="calc", blocking=False, timeout_s=10.0)
         self.rubric = Rubric([
@@ -165,18 +214,71 @@ class CalculatorEnvironment(Environment):
             expr = f"({expr} + {c}) * {d}" if rng.random() < 0.5 else f"{expr} - {c} * {d}"
         return expr, self.template.format(expression=expr, a=a, b=b)
 
+    def _settings(self) -> str:
+        return (f"max_digits={self.max_digits}, operator={self.operator!r}, chain_prob={self.chain_prob}")
+
+    def _plain_side(self, split: str) -> list[tuple[int, int]]:
+        """Every (a, b) of a small plain space on `split`'s side, in order (listed once)."""
+        if not self._plain_sides:
+            low, high = 10 ** (self.max_digits - 2), 10 ** self.max_digits
+            sides: dict[str, list[tuple[int, int]]] = {"train": [], "test": []}
+            for a in range(low, high):
+                for b in range(low, high):
+                    sides[side_of_expression(f"{a} {self.operator} {b}")].append((a, b))
+            self._plain_sides = sides
+        return self._plain_sides[split]
+
+    def _draws(self, split: str, count: int, rng: random.Random) -> list[tuple[str, str]]:
+        """`count` distinct (expression, question) pairs of `split`'s side."""
+        low, high = 10 ** (self.max_digits - 2), 10 ** self.max_digits
+        pairs = (high - low) ** 2
+        if self.chain_prob == 0 and pairs <= _ENUMERATE_MAX:
+            side = self._plain_side(split)
+            if count > len(side):
+                raise ValueError(f"calculator ({self._settings()}): the {split} split holds {len(side)} problems, "
+                                 f"{count} asked; ask for fewer (or more digits, or chains)")
+            chosen = rng.sample(side, count)
+            return [(f"{a} {self.operator} {b}", self.template.format(expression=f"{a} {self.operator} {b}", a=a, b=b))
+                    for a, b in chosen]
+        # rejection: draw problems, keep the new ones of this side; a space this large holds plenty
+        capacity = pairs * (1 if self.chain_prob < 1 else 0) + pairs * 990 * 98 * 2 * (self.chain_prob > 0)
+        if count > capacity // 10:
+            raise ValueError(f"calculator ({self._settings()}): {count} distinct {split} problems asked, "
+                             f"of about {capacity} in all; ask for fewer")
+        out, seen, attempts = [], set(), 0
+        while len(out) < count:
+            attempts += 1
+            if attempts > 100 * count + 10_000:
+                raise ValueError(f"calculator ({self._settings()}): found only {len(out)} distinct {split} problems "
+                                 f"in {attempts - 1} draws, {count} asked; ask for fewer")
+            expr, text = self._problem(rng)
+            if expr not in seen and side_of_expression(expr) == split:
+                seen.add(expr)
+                out.append((expr, text))
+        return out
+
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        """`n` distinct problems of `split` (default 5,000 train, 200 test), seeded (module docstring)."""
         check_split(split)
         rng = random.Random(f"calculator/{split}/{seed}")  # independent streams per split and seed
         count = n if n is not None else (5000 if split == "train" else 200)
         out = []
-        for i in range(count):
-            expr, text = self._problem(rng)
+        for i, (expr, text) in enumerate(self._draws(split, count, rng)):
             question = {"role": "user", "content": text}
             out.append(Task(id=f"calc-{split}-{seed}-{i}", split=split, answer=_format(evaluate(expr)),
                             prompt=[question] if self.bare_prompt else [{"role": "system", "content": SYSTEM}, question],
                             tools=[] if self.bare_prompt else [self.calc.schema], metadata={"expression": expr}))
         return out
+
+    def problem_key(self, task: Task) -> str:
+        """The canonical expression (`canonical_expression`), else (a task from elsewhere) the prompt."""
+        expression = task.metadata.get("expression")
+        if isinstance(expression, str):
+            try:
+                return canonical_expression(expression)
+            except ValueError:
+                pass
+        return super().problem_key(task)
 
     def make_env(self, task: Task) -> Env:
         return ToolEnv(task, [self.calc], self.rubric, self.limits)

@@ -7,6 +7,9 @@ problem_statement, patch (gold fix), test_patch, FAIL_TO_PASS, PASS_TO_PASS (tes
 from the JSONL file's folder). `base_commit` is a commit of a git repository, or for a folder
 the fingerprint `synth-bugs` recorded ("sha256:...", checked) or "". An optional `bug_patch`
 (written by `flywheel env synth-bugs`) is applied on top of that to make the buggy state.
+An optional `split` ("train" / "test") places an instance; the others go by a hash of their
+problem (`assign_sides`: repository name, bug and statement; a fifth test), so one problem is
+never on both sides, and a split with no instance is an error rather than all of them.
 
 Episode, as in SWE-bench: the agent works in a fresh copy of the buggy repository with `bash`
 (run in the sandbox; timeout; capped output), `read_file`, `str_replace` and `submit`. Grading
@@ -33,11 +36,13 @@ import weakref
 import zlib
 from pathlib import Path, PurePosixPath
 
+from flywheel.canonical import canonical
 from flywheel.envs.base import Env, Environment, Policy, TaskField, check_split, sample_of
 from flywheel.envs.grading import Grade, grade, shared_pool
 from flywheel.envs.patches import materialize, parse_patch, split_lines
 from flywheel.envs.repo import CodeRepairError, DEFAULT_CORPUS, IGNORED, Instance, copy_tree, parse_instance, precompile, read_instances
 from flywheel.envs.rubric import EpisodeState, RewardFn, Rubric
+from flywheel.envs.splits import side_of, split_score
 from flywheel.envs.synth_bugs import cached_corpus_instances
 from flywheel.envs.tool_env import ToolEnv, ToolLimits
 from flywheel.envs.tools import EpisodeFinished, Tool, ToolError
@@ -217,6 +222,41 @@ class CodeRepairEnv(ToolEnv):
         return g
 
 
+def instance_key(repo: str, bug_patch: str, problem_statement: str) -> str:
+    """One text per problem: the repository's name, the bug and the statement (not the id, not
+    the base commit's fingerprint, so a problem keeps its side across versions of a corpus)."""
+    return canonical([PurePosixPath(repo.rstrip("/")).name or repo, bug_patch, problem_statement])
+
+
+def assign_sides(instances: list[Instance], test_fraction: float) -> dict[str, str]:
+    """instance_id -> split. An instance's own `split` wins and binds every instance of the same
+    problem (`instance_key`; two of them marked differently is a CodeRepairError); the other
+    problems go by hash (envs/splits.py). When that leaves no test (or no train) problem while
+    two or more problems are unmarked, the lowest-scoring unmarked train problem moves to test
+    (the highest-scoring unmarked test problem to train)."""
+    groups: dict[str, list[Instance]] = {}
+    for inst in instances:
+        groups.setdefault(instance_key(inst.repo, inst.bug_patch, inst.problem_statement), []).append(inst)
+    side: dict[str, str] = {}
+    unmarked: list[str] = []
+    for key, group in groups.items():
+        marked = {i.split for i in group if i.split}
+        if len(marked) > 1:
+            ids = ", ".join(f"{i.instance_id!r} ({i.split})" for i in group if i.split)
+            raise CodeRepairError(f"instances {ids} are one problem (same repository, bug and statement) "
+                                  "but marked with different splits")
+        if marked:
+            side[key] = marked.pop()
+        else:
+            side[key] = side_of("code_repair\0" + key, test_fraction)
+            unmarked.append(key)
+    for empty, full, pick in (("test", "train", min), ("train", "test", max)):
+        movable = [k for k in unmarked if side[k] == full]
+        if empty not in side.values() and movable and list(side.values()).count(full) >= 2:
+            side[pick(movable, key=lambda k: split_score("code_repair\0" + k))] = empty
+    return {i.instance_id: side[k] for k, group in groups.items() for i in group}
+
+
 class CodeRepairEnvironment(Environment):
     name = "code_repair"
     description = "SWE-style repair: fix a bug in a sandboxed repository until its tests pass (bash, read_file, " \
@@ -243,6 +283,7 @@ class CodeRepairEnvironment(Environment):
         self.tool_schemas = [Tool.from_function(f).schema for f in (tmp.bash, tmp.read_file, tmp.str_replace,
                                                                      tmp.submit)]
         self._by_id = {i.instance_id: i for i in instances}
+        self._sides = assign_sides(instances, test_fraction)
 
     def pool(self):
         return shared_pool(self.unsafe)
@@ -282,15 +323,16 @@ class CodeRepairEnvironment(Environment):
         return (await st.scratch["env"].graded()).pass_to_pass
 
     def split_of(self, inst: Instance) -> str:
-        if inst.split:
-            return inst.split
-        return "test" if zlib.crc32(inst.instance_id.encode()) % 1000 < self.test_fraction * 1000 else "train"
+        """The instance's split (`assign_sides`): its own `split`, else its problem's hash."""
+        return self._sides[inst.instance_id]
 
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
         check_split(split)
         chosen = [i for i in self.instances if self.split_of(i) == split]
-        if not chosen:  # a handful of instances without `split` fields: every split is all of them
-            chosen = list(self.instances)
+        if not chosen:
+            raise CodeRepairError(f"{self.source or 'instances'}: no {split} instance among {len(self.instances)} "
+                                  f"(one problem cannot be both trained on and held out); mark instances "
+                                  f'with "split": "{split}" or add instances')
         chosen = sample_of(chosen, n, seed)
         return [Task(id=i.instance_id, split=split, answer=i.patch, tools=self.tool_schemas,
                      prompt=[{"role": "system", "content": SYSTEM},
@@ -300,6 +342,18 @@ class CodeRepairEnvironment(Environment):
 
     def make_env(self, task: Task) -> Env:
         return CodeRepairEnv(self, task)
+
+    def example_task(self) -> Task:
+        """A test task, else (every instance on the train side, e.g. a file of one) a train task."""
+        split = "test" if "test" in self._sides.values() else "train"
+        return self.tasks(split, n=1)[0]
+
+    def problem_key(self, task: Task) -> str:
+        """`instance_key` of the task's instance."""
+        row = task.metadata.get("instance")
+        if isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("repo", "problem_statement")):
+            return instance_key(row["repo"], row.get("bug_patch") or "", row["problem_statement"])
+        return super().problem_key(task)
 
     def verifier_task_fields(self) -> list[TaskField]:
         """`metadata.instance` is required: the grader rebuilds the buggy repository from it."""

@@ -4,9 +4,13 @@ environment: the system prompt asks for the final answer in <answer>...</answer>
 
     load(dataset="leg_counting", size=1000, seed=0, scorer="exact", test_size=200, **settings)
 
-`settings` go to `reasoning_gym.create_dataset`. The test split has its own seed range
-(`seed + TEST_SEED_OFFSET`) and drops any item whose question is also in train (or earlier in
-test). Reward 1 (`correct`) by `scorer`: "exact" (default), whitespace- and case-normalised
+`settings` go to `reasoning_gym.create_dataset`. A question's side is a hash of its text
+(envs/splits.py, a fifth test), whatever the dataset's settings, seed or sizes, so no train
+item is ever a test question, here or in an environment of other sizes: train is the first
+`size` train-side items of the seed range (at most 2 x size + 16 generated), test the first
+`test_size` distinct test-side items of its own range (`seed + TEST_SEED_OFFSET`, at most
+10 x test_size + 50 generated); a small question space gives fewer (a split found empty is a
+ValueError). Reward 1 (`correct`) by `scorer`: "exact" (default), whitespace- and case-normalised
 equality with the gold answer, numbers compared by value; "native", the dataset's own
 `score_answer`, for datasets with many valid answers (refused under "exact" at load). The
 answer is the text of the last <answer> tag, else the last non-empty line. Weight-0 metric
@@ -23,6 +27,7 @@ from typing import Any
 
 from flywheel.envs.base import Env, Environment, Policy, check_split, sample_of
 from flywheel.envs.rubric import EpisodeState, RewardFn, Rubric
+from flywheel.envs.splits import side_of
 from flywheel.envs.tool_env import SingleTurnEnv
 from flywheel.types import Task
 
@@ -112,6 +117,11 @@ def _create(dataset: str, seed: int, size: int, settings: dict):
     return ds, probe
 
 
+def side_of_question(question: str) -> str:
+    """The split ("train" / "test") of a question, under every dataset setting and size."""
+    return side_of("reasoning_gym\0" + question)
+
+
 class ReasoningGymEnvironment(Environment):
     answer_doc = ("the gold answer (a string): the reply's last <answer>...</answer> (else its last line) must "
                   "equal it, whitespace and case normalised, numbers compared by value")
@@ -126,9 +136,9 @@ class ReasoningGymEnvironment(Environment):
         self.settings = dict(settings or {})
         self.name = "reasoning_gym"
         self.description = f"reasoning-gym {dataset!r}: single-turn, answer in <answer> tags, {scorer} scoring"
-        self._train_ds, probe = _create(dataset, seed, size, self.settings)
-        # the test set is generated with room to spare, as items that repeat train are dropped
-        self._test_ds, _ = _create(dataset, seed + TEST_SEED_OFFSET, 2 * test_size, self.settings)
+        # both generated with room to spare: the items of the other side are skipped
+        self._train_ds, probe = _create(dataset, seed, 2 * size + 16, self.settings)
+        self._test_ds, _ = _create(dataset, seed + TEST_SEED_OFFSET, 10 * test_size + 50, self.settings)
         if scorer == "exact" and probe.get("answer") is None:
             raise ValueError(f"reasoning-gym dataset {dataset!r} has no single gold answer (it accepts many); "
                              "use scorer=native")
@@ -161,19 +171,28 @@ class ReasoningGymEnvironment(Environment):
                     metadata={"dataset": self.dataset, "entry": entry})
 
     def splits(self) -> tuple[list[Task], list[Task]]:
-        """(train, test), generated on first use."""
+        """(train, test), generated on first use (module docstring)."""
         if self._splits is None:
-            train = [self._task(self._train_ds[i], "train", i) for i in range(self.size)]
-            seen = {t.prompt[1]["content"] for t in train}
-            test = []
+            train = []
+            for i in range(len(self._train_ds)):
+                if len(train) == self.size:
+                    break
+                entry = self._train_ds[i]
+                if side_of_question(entry["question"]) == "train":
+                    train.append(self._task(entry, "train", i))
+            seen, test = set(), []
             for i in range(len(self._test_ds)):
+                if len(test) == self.test_size:
+                    break
                 entry = self._test_ds[i]
-                if entry["question"] in seen:
+                if entry["question"] in seen or side_of_question(entry["question"]) != "test":
                     continue
                 seen.add(entry["question"])
                 test.append(self._task(entry, "test", i))
-                if len(test) == self.test_size:
-                    break
+            for name, tasks, tried in (("train", train, len(self._train_ds)), ("test", test, len(self._test_ds))):
+                if not tasks:
+                    raise ValueError(f"reasoning-gym dataset {self.dataset!r} with settings {self.settings}: none of "
+                                     f"{tried} generated items is a {name} question (too few distinct questions)")
             self._splits = train, test
         return self._splits
 

@@ -8,8 +8,10 @@ publish the new weights as version + 1. Where the groups come from:
     reading weights through a shared-memory transport. With `max_off_policy_steps` k >= 1
     they generate the next steps while this one trains.
 Held-out greedy accuracy and pass@k are measured at the start, every `eval.every` steps and
-at the end. Checkpoints hold the model, optimizer, scheduler, step (= policy version), RNG,
-data order and the tasks drawn but not yet trained; `resume=true` continues from the newest.
+at the end; eval tasks of which some repeat a train problem (`Environment.problem_key`) are
+refused before training, a set wholly made of them is warned about. Checkpoints hold the
+model, optimizer, scheduler, step (= policy version), RNG, data order and the tasks drawn but
+not yet trained; `resume=true` continues from the newest.
 `rollouts.jsonl` records, per step, the tasks trained, their rewards and staleness.
 """
 
@@ -29,6 +31,7 @@ from typing import Callable
 import torch
 
 from flywheel.config import RLConfig
+from flywheel.envs.splits import eval_overlap
 from flywheel.rollout.data_order import DataOrder
 from flywheel.rollout.evaluate import evaluate
 from flywheel.train.checkpoint import load_state, save_checkpoint, save_model_folder
@@ -72,6 +75,21 @@ def _eval_record(env, engine, renderer, cfg: RLConfig) -> dict[str, float]:
     if result.pass_at_k is not None:
         out[f"eval/pass@{cfg.eval.pass_k}"] = result.pass_at_k
     return out
+
+
+def _check_held_out(env, train: list, cfg: RLConfig, log: Callable[[str], None]) -> None:
+    """Refuse eval tasks of which some repeat a train problem (`Environment.problem_key`): the
+    held-out figures would not be held out. Warn when all of them do: an evaluation on train
+    tasks by choice (the loop's replay when no held-out traces exist)."""
+    overlap = eval_overlap(train, env.tasks("test", n=cfg.eval.tasks, seed=0), env.problem_key)
+    if overlap and not overlap.whole:
+        raise TrainError(f"env {cfg.env.name!r}: {overlap.message()}; the held-out figures would not be held "
+                         "out: give train and test tasks that share no problem")
+    if overlap:
+        message = (f"env {cfg.env.name!r}: every eval task is a train task ({overlap.message()}): "
+                   "the eval figures measure training problems, not held-out ones")
+        log(f"warning: {message}")
+        warnings.warn(message, stacklevel=3)
 
 
 def _params(cfg: RLConfig):
@@ -173,6 +191,8 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     out = Path(cfg.output_dir)
     ckpt = start_run(out, cfg.resume, _learner_threads(cfg, n_workers), cfg.train.seed, log)
     env = load_env(cfg.env.name, **cfg.env.settings)
+    tasks = env.tasks("train", seed=cfg.train.seed)
+    _check_held_out(env, tasks, cfg, log)
     model, tokenizer = load(ckpt or cfg.model, device=cfg.device)
     ref_model = None
     if cfg.algo.kl_beta:
@@ -183,7 +203,6 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
                             fused=True)  # one kernel for all parameters: ~20 % of a tiny-model step otherwise
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: warmup_cosine(s, oc.warmup_steps, cfg.train.steps, oc.min_lr_ratio))
-    tasks = env.tasks("train", seed=cfg.train.seed)
     order = DataOrder(len(tasks), cfg.train.seed)
     step = 0
     feeder_state: dict = {}
