@@ -29,12 +29,21 @@ def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     out = tmp_path / "demo"
     get_command(app).main(["demo", "--out", str(out), "--weeks", "2", "--days", "1", "--episodes", "24",
                            "--sft-steps", "4", "--rl-steps", "1", "--eval-tasks", "8", "--correction-rate", "1.0",
-                           "--min-new-failures", "1"],  # 24 episodes a day hold a few new failures
+                           "--min-new-failures", "1",  # 24 episodes a day hold a few new failures
+                           "--final-tasks", "8"],
                           standalone_mode=False)
     lines = capsys.readouterr().out.strip().splitlines()
-    m = re.fullmatch(r"demo: new_family_before=(\S+) new_family_after=(\S+) old_delta=(\S+) cycles=2", lines[-1])
+    m = re.fullmatch(r"demo: new_family_before=(\S+) new_family_after=(\S+) old_delta=(\S+) "
+                     r"final_new_family_before=(\S+) final_new_family_after=(\S+) final_old_delta=(\S+) "
+                     r"points_per_usd=(\S+) cycles=2 promoted=(\d)", lines[-1])
     assert m, lines[-1]
-    assert 0.0 <= float(m.group(1)) <= 1.0 and 0.0 <= float(m.group(2)) <= 1.0
+    assert all(0.0 <= float(m.group(i)) <= 1.0 for i in (1, 2, 4, 5))
+    # the final test: one economics line per cycle, production's mean before and after it
+    import json
+
+    finals = [json.loads(x) for x in (out / "final-test-cycles.jsonl").read_text().splitlines()]
+    assert [f["cycle"] for f in finals] == ["c1", "c2"]
+    assert all(f["accuracy_before"] == f["accuracy_after"] for f in finals if not f["promoted"])
     # every request became a trace; every episode got an outcome, every failure a correction
     with TraceStore(f"sqlite:///{out / 'traces.db'}") as store:
         traces = list(store.iter_traces())

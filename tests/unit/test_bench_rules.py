@@ -22,3 +22,13 @@ def test_median_range_counts_runs_that_missed_the_target_as_slowest():
     assert median_range([3.0, 1.0, 2.0]) == "2.00 (1.00-3.00, n=3)"
     assert median_range([3.0, math.inf, 1.0]) == "3.00 (1.00-3.00, n=3, 1 not reached)"
     assert median_range([math.inf, math.inf, 1.0]).startswith("not reached (1.00-1.00")
+
+
+def test_the_demo_line_is_read_from_the_last_demo_line_only():
+    from demo import parse_demo_line
+
+    out = "demo took 11 min\ndemo: new_family_before=0.00 old_delta=+1.0 cycles=7\ndemo: new_family_after=0.97 " \
+          "old_delta=-2.5 final_old_delta=nan cycles=6\n"
+    got = parse_demo_line(out)
+    assert got["new_family_after"] == 0.97 and got["old_delta"] == -2.5 and got["cycles"] == 6
+    assert math.isnan(got["final_old_delta"]) and "new_family_before" not in got

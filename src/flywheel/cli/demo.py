@@ -26,13 +26,17 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
          dpo_steps: int = typer.Option(DEMO_RECIPE.dpo_steps, min=0, help="DPO steps on correction vs failed-answer pairs; 0 = off"),
          min_new_failures: int = typer.Option(DEMO_RECIPE.min_new_failures, min=1,
                                               help="held-out new failures a cycle needs to decide (fewer: it waits)"),
+         final_tasks: int = typer.Option(DEMO_RECIPE.final_tasks, min=1,
+                                         help="tasks per family of the independent final test"),
+         seed: int = typer.Option(_W.seed, help="the world's seed: which questions users ask, which failures they correct"),
          threads: int = typer.Option(2, min=1)) -> None:
     """A simulated production world drifts week by week; the flywheel serves it, curates its
     failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""
-    world = WorldConfig(weeks=weeks, days_per_week=days, episodes_per_day=episodes, correction_rate=correction_rate)
+    world = WorldConfig(weeks=weeks, days_per_week=days, episodes_per_day=episodes, correction_rate=correction_rate,
+                        seed=seed)
     recipe = DemoRecipe(sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks, replay_ratio=replay_ratio,
                     min_replay=min_replay, anchor_rows=anchor_rows, dpo_steps=dpo_steps,
-                    min_new_failures=min_new_failures)
+                    min_new_failures=min_new_failures, final_tasks=final_tasks)
     _, summary = run_demo(out, world, recipe, threads=threads)
     for line in summary_lines(summary):
         print(line)

@@ -11,13 +11,21 @@ the served model up with it.
    (loop/cycle.py) curates all traces so far, trains SFT (+ replay) and RL from production,
    scores candidate and incumbent on every family's frozen suite and on the held-out new
    failures, and the gate promotes or rejects; the server follows the registry.
-4. The end: a table per day and cycle, plots and the economics report under <out>/report,
-   and the last line `demo: new_family_before=X new_family_after=Y old_delta=Z cycles=N`.
+4. After every cycle that changed production, production is scored on each family's
+   independent final test (demo/final_test.py), which no decision and no training sees.
+5. The end: a table per day and cycle, plots and the economics report under <out>/report,
+   and the last line `demo: new_family_before=X new_family_after=Y old_delta=Z
+   final_new_family_before=.. final_new_family_after=.. final_old_delta=.. points_per_usd=..
+   cycles=N promoted=M`.
 
 new_family_before / after: the mean, over families that arrive after week 1, of the
-production model's greedy success on the family's frozen suite when it arrives and after its
-third cycle (or the last one, if the demo ends sooner); old_delta: the week-1 family's change
-from start to end, in points.
+production model's greedy success on the family's gate suite (the frozen suite the gate
+decides on) when it arrives and after its third cycle (or the last one, if the demo ends
+sooner); old_delta: the week-1 family's change on its gate suite from start to end, in points.
+final_*: the same figures on the final test, the demo's evidence. points_per_usd: the change
+of production's mean final-test success over all families from start to end, in points, per
+dollar of every cycle (rejected ones included); the economics report's points per dollar are
+the final test's as well.
 """
 
 from __future__ import annotations
@@ -48,9 +56,11 @@ class DemoRecipe:
     # held-out new failures a cycle needs to decide (gate.min_new_failures); with fewer the day's
     # cycle waits and the next day's traffic adds to them
     min_new_failures: int = 20
+    final_tasks: int = 200  # tasks per family of the independent final test (demo/final_test.py)
 
 
 DEMO_RECIPE = DemoRecipe()
+FINAL_CYCLES = "final-test-cycles.jsonl"  # per cycle, production's mean final-test success before and after
 
 
 @dataclass
@@ -69,7 +79,8 @@ class DayRow:
     new_before: float | None = None  # new-failure suite, incumbent -> candidate
     new_after: float | None = None
     production: dict[str, float] = field(default_factory=dict)  # family suite scores of production after the day
-    ipd: float | None = None
+    final: dict[str, float] = field(default_factory=dict)  # family final-test scores of production after the day
+    ipd: float | None = None  # final-test points (mean over families) per dollar of a promoting cycle
     serve_usd_per_m: float | None = None
 
 
@@ -104,9 +115,11 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
     from rich.console import Console
 
     from flywheel.config import validate
+    from flywheel.demo import final_test
     from flywheel.demo.users import run_day
     from flywheel.envs import load_env
     from flywheel.loop.cycle import LoopStores, run_cycle
+    from flywheel.loop.evaluation import suite_from_config
     from flywheel.loop.loop_config import LoopConfig
     from flywheel.service.serving import serve_production
 
@@ -125,6 +138,9 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
         serving = serve_production(fw)
         console.print(f"serving {v1.id} on {serving.url}")
         start_scores = _production_scores(fw, cfg)
+        finals = final_test.final_suites({n: suite_from_config(n, s) for n, s in cfg.eval.suites.items()},
+                                         recipe.final_tasks, cfg.eval.new_failures_max_tokens)
+        final_start = final_test.score(v1.path, finals)
         try:
             for week in range(1, world.weeks + 1):
                 new = world.new(week)
@@ -138,10 +154,14 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
                     _fill_cycle(row, st, cfg, fw)
                     if not row.production:  # no candidate was evaluated: production did not change
                         row.production = dict(rows[-2].production) if len(rows) > 1 else dict(start_scores)
+                    before = rows[-2].final if len(rows) > 1 else final_start
+                    promoted = st.outcome == "promoted"
+                    row.final = final_test.score(fw.registry.production().path, finals) if promoted else dict(before)
+                    _record_final(out / FINAL_CYCLES, row, before)
                     console.print(_day_line(row))
         finally:
             serving.close()
-        summary = _summary(rows, world, start_scores, time.perf_counter() - t_start)
+        summary = _summary(rows, world, start_scores, final_start, time.perf_counter() - t_start)
         _write_report(fw, out, rows, console)
     return rows, summary
 
@@ -190,8 +210,6 @@ def _traffic(fw, serving, world: WorldConfig, tasks, week: int, day: int, run_da
 
 
 def _fill_cycle(row: DayRow, st, cfg, fw) -> None:
-    from flywheel.economics.reports import intelligence_per_dollar
-
     row.cycle, row.outcome, row.usd = st.id, st.outcome or st.stage, st.usd
     name = cfg.gate.new_failures
     inc, cand = st.scores.get("incumbent", {}), st.scores.get("candidate", {})
@@ -205,8 +223,6 @@ def _fill_cycle(row: DayRow, st, cfg, fw) -> None:
         row.why = reasons[0] if reasons else ""
     prod = cand if st.outcome == "promoted" else inc
     row.production = {k: v for k, v in prod.items() if k != name}
-    if st.outcome == "promoted" and row.new_before is not None and row.usd > 0:
-        row.ipd = intelligence_per_dollar(100 * (row.new_after - row.new_before), row.usd).value
     serve_usd = sum(r.usd for r in fw.ledger.records if r.stage == "serve" and r.extra.get("week") == row.week
                     and r.extra.get("day") == row.day)
     row.serve_usd_per_m = serve_usd / row.tokens * 1e6 if row.tokens else None
@@ -219,23 +235,57 @@ def _day_line(row: DayRow) -> str:
             f" (${row.usd:.4f}); production now: {scores}")
 
 
-def _summary(rows: list[DayRow], world: WorldConfig, start: dict[str, float], seconds: float) -> dict[str, Any]:
-    first = world.families[0].name
+def _record_final(path: Path, row: DayRow, before: dict[str, float]) -> None:
+    """The cycle's outcome on the final test, as an economics cycles line (the mean over
+    families of production before and after it) and the row's points per dollar."""
+    from flywheel.demo.final_test import mean_gain_points
+    from flywheel.economics.ledger import append_line
+    from flywheel.economics.reports import CycleOutcome, intelligence_per_dollar
+
+    promoted = row.outcome == "promoted"
+    mean = lambda d: sum(d.values()) / len(d)  # noqa: E731
+    append_line(path, CycleOutcome(cycle=row.cycle, accuracy_before=mean(before), accuracy_after=mean(row.final),
+                                   promoted=promoted, reason=f"final test: {row.outcome}").model_dump_json())
+    if promoted and row.usd > 0:
+        row.ipd = intelligence_per_dollar(mean_gain_points(before, row.final), row.usd).value
+
+
+def _new_family_figures(rows: list[DayRow], world: WorldConfig, start: dict[str, float],
+                        scores) -> tuple[float, float]:
+    """(mean over families arriving after week 1 of production's score when the family
+    arrives, the same after its third cycle or the last one); `scores(row)` picks the figures."""
     news = [f for f in world.families if 1 < f.arrives <= world.weeks]
-    end = rows[-1].production if rows else start
     before, after = [], []
     for f in news:
         arrival = next(i for i, r in enumerate(rows) if r.week == f.arrives)
-        at_arrival = rows[arrival - 1].production if arrival > 0 else start
+        at_arrival = scores(rows[arrival - 1]) if arrival > 0 else start
         before.append(at_arrival.get(f.name, start.get(f.name, 0.0)))
-        after.append(rows[min(arrival + 2, len(rows) - 1)].production.get(f.name, 0.0))  # its third cycle
-    return {"new_family_before": sum(before) / len(before) if before else float("nan"),
-            "new_family_after": sum(after) / len(after) if after else float("nan"),
+        after.append(scores(rows[min(arrival + 2, len(rows) - 1)]).get(f.name, 0.0))  # its third cycle
+    nan = float("nan")
+    return (sum(before) / len(before) if before else nan), (sum(after) / len(after) if after else nan)
+
+
+def _summary(rows: list[DayRow], world: WorldConfig, start: dict[str, float], final_start: dict[str, float],
+             seconds: float) -> dict[str, Any]:
+    from flywheel.demo.final_test import mean_gain_points
+
+    first = world.families[0].name
+    end = rows[-1].production if rows else start
+    final_end = rows[-1].final if rows else final_start
+    before, after = _new_family_figures(rows, world, start, lambda r: r.production)
+    final_before, final_after = _new_family_figures(rows, world, final_start, lambda r: r.final)
+    usd = sum(r.usd for r in rows)
+    return {"new_family_before": before, "new_family_after": after,
             "old_delta": 100 * (end.get(first, 0.0) - start.get(first, 0.0)),
+            "final_new_family_before": final_before, "final_new_family_after": final_after,
+            "final_old_delta": 100 * (final_end.get(first, 0.0) - final_start.get(first, 0.0)),
+            "final_points": mean_gain_points(final_start, final_end), "usd": usd,
+            "points_per_usd": mean_gain_points(final_start, final_end) / usd if usd > 0 else float("nan"),
             "cycles": sum(r.cycle is not None for r in rows),
             "promoted": sum(r.outcome == "promoted" for r in rows), "seconds": seconds,
-            "per_family": {f.name: {"start": start.get(f.name), "end": end.get(f.name)} for f in world.families
-                           if f.name in end}}
+            "per_family": {f.name: {"start": start.get(f.name), "end": end.get(f.name),
+                                    "final_start": final_start.get(f.name), "final_end": final_end.get(f.name)}
+                           for f in world.families if f.name in end}}
 
 
 def _write_report(fw, out: Path, rows: list[DayRow], console) -> None:
@@ -245,8 +295,9 @@ def _write_report(fw, out: Path, rows: list[DayRow], console) -> None:
     from flywheel.economics.render import write_report
 
     report_dir = out / "report"
-    outcomes = read_cycles(fw.outcomes_path) if fw.outcomes_path.exists() else []
-    rep = build_report(fw.ledger.read(), outcomes, sources={"ledger": str(fw.ledger.path)})
+    final = out / FINAL_CYCLES  # points per dollar from the final test, not from the gate's suites
+    outcomes = read_cycles(final) if final.exists() else []
+    rep = build_report(fw.ledger.read(), outcomes, sources={"ledger": str(fw.ledger.path), "final test": str(final)})
     paths = write_report(rep, report_dir, extra_plots={"families.png": family_plot(rows)})
     table = markdown_table(rows)
     (report_dir / "demo-table.md").write_text(table + "\n", encoding="utf-8")
@@ -257,7 +308,11 @@ def _write_report(fw, out: Path, rows: list[DayRow], console) -> None:
 
 def summary_lines(s: dict[str, Any]) -> list[str]:
     """The demo's closing lines; the last is the `demo: ...` line."""
-    return [f"demo took {s['seconds'] / 60:.1f} min; " + ", ".join(
-                f"{k} {pct(v['start'])} -> {pct(v['end'])}" for k, v in s["per_family"].items()),
+    return [f"demo took {s['seconds'] / 60:.1f} min; gate suites: " + ", ".join(
+                f"{k} {pct(v['start'])} -> {pct(v['end'])}" for k, v in s["per_family"].items())
+            + "; final test: " + ", ".join(
+                f"{k} {pct(v['final_start'])} -> {pct(v['final_end'])}" for k, v in s["per_family"].items()),
             f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "
-            f"old_delta={s['old_delta']:+.1f} cycles={s['cycles']}"]
+            f"old_delta={s['old_delta']:+.1f} final_new_family_before={s['final_new_family_before']:.2f} "
+            f"final_new_family_after={s['final_new_family_after']:.2f} final_old_delta={s['final_old_delta']:+.1f} "
+            f"points_per_usd={s['points_per_usd']:.0f} cycles={s['cycles']} promoted={s['promoted']}"]
