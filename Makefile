@@ -44,7 +44,7 @@ test-all: setup
 
 # Every benchmark, each printing its last line `name: key=value ...` and appending its table to
 # docs/benchmarks.md. They also need the peers (extra `bench`: trl, datasets, accelerate, pinned).
-BENCHES := generate sft envs sandbox code_repair serve traces weights async rl_vs_trl
+BENCHES := generate sft envs sandbox code_repair serve traces weights async rl_vs_trl demo
 bench:
 	@$(MAKE) --no-print-directory setup EXTRAS=dev,bench
 	@mkdir -p bench-work
