@@ -32,7 +32,8 @@ def _loop_config(data_dir) -> dict:
                          "sampling": {"max_tokens": 4}, "eval": {"tasks": 4}, "rollout": {"workers": 0}, **quiet}},
         "eval": {"suites": {"arith": {"env": "arithmetic", "tasks": 8, "max_tokens": 4}},
                  "new_failures_max_tokens": 4},
-        "gate": {"delta": 0.05, "epsilon": 0.05, "min_new_failures": 1},  # a handful of new failures: the machinery, not a decision
+        # a handful of new failures: the machinery is under test, not a decision
+        "gate": {"delta": 0.05, "epsilon": 0.05, "min_new_failures": 1},
     }
 
 
