@@ -64,7 +64,7 @@ def test_sigterm_interrupts_sft_at_a_step_and_the_resume_continues_there(tmp_pat
 def test_sigterm_stops_a_cycle_in_evaluation_between_chunks(tmp_path, untrained_tiny, forked_cli):
     import signal
 
-    cfg = _config(tmp_path / "data", quick=True, delta=0.0, epsilon=1.0)
+    cfg = _config(tmp_path / "data", quick=True, delta=0.0, epsilon=1.0, min_new_failures=1)
     cfg["train"]["order"] = ["sft"]
     cfg["train"]["sft"] = {"train": {"steps": 2, "batch_size": 4, "micro_batch_size": 4}, "log": {"progress": False}}
     cfg["curation"]["heldout_fraction"] = 0.0
