@@ -373,3 +373,29 @@ def test_a_forked_child_takes_its_own_lock():
         assert child.exitcode == 0 and w.version() == 5
     finally:
         w.close()
+
+
+def test_adjacent_groups_are_laid_out_back_to_back():
+    like = {"q": torch.zeros(3, 5), "bias": torch.zeros(3), "k": torch.zeros(2, 5), "v": torch.zeros(1, 5),
+            "n": torch.zeros(7)}
+    w = SharedMemoryTransport.create(like, readers=1, adjacent=[["q", "k", "v"]])
+    try:
+        views = w.views[0]
+        # 3 x 5 floats = 60 bytes, not a multiple of 64: without the group, k would start 4 bytes later
+        assert views["k"].data_ptr() == views["q"].data_ptr() + 60
+        assert views["v"].data_ptr() == views["k"].data_ptr() + 40
+        assert all(views[k].data_ptr() % 64 == 0 for k in ("q", "bias", "n"))  # the others stay aligned
+        new = {k: torch.randn(t.shape) for k, t in like.items()}
+        w.publish(new, 1)
+        _, held = w.reader().acquire()
+        fused = held["q"].as_strided((6, 5), (5, 1), held["q"].storage_offset())
+        assert torch.equal(fused, torch.cat([new["q"], new["k"], new["v"]]))
+        del held, fused
+    finally:
+        w.close()
+    with pytest.raises(KeyError, match="no tensor 'x'"):
+        SharedMemoryTransport.create(like, adjacent=[["q", "x"]])
+    with pytest.raises(ValueError, match="two groups"):
+        SharedMemoryTransport.create(like, adjacent=[["q", "k"], ["k", "v"]])
+    with pytest.raises(ValueError, match="concatenates along dim 0"):
+        SharedMemoryTransport.create(like, adjacent=[["q", "bias"]])

@@ -9,7 +9,9 @@ applies), one preallocated KV tensor for all layers, and `scaled_dot_product_att
 Fusion without copies: q/k/v (and gate/up) weights are moved into one contiguous tensor
 and the HF parameters become views of it, so memory does not grow and a weight update
 written into the HF parameters is seen by the dense kernels at once (packed kernels are
-rebuilt by `refresh()`). The engine owns its model.
+rebuilt by `refresh()`). Parameters pointed at tensors that already lie back to back (a
+shared-memory segment laid out by `fusion_groups`) are fused as views of those: dense
+kernels then run on the shared buffer itself. The engine owns its model.
 """
 
 from __future__ import annotations
@@ -40,6 +42,22 @@ def unsupported_reason(model) -> str | None:
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return "unexpected module layout"
     return None
+
+
+def fusion_groups(model) -> list[list[str]]:
+    """Names of the parameters the lean decoder fuses, per fused tensor in order (q/k/v
+    weights, their biases, gate/up weights, their biases): a weight segment that lays each
+    group out back to back (SharedMemoryTransport.create(adjacent=...)) can be fused without a
+    copy."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    groups = []
+    for layer in model.model.layers:
+        for linears in ([layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj],
+                        [layer.mlp.gate_proj, layer.mlp.up_proj]):
+            groups.append([names[id(m.weight)] for m in linears])
+            if all(m.bias is not None for m in linears):
+                groups.append([names[id(m.bias)] for m in linears])
+    return groups
 
 
 class KVCache:
@@ -79,32 +97,45 @@ class LeanDecoder:
         self.packed = packed
         if self.packed and not packed_available(self.embed):
             raise ValueError("packed kernels need a CPU fp32 model and oneDNN")
-        self._weights = []  # per layer: HF parameters (or views of the fused tensors)
-        for layer in inner.layers:
+        self._inner = inner
+        self._final_norm = inner.norm.weight
+        self._lm_head = (model.lm_head.weight, getattr(model.lm_head, "bias", None))
+        self._scratch: dict = {}  # packed: reused buffers of the norm-folded weights
+        self.sliding_window = getattr(cfg, "sliding_window", None) if (
+            getattr(cfg, "use_sliding_window", True) and cfg.model_type != "qwen3") else None
+        self.layers: list[dict] | None = None
+        self.refresh()
+
+    def _collect(self) -> list[dict]:
+        """Per layer: the HF parameters (or views of the fused tensors) the kernels read."""
+        weights = []
+        for layer in self._inner.layers:
             att, mlp = layer.self_attn, layer.mlp
             q_norm, k_norm = getattr(att, "q_norm", None), getattr(att, "k_norm", None)
-            self._weights.append(dict(
+            weights.append(dict(
                 qkv=fuse([att.q_proj, att.k_proj, att.v_proj]), o=(att.o_proj.weight, att.o_proj.bias),
                 gate_up=fuse([mlp.gate_proj, mlp.up_proj]), down=(mlp.down_proj.weight, mlp.down_proj.bias),
                 ln_in=layer.input_layernorm.weight, ln_post=layer.post_attention_layernorm.weight,
                 q_norm=None if q_norm is None else q_norm.weight, k_norm=None if k_norm is None else k_norm.weight,
                 ffn=mlp.gate_proj.out_features))
-        self._final_norm = inner.norm.weight
-        self._lm_head = (model.lm_head.weight, getattr(model.lm_head, "bias", None))
-        self.sliding_window = getattr(cfg, "sliding_window", None) if (
-            getattr(cfg, "use_sliding_window", True) and cfg.model_type != "qwen3") else None
-        self.refresh()
+        return weights
 
     def refresh(self) -> None:
-        """(Re)build the kernels from the current weights."""
+        """(Re)build the kernels from the model's current parameters: after their values change
+        (packed kernels are copies) or after they were pointed at other tensors (a zero-copy
+        pickup: dense kernels then read those, packed ones are reordered straight from them).
+        Until it returns, and for good if it raises, there are no kernels (forward refuses):
+        never a mix of old and new weights."""
+        self.layers = self.top = None  # the old packed copies go first: their memory is reused
+        weights = self._collect()
         if self.packed:
-            self.layers, self.top = packed_kernels(self._weights, self._final_norm, self._lm_head, self.eps,
-                                                   self.n_heads, self.n_kv, self.head_dim)
+            self.layers, self.top = packed_kernels(weights, self._final_norm, self._lm_head, self.eps,
+                                                   self.n_heads, self.n_kv, self.head_dim, self._scratch)
         else:
-            self.layers, self.top = dense_kernels(self._weights, self._final_norm, self._lm_head, self.eps)
+            self.layers, self.top = dense_kernels(weights, self._final_norm, self._lm_head, self.eps)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
-        shape = (len(self.layers), 2, batch, self.n_kv, capacity, self.head_dim)
+        shape = (len(self._inner.layers), 2, batch, self.n_kv, capacity, self.head_dim)
         return KVCache(torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device))
 
     def _angles(self, positions_B_S: torch.Tensor) -> torch.Tensor:
@@ -150,6 +181,8 @@ class LeanDecoder:
         cache_rows (R,): prefill fan-out into an empty cache of R rows; cache row r gets the
           keys/values of batch row cache_rows[r] (n samples of a prompt share one prefill).
         """
+        if self.layers is None:
+            raise RuntimeError("the decoder has no kernels: rebuilding them after a weight change failed")
         B, S = tokens_B_S.shape
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         c0, c1 = cache.length, cache.length + S

@@ -4,8 +4,9 @@ Its one decode loop is a steppable `DecodeBatch` (inference/decode.py): `generat
 every prompt and steps until the batch is empty; the server's scheduler keeps one batch
 running and admits requests between steps. Distinct prompts are prefilled once and fanned
 out to their samples; a row that hits a stop token, a stop string or its budget leaves the
-batch at once. `update_weights` copies new weights in place: it waits for batches pinned
-to the current weights and lands between two steps of those that follow updates.
+batch at once. `update_weights` copies new weights in place and `receive` picks them up
+from a weight transport (zero-copy from a shared-memory reader slot); both wait for batches
+pinned to the current weights and land between two steps of those that follow updates.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class LocalEngine:
         self._pins_changed = threading.Condition()
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._unique_params = dict(model.named_parameters())  # tied weights once: what a learner publishes
+        self._lease = None  # the SharedMemoryReader whose leased buffer the parameters view, if any
 
     @classmethod
     def from_path(cls, path: str, dtype: str = "float32", device: str = "cpu", **kw) -> "LocalEngine":
@@ -78,24 +80,45 @@ class LocalEngine:
                 raise ValueError(f"update_weights: {name!r} has shape {tuple(t.shape)}, "
                                  f"the model's is {tuple(p.shape)}")
         with self._updating():
+            self._own_weights()
             for name, t in items.items():
                 self._params[name].copy_(t)
             if hasattr(self.runner, "refresh"):
                 self.runner.refresh()  # packed kernel weights are copies
             self.version = int(version)
 
-    def receive(self, transport) -> bool:
-        """Load `transport`'s newest weights (a flywheel.weights.WeightTransport) when they are
-        newer than ours; True if they were. Like `update_weights`, a step sees the old weights
-        or the new ones, never a mix."""
-        if transport.version() <= self.version:
+    def receive(self, source) -> bool:
+        """Load the newest weights of `source` when they are newer than ours; True if they
+        were. `source`: a flywheel.weights.WeightTransport, whose weights are copied into the
+        model (`read_into`), or a SharedMemoryReader (a reader slot of a SharedMemoryTransport)
+        for a zero-copy pickup: the model's parameters become views of the buffer it leases
+        (no writer touches it until the next pickup moves the lease), dense kernels run on it
+        and packed ones are reordered straight from it, the one copy they need. Like
+        `update_weights`, a step sees the old weights or the new ones, never a mix."""
+        reader = source if hasattr(source, "bind") else None
+        if (reader.transport if reader else source).version() <= self.version:
             return False
         with self._updating():
-            version = transport.read_into(self._unique_params)
+            if reader is not None:
+                version = reader.bind(self.model)  # checks every tensor before it leases anything
+                self._lease = reader
+            else:
+                self._own_weights()
+                version = source.read_into(self._unique_params)
             if hasattr(self.runner, "refresh"):
                 self.runner.refresh()
             self.version = int(version)
         return True
+
+    def _own_weights(self) -> None:
+        """Before writing into the parameters: if they view a leased shared buffer (never to be
+        written), give them private copies and release the lease. Held: the update lock."""
+        if self._lease is None:
+            return
+        for p in self._unique_params.values():
+            p.data = p.data.clone()
+        self._lease.release()
+        self._lease = None
 
     def state_names(self) -> list[str]:
         return list(self._params)

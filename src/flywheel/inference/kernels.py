@@ -9,10 +9,12 @@ head dimension *interleaved* (RoPE pairs adjacent) or in HF's rotate-half layout
 - packed (CPU, fp32): oneDNN matmuls on weights reordered once into its blocked layout
   (`mkldnn._linear_pointwise`, what torch.compile emits on CPU); `F.linear` re-packs a weight
   on every call, which at batch 64 costs as much as the multiply. The packed copies also
-  fold work away: RMSNorm weights are multiplied into the following projection, SiLU and the
-  gate multiply and the residual adds run as oneDNN post-ops, and q/k rows are permuted so
-  each RoPE pair is adjacent and RoPE is one complex multiply. Attention scores are
-  unchanged by that permutation because q and k share it; values are not permuted.
+  fold work away: the layers' RMSNorm weights are multiplied into the following projection,
+  SiLU and the gate multiply and the residual adds run as oneDNN post-ops, and q/k rows are
+  permuted so each RoPE pair is adjacent and RoPE is one complex multiply. Attention scores
+  are unchanged by that permutation because q and k share it; values are not permuted.
+  The reorder is the one copy a weight pickup makes (a blocked transpose, several times
+  slower than a memcpy of the same bytes on CPU; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -22,22 +24,49 @@ import torch.nn.functional as F
 
 
 def fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Concatenate the weights (and biases) of `linears` along the output dim; make each
-    module's parameter a view of the fused tensor. Returns (weight, bias or None)."""
-    weight = torch.cat([m.weight.detach() for m in linears]).contiguous()
-    bias = None
-    if any(m.bias is not None for m in linears):
+    """The weights (and biases) of `linears` concatenated along the output dim: (weight, bias
+    or None). Where they already lie back to back in one storage (fused by an earlier call, or
+    bound to a shared-memory segment laid out so) this is a view and nothing is copied;
+    otherwise they are copied into one new tensor and each module's parameter becomes a view
+    of it."""
+    weight = adjacent_view([m.weight for m in linears])
+    if weight is None:
+        weight = torch.cat([m.weight.detach() for m in linears]).contiguous()
+        _repoint(linears, "weight", weight)
+    if all(m.bias is None for m in linears):
+        return weight, None
+    bias = adjacent_view([m.bias for m in linears]) if all(m.bias is not None for m in linears) else None
+    if bias is None:
         bias = torch.cat([m.bias.detach() if m.bias is not None else
                           torch.zeros(m.out_features, dtype=weight.dtype, device=weight.device)
                           for m in linears]).contiguous()
+        _repoint(linears, "bias", bias)
+    return weight, bias
+
+
+def adjacent_view(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """One tensor viewing `tensors` concatenated along dim 0, if they are contiguous, of one
+    dtype and trailing shape, and lie back to back in one storage; else None."""
+    first = tensors[0].detach()
+    rows, end = 0, first.data_ptr()
+    for t in tensors:
+        if (not t.is_contiguous() or t.dtype != first.dtype or t.shape[1:] != first.shape[1:]
+                or t.device != first.device or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+                or t.data_ptr() != end):
+            return None
+        rows, end = rows + t.shape[0], end + t.numel() * t.element_size()
+    return first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset())
+
+
+def _repoint(linears: list[torch.nn.Linear], attr: str, fused: torch.Tensor) -> None:
+    """Make each module's `attr` parameter a view of its rows of `fused` (a module without a
+    bias keeps none; its rows of a fused bias are zeros)."""
     start = 0
     for m in linears:
         end = start + m.out_features
-        m.weight.data = weight[start:end]
-        if m.bias is not None:
-            m.bias.data = bias[start:end]
+        if getattr(m, attr) is not None:
+            getattr(m, attr).data = fused[start:end]
         start = end
-    return weight, bias
 
 
 def packed_available(weight: torch.Tensor) -> bool:
@@ -82,22 +111,35 @@ def _rms(weight: torch.Tensor, eps: float):
 
 
 def packed_kernels(layers: list[dict], final_norm: torch.Tensor, lm_head, eps: float,
-                   n_heads: int, n_kv: int, head_dim: int) -> tuple[list[dict], dict]:
+                   n_heads: int, n_kv: int, head_dim: int,
+                   scratch: dict | None = None) -> tuple[list[dict], dict]:
+    """Reorder every projection once into oneDNN's layout: one read of each weight wherever it
+    lives (the model's parameters, or a leased shared-memory buffer), no other copy kept.
+    Norm weights are folded into the q/k/v and gate/up projections through `scratch` (reused
+    buffers of the folded weights, one per shape: in cache when reordered); the final norm's is
+    applied to the activations instead, which spares a pass over the largest matrix."""
     pack = torch.ops.mkldnn._reorder_linear_weight
     linear = torch.ops.mkldnn._linear_pointwise
+    scratch = {} if scratch is None else scratch
     perm_D = interleave_permutation(head_dim)
-    perm_qk = torch.cat([h * head_dim + perm_D for h in range(n_heads + n_kv)])
+    D, n_qk = head_dim, (n_heads + n_kv) * head_dim
     out = []
     for L in layers:
         ffn = L["ffn"]
         w_qkv, b_qkv = (t.detach() if t is not None else None for t in L["qkv"])
-        n_qk = (n_heads + n_kv) * head_dim
-        rows = torch.cat([perm_qk.to(w_qkv.device), torch.arange(n_qk, w_qkv.shape[0], device=w_qkv.device)])
-        w_qkv = pack(w_qkv[rows] * L["ln_in"].detach()[None, :])
-        b_qkv = None if b_qkv is None else b_qkv[rows]
+        ln_in = L["ln_in"].detach()
+        folded = _scratch(scratch, w_qkv)
+        # q/k rows: each head's (2, D/2) halves -> (D/2, 2) pairs, as a strided view, scaled in one pass
+        torch.mul(w_qkv[:n_qk].view(-1, 2, D // 2, w_qkv.shape[1]).transpose(1, 2), ln_in,
+                  out=folded[:n_qk].view(-1, D // 2, 2, w_qkv.shape[1]))
+        torch.mul(w_qkv[n_qk:], ln_in, out=folded[n_qk:])
+        w_qkv = pack(folded)
+        if b_qkv is not None:
+            b_qkv = torch.cat([b_qkv[:n_qk].view(-1, 2, D // 2).transpose(1, 2).reshape(-1), b_qkv[n_qk:]])
         w_gu, b_gu = L["gate_up"]
-        w_gu = w_gu.detach() * L["ln_post"].detach()[None, :]
-        w_gate, w_up = pack(w_gu[:ffn]), pack(w_gu[ffn:])
+        ln_post = L["ln_post"].detach()
+        w_gate, w_up = (pack(torch.mul(w, ln_post, out=_scratch(scratch, w)))
+                        for w in (w_gu.detach()[:ffn], w_gu.detach()[ffn:]))
         b_gate, b_up = (None, None) if b_gu is None else (b_gu[:ffn].detach(), b_gu[ffn:].detach())
         w_o, b_o = pack(L["o"][0].detach()), _detach(L["o"][1])
         w_down, b_down = pack(L["down"][0].detach()), _detach(L["down"][1])
@@ -115,11 +157,18 @@ def packed_kernels(layers: list[dict], final_norm: torch.Tensor, lm_head, eps: f
             q_norm=None if L["q_norm"] is None else L["q_norm"].detach()[perm_D],
             k_norm=None if L["k_norm"] is None else L["k_norm"].detach()[perm_D]))
     w_head, b_head = lm_head
-    w_head = pack(w_head.detach() * final_norm.detach()[None, :])
+    w_head = pack(w_head.detach())
     b_head = _detach(b_head)
-    model = dict(norm_final=_unit_rms(eps), lm_head=lambda h: linear(h, w_head, b_head, "none", [], ""),
-                 interleaved=True)
+    model = dict(norm_final=_unit_rms(eps, final_norm.detach()),
+                 lm_head=lambda h: linear(h, w_head, b_head, "none", [], ""), interleaved=True)
     return out, model
+
+
+def _scratch(scratch: dict, like: torch.Tensor) -> torch.Tensor:
+    key = (tuple(like.shape), like.dtype, like.device)
+    if key not in scratch:
+        scratch[key] = torch.empty_like(like, memory_format=torch.contiguous_format)
+    return scratch[key]
 
 
 def interleave_permutation(head_dim: int) -> torch.Tensor:
@@ -129,14 +178,15 @@ def interleave_permutation(head_dim: int) -> torch.Tensor:
     return torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).reshape(-1)
 
 
-def _unit_rms(eps: float):
-    """x / rms(x), the weight being folded into the next matmul: 4 kernels instead of
-    F.rms_norm's 7 on CPU."""
+def _unit_rms(eps: float, weight: torch.Tensor | None = None):
+    """x / rms(x), the weight being folded into the next matmul (or multiplied after, when
+    given): 4 kernels instead of F.rms_norm's 7 on CPU."""
     eps_t = torch.tensor(eps, dtype=torch.float32)
 
     def norm(x):
         n = torch.linalg.vector_norm(x, dim=-1, keepdim=True)  # sqrt(sum x^2), (N, 1)
-        return x * torch.addcmul(eps_t, n, n, value=1.0 / x.shape[-1]).rsqrt_()
+        x = x * torch.addcmul(eps_t, n, n, value=1.0 / x.shape[-1]).rsqrt_()
+        return x if weight is None else x * weight
     return norm
 
 

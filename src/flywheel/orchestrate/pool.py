@@ -9,8 +9,9 @@ Both sources speak the same small protocol to the feeder (orchestrate/feeder.py)
 `InProcessRollouts` plays episodes in the learner's process when polled (synchronous
 training, `rollout.workers = 0`). `ProcessRollouts` runs worker processes
 (orchestrate/worker.py) that overlap with the learner; weights reach them through a
-shared-memory transport. A worker that dies is restarted and its unfinished items are sent
-again, so no task is lost; results are keyed by item id, so none is counted twice.
+shared-memory transport (`rollout_transport`: a zero-copy reader slot per worker). A worker
+that dies is restarted and its unfinished items are sent again, so no task is lost; results
+are keyed by item id, so none is counted twice.
 """
 
 from __future__ import annotations
@@ -26,9 +27,20 @@ from typing import Callable, Mapping
 import torch
 
 from flywheel.errors import TrainError
+from flywheel.inference.decoder import fusion_groups, unsupported_reason
 from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
 from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
 from flywheel.weights import SharedMemoryTransport
+
+
+def rollout_transport(model, workers: int, name: str | None = None) -> SharedMemoryTransport:
+    """The weight segment of a run with `workers` rollout processes: one reader slot each, so
+    every worker picks weights up zero-copy (orchestrate/worker.py), workers + 2 buffers, so the
+    learner never waits for a lease, and each group the lean decoder fuses (q/k/v, gate/up)
+    laid out back to back, so its dense kernels run on the shared buffer as it is."""
+    groups = fusion_groups(model) if unsupported_reason(model) is None else []
+    return SharedMemoryTransport.create(dict(model.named_parameters()), name=name, readers=workers,
+                                        adjacent=groups)
 
 
 class RolloutError(TrainError):

@@ -3,7 +3,10 @@
 The learner sends `WorkItem`s over a pipe; for each the worker
   1. waits until the weight transport holds a version >= `item.min_version` (the staleness
      bound: the learner never asks for samples older than it can train on),
-  2. loads the newest published weights if they are newer than its own,
+  2. loads the newest published weights if they are newer than its own: zero-copy through a
+     reader slot it claims at start (its engine runs on the leased shared buffer, packed
+     kernels are reordered straight from it), or by a copy where it has none (a segment
+     without free slots, a GPU engine),
   3. plays `group_size` episodes per task (rollout/play.py) and sends back a
      `WorkResult` with the trajectory groups (every sampled token tagged with its version).
 A `None` item, or the learner's end of the pipe closing, ends the worker. One pipe per
@@ -48,6 +51,7 @@ class WorkerSpec:
     threads: int | None = None
     seed: int = 0
     device: str = "cpu"
+    packed: bool | None = None  # the lean decoder's kernel set (None: it picks by size, decoder.py)
 
 
 @dataclass
@@ -65,9 +69,10 @@ class WorkResult:
     version: int  # the weights that sampled every token of these groups
     generate_s: float  # episodes, tool calls included
     weight_wait_s: float  # waiting for `min_version` to be published
-    weight_load_s: float  # copying the newest weights in
+    weight_load_s: float  # picking the newest weights up (nothing when they were not newer)
     tokens: int = 0
     error: str | None = None  # set when the episodes raised; groups is then empty
+    weight_pickup: str = ""  # "bind" (zero-copy, a leased reader slot) or "copy" (read_into)
 
 
 def _die_with_parent() -> None:
@@ -79,10 +84,24 @@ def _die_with_parent() -> None:
         pass
 
 
+def _reuse_freed_memory() -> None:
+    """glibc: serve large allocations from the heap and keep freed memory there. By default
+    each block over 32 MB is mapped fresh and unmapped when freed, so every weight pickup
+    with packed kernels (the old packed weights go, new ones of the same sizes come) paid a
+    page fault per 4 KB of the new copies: about half of its time at ~100M parameters."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: only blocks over 1 GiB get their own mapping
+        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD (an int): keep the top of the heap
+    except (OSError, AttributeError):
+        pass
+
+
 def worker_main(worker_id: int, conn) -> None:
     """Serve work items on `conn` (the first message is the WorkerSpec) until told to stop."""
     parent = os.getppid()
     _die_with_parent()
+    _reuse_freed_memory()
     if os.getppid() != parent or parent == 1:
         return
     try:
@@ -92,9 +111,10 @@ def worker_main(worker_id: int, conn) -> None:
         quiet_transformers()
         env = load_env(spec.env_name, **spec.env_settings)
         model, tokenizer = load(spec.model, device=spec.device)
-        engine = LocalEngine(model, tokenizer, version=-1, seed=spec.seed * 1009 + worker_id)
+        engine = LocalEngine(model, tokenizer, version=-1, seed=spec.seed * 1009 + worker_id, packed=spec.packed)
         renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
         transport = SharedMemoryTransport.attach(spec.transport_name)
+        reader = _claim_reader(transport, engine)
         params = SamplingParams(**spec.sampling)
         policy = SamplerPolicy(engine, params, renderer)
         loop = EpisodeLoop()
@@ -119,7 +139,7 @@ def worker_main(worker_id: int, conn) -> None:
                 except TimeoutError:
                     pass
             t1 = time.perf_counter()
-            engine.receive(transport)
+            engine.receive(reader or transport)
             t2 = time.perf_counter()
             version = engine.version
             try:
@@ -130,11 +150,23 @@ def worker_main(worker_id: int, conn) -> None:
             t3 = time.perf_counter()
             tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
             conn.send(WorkResult(item.item_id, worker_id, groups, version, t3 - t2, t1 - t0, t2 - t1,
-                                 tokens, error))
+                                 tokens, error, "bind" if reader else "copy"))
     finally:
         loop.close()
-        transport.close()
+        transport.close()  # frees the reader slot and its lease (a killed worker's are reclaimed)
         conn.close()
+
+
+def _claim_reader(transport: SharedMemoryTransport, engine: LocalEngine):
+    """A free reader slot for zero-copy pickup, or None (copy) when the segment has none free
+    or the engine is not in host memory. Slots of dead workers are reclaimed by the claim."""
+    if engine.device.type != "cpu" or transport.n_slots == 0:
+        return None
+    try:
+        return transport.reader()
+    except RuntimeError as e:  # every slot held by a live process
+        print(f"rollout worker: {e}; copying weights instead", file=sys.stderr)
+        return None
 
 
 def main() -> None:

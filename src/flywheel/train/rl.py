@@ -154,17 +154,15 @@ def _rollout_source(cfg: RLConfig, model, tokenizer, env, renderer, n_workers: i
                     stack: ExitStack, log: Callable[[str], None]):
     """The rollout source and the engine used for evaluation."""
     from flywheel.inference import LocalEngine
-    from flywheel.orchestrate.pool import InProcessRollouts, ProcessRollouts
+    from flywheel.orchestrate.pool import InProcessRollouts, ProcessRollouts, rollout_transport
     from flywheel.orchestrate.worker import WorkerSpec
-    from flywheel.weights import SharedMemoryTransport
 
     engine = LocalEngine(copy.deepcopy(model), tokenizer, seed=cfg.train.seed)
     if n_workers == 0:
         return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer,
                                  threads=cfg.rollout.threads), engine
     out = Path(cfg.output_dir)
-    transport = SharedMemoryTransport.create(dict(model.named_parameters()),
-                                             name=_shared_memory_name(out, log))
+    transport = rollout_transport(model, n_workers, name=_shared_memory_name(out, log))  # a reader slot each
     stack.callback(transport.close)
     stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
     threads = _worker_threads(cfg)

@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from multiprocessing import resource_tracker, shared_memory
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Sequence
 
 import _posixshmem
 import numpy as np
@@ -35,7 +35,7 @@ from flywheel.weights.base import WeightTransport
 from flywheel.weights.shm_reader import SharedMemoryReader
 
 # Segment layout: a header of int64 words, the tensor manifest (JSON), then B buffers each
-# holding every tensor (64-byte aligned):
+# holding every tensor (64-byte aligned; the members of an `adjacent` group back to back):
 #     [0] magic  [1] current buffer (-1 before the first publish)  [2] its version
 #     [4] B  [5] N (reader slots)  [6] manifest bytes  ([3], [7] unused)
 #     [8 + 2b] sequence counter of buffer b (odd while it is being written)
@@ -101,6 +101,33 @@ def _header_words(buffers: int, slots: int) -> int:
     return FIXED_WORDS + 2 * buffers + 2 * slots
 
 
+def _layout_runs(like: Mapping[str, torch.Tensor], adjacent: Sequence[Sequence[str]]) -> list[list[str]]:
+    """The names of `like` in segment order, as runs laid out back to back: each group of
+    `adjacent` where its first member comes, every other name on its own."""
+    group_of: dict[str, list[str]] = {}
+    for group in adjacent:
+        group = list(group)
+        for key in group:
+            if key not in like:
+                raise KeyError(f"adjacent: no tensor {key!r} among those to lay out")
+            if key in group_of:
+                raise ValueError(f"adjacent: {key!r} is in two groups")
+            group_of[key] = group
+        first = like[group[0]]
+        for key in group[1:]:
+            t = like[key]
+            if t.dtype != first.dtype or t.shape[1:] != first.shape[1:]:
+                raise ValueError(f"adjacent: {key!r} is {tuple(t.shape)} {t.dtype}, {group[0]!r} is "
+                                 f"{tuple(first.shape)} {first.dtype}: a group concatenates along dim 0")
+    runs, placed = [], set()
+    for key in like:
+        if key not in placed:
+            run = group_of.get(key, [key])
+            runs.append(run)
+            placed.update(run)
+    return runs
+
+
 class SharedMemoryTransport(WeightTransport):
     def __init__(self, shm: shared_memory.SharedMemory, owner: bool):
         self.shm, self.owner = shm, owner
@@ -136,17 +163,23 @@ class SharedMemoryTransport(WeightTransport):
 
     @classmethod
     def create(cls, like: Mapping[str, torch.Tensor], name: str | None = None, readers: int = 0,
-               buffers: int | None = None) -> "SharedMemoryTransport":
+               buffers: int | None = None, adjacent: Sequence[Sequence[str]] = ()) -> "SharedMemoryTransport":
         """A new segment sized for tensors shaped like `like` (the creator unlinks it on close),
         with `readers` zero-copy reader slots and `buffers` buffers (default readers + 2, the
-        fewest with which a writer never waits; at least 2)."""
+        fewest with which a writer never waits; at least 2). `adjacent`: groups of names laid
+        out back to back in the order given (same dtype and trailing dims), so a reader can view
+        each group as one tensor concatenated along dim 0 (a fused q/k/v projection) without a
+        copy; every other tensor starts 64-byte aligned."""
         buffers = readers + 2 if buffers is None else buffers
         if readers < 0 or buffers < 2:
             raise ValueError(f"need readers >= 0 and buffers >= 2, got readers={readers}, buffers={buffers}")
         tensors, offset = [], 0
-        for key, t in like.items():
-            tensors.append([key, list(t.shape), str(t.dtype).removeprefix("torch."), offset])
-            offset = _align(offset + t.numel() * t.element_size())
+        for run in _layout_runs(like, adjacent):
+            for key in run:
+                t = like[key]
+                tensors.append([key, list(t.shape), str(t.dtype).removeprefix("torch."), offset])
+                offset += t.numel() * t.element_size()
+            offset = _align(offset)
         manifest = json.dumps({"tensors": tensors, "buffer_bytes": offset}).encode()
         h_bytes = 8 * _header_words(buffers, readers)
         total = _align(h_bytes + len(manifest)) + buffers * offset
