@@ -171,3 +171,24 @@ def test_adjacent_view_spans_back_to_back_tensors_only():
     assert kernels.adjacent_view([b, a]) is None  # out of order
     assert kernels.adjacent_view([a, torch.arange(8.0, 16.0).view(2, 4)]) is None  # another storage
     assert kernels.adjacent_view([flat[:8], flat[8:16].view(2, 4)]) is None  # trailing dims differ
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])  # per-head q/k norms; no biases
+def test_other_families_pick_up_zero_copy_too(arch, kind, tmp_path):
+    model_dir = build_tiny_model(tmp_path / arch, TinySpec(hidden=64, layers=1, heads=4, kv_heads=2, ffn=128,
+                                                           arch=arch))
+    learner, _ = load(model_dir)
+    writer = rollout_transport(learner, 1)
+    try:
+        reader = SharedMemoryTransport.attach(writer.name).reader()
+        engine, reference = _engine(model_dir, kind), _engine(model_dir, kind)
+        assert engine.is_lean
+        w = _weights(learner, 1)
+        writer.publish(w, 1)
+        engine.receive(reader)
+        reference.update_weights(w, 1)
+        _same(_outputs(engine), _outputs(reference))
+        assert all(_in_buffer(p, reader.transport, _leased(reader)) for p in engine.model.parameters())
+        reader.transport.close()
+    finally:
+        writer.close()

@@ -98,6 +98,13 @@ class LeanDecoder:
         if self.packed and not packed_available(self.embed):
             raise ValueError("packed kernels need a CPU fp32 model and oneDNN")
         self._inner = inner
+        self._modules = []  # per layer, the modules whose parameters the kernels read (looked up once)
+        for layer in inner.layers:
+            att, mlp = layer.self_attn, layer.mlp
+            self._modules.append((
+                dict(qkv=[att.q_proj, att.k_proj, att.v_proj], o=att.o_proj,
+                     **{k: getattr(att, k) for k in ("q_norm", "k_norm") if getattr(att, k, None) is not None}),
+                dict(gate_up=[mlp.gate_proj, mlp.up_proj], down=mlp.down_proj), layer))
         self._final_norm = inner.norm.weight
         self._lm_head = (model.lm_head.weight, getattr(model.lm_head, "bias", None))
         self._scratch: dict = {}  # packed: reused buffers of the norm-folded weights
@@ -109,30 +116,34 @@ class LeanDecoder:
     def _collect(self) -> list[dict]:
         """Per layer: the HF parameters (or views of the fused tensors) the kernels read."""
         weights = []
-        for layer in self._inner.layers:
-            att, mlp = layer.self_attn, layer.mlp
-            q_norm, k_norm = getattr(att, "q_norm", None), getattr(att, "k_norm", None)
+        for att, mlp, layer in self._modules:
+            q_norm, k_norm = att.get("q_norm"), att.get("k_norm")
             weights.append(dict(
-                qkv=fuse([att.q_proj, att.k_proj, att.v_proj]), o=(att.o_proj.weight, att.o_proj.bias),
-                gate_up=fuse([mlp.gate_proj, mlp.up_proj]), down=(mlp.down_proj.weight, mlp.down_proj.bias),
+                qkv=fuse(att["qkv"]), o=(att["o"].weight, att["o"].bias),
+                gate_up=fuse(mlp["gate_up"]), down=(mlp["down"].weight, mlp["down"].bias),
                 ln_in=layer.input_layernorm.weight, ln_post=layer.post_attention_layernorm.weight,
                 q_norm=None if q_norm is None else q_norm.weight, k_norm=None if k_norm is None else k_norm.weight,
-                ffn=mlp.gate_proj.out_features))
+                ffn=mlp["gate_up"][0].out_features))
         return weights
 
     def refresh(self) -> None:
         """(Re)build the kernels from the model's current parameters: after their values change
         (packed kernels are copies) or after they were pointed at other tensors (a zero-copy
         pickup: dense kernels then read those, packed ones are reordered straight from them).
-        Until it returns, and for good if it raises, there are no kernels (forward refuses):
-        never a mix of old and new weights."""
-        self.layers = self.top = None  # the old packed copies go first: their memory is reused
-        weights = self._collect()
-        if self.packed:
-            self.layers, self.top = packed_kernels(weights, self._final_norm, self._lm_head, self.eps,
-                                                   self.n_heads, self.n_kv, self.head_dim, self._scratch)
-        else:
-            self.layers, self.top = dense_kernels(weights, self._final_norm, self._lm_head, self.eps)
+        If it raises there are no kernels left (forward refuses): never a mix of old and new
+        weights. Callers hold the engine's update lock, so no forward runs meanwhile."""
+        try:  # the old packed copies stay until the new ones exist: freeing them first made the
+            # allocator hand pages back and fault them in again (docs/benchmarks.md)
+            weights = self._collect()
+            if self.packed:
+                kernels = packed_kernels(weights, self._final_norm, self._lm_head, self.eps,
+                                         self.n_heads, self.n_kv, self.head_dim, self._scratch)
+            else:
+                kernels = dense_kernels(weights, self._final_norm, self._lm_head, self.eps)
+        except BaseException:
+            self.layers = self.top = None
+            raise
+        self.layers, self.top = kernels
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         shape = (len(self._inner.layers), 2, batch, self.n_kv, capacity, self.head_dim)

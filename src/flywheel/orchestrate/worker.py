@@ -88,7 +88,8 @@ def _reuse_freed_memory() -> None:
     """glibc: serve large allocations from the heap and keep freed memory there. By default
     each block over 32 MB is mapped fresh and unmapped when freed, so every weight pickup
     with packed kernels (the old packed weights go, new ones of the same sizes come) paid a
-    page fault per 4 KB of the new copies: about half of its time at ~100M parameters."""
+    page fault per 4 KB of the new copies: about a third of its time at ~100M parameters
+    (docs/benchmarks.md, "Measurements behind choices in the code")."""
     try:
         libc = ctypes.CDLL(None)
         libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: only blocks over 1 GiB get their own mapping
