@@ -24,6 +24,10 @@ model and the 100M one with dense kernels forced (what a model below hidden 256 
 engine runs on the shared buffer itself, no copy); and the copy path at both sizes, a segment without reader
 slots (`read_into` a private copy, then the reorder), for comparison.
 
+Beside the rows, the other side of the kernel choice: one rollout batch decoded with packed and
+with dense kernels (`decode_batch`), so the table shows whether packed kernels repay their
+pickup on every version.
+
 Models (fp32): the tiny model of ../shared/peers/trl_grpo_cpu (hidden 256, 4 layers, ffn 1024,
 vocab 320), and a ~100M-parameter Qwen2 (hidden 768, 12 layers, 12 heads, 4 kv heads, ffn 2048,
 vocab 32768, tied embeddings; random weights, built on the meta device and filled, saved once
@@ -150,6 +154,27 @@ def measure(label: str, folder: Path, rounds: int, calls: int, threads: int, pac
                 **{k: [r[k] for r in per_round] for k in ("memcpy", "publish", "pickup", "first", "ratio")})
 
 
+def decode_batch(folder: Path, packed: bool, repeats: int, episodes: int = 64, tokens: int = 16) -> list[float]:
+    """Seconds to decode one rollout batch (`episodes` arithmetic prompts, `tokens` sampled tokens
+    each, eos ignored) with the given kernel set, `repeats` times after one warm-up: what a
+    worker's kernel choice saves or costs on every version, beside what its pickup costs."""
+    from flywheel.envs import load_env
+    from flywheel.inference.engine import LocalEngine
+    from flywheel.inference.sampler import SamplingParams
+    from flywheel.models import load
+
+    model, tokenizer = load(folder)
+    engine = LocalEngine(model, tokenizer, version=0, seed=0, packed=packed)
+    prompts = [t.prompt for t in load_env("arithmetic").tasks("test", n=episodes)]
+    params = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        engine.generate_text(prompts, params)
+        times.append(time.perf_counter() - t0)
+    return times[1:]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=1, help="torch threads, writer and worker (see above)")
@@ -171,6 +196,8 @@ def main() -> None:
                measure("tiny, copy path (no reader slot)", tiny, calls=args.tiny_calls, reader_slots=False, **m),
                measure("Qwen2 ~100M, copy path (no reader slot)", big, calls=args.big_calls, reader_slots=False, **m)]
     tiny_r, big_r, dense_r, dense_big, copy_tiny, copy_big = results
+    decode = {(size, packed): decode_batch(folder, packed, args.rounds)
+              for size, folder in (("tiny", tiny), ("100m", big)) for packed in (True, False)}
 
     def ms(values):
         return common.median_range([v * 1e3 for v in values])
@@ -192,6 +219,18 @@ def main() -> None:
               "the buffer). With dense kernels the parameters become views of the leased buffer: no copy. The copy "
               "path adds a `read_into` of everything before the reorder."]
 
+    lines += ["", f"What the kernel choice buys on every version: one rollout batch (64 arithmetic prompts, 16 "
+              f"sampled tokens each, eos ignored) decoded by one engine, {args.rounds} repeats after a warm-up, "
+              "median (range); beside it the extra pickup of packed kernels (packed pickup - dense pickup, "
+              "medians of the rows above).", "",
+              "| model | decode, packed (ms) | decode, dense (ms) | saved per batch by packed (ms) "
+              "| extra pickup of packed (ms) |", "|---|---|---|---|---|"]
+    for size, label, pk, dn in (("tiny", "tiny", tiny_r, dense_r), ("100m", "Qwen2 ~100M", big_r, dense_big)):
+        saved = statistics.median(decode[size, False]) - statistics.median(decode[size, True])
+        extra = statistics.median(pk["pickup"]) - statistics.median(dn["pickup"])
+        lines.append(f"| {label} | {ms(decode[size, True])} | {ms(decode[size, False])} | {saved * 1e3:.0f} "
+                     f"| {extra * 1e3:.0f} |")
+
     def med(r, k):
         return statistics.median(r[k])
 
@@ -201,7 +240,9 @@ def main() -> None:
             f"copy_tiny_ratio={med(copy_tiny, 'ratio'):.2f} "
             f"copy_ratio_100m={med(copy_big, 'ratio'):.2f} memcpy_ms_100m={med(big_r, 'memcpy') * 1e3:.1f} "
             f"publish_ms_100m={med(big_r, 'publish') * 1e3:.1f} pickup_ms_100m={med(big_r, 'pickup') * 1e3:.1f} "
-            f"first_token_ms_100m={med(big_r, 'first') * 1e3:.1f} threads={threads}"
+            f"first_token_ms_100m={med(big_r, 'first') * 1e3:.1f} "
+            f"decode_ms_100m_packed={statistics.median(decode['100m', True]) * 1e3:.0f} "
+            f"decode_ms_100m_dense={statistics.median(decode['100m', False]) * 1e3:.0f} threads={threads}"
             + (" smoke=1" if args.smoke else ""))
     common.append_report("bench/weights.py: publish -> worker pickup -> first token, the RL path, vs one memcpy",
                          "\n".join(lines), last, write=not args.no_write)

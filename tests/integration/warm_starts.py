@@ -71,11 +71,11 @@ def calculator_from_memory_warm_start(out: str | Path, direct_share: float = 0.7
     held-out success of the tool path after stage 1).
 
     A 64-hidden, 2-layer, 4-head tiny model; stage 1: SFT on 3,000 scripted tool episodes until
-    80 % of 20 held-out episodes succeed (checked every 50 steps, at most 1,000: the copying
+    80 % of 20 held-out episodes succeed (checked every 50 steps, at most 1,500: the copying
     into the call and out of the result emerges abruptly, at a step that varies by machine);
     then 200 more steps at lr 1e-3, because copying that just emerged holds under greedy
     decoding but not under sampling at temperature 1, and RL needs sampled successes to
-    reward; stage 2: 40 steps on 1,000 demos of which `direct_share` answer at once ("The
+    reward; stage 2: 80 steps on 1,000 demos of which `direct_share` answer at once ("The
     answer is 684."), after which greedy decoding answers directly and fails while sampling
     still calls the tool in some episodes. The measurements behind these choices are in
     docs/benchmarks.md ("Measurements behind choices in the code")."""
@@ -114,10 +114,10 @@ def calculator_from_memory_warm_start(out: str | Path, direct_share: float = 0.7
 
     stage1 = root / "stage1" / "final"
     if not (stage1 / "config.json").exists():  # else resuming would train on past its stop
-        sft(tiny, "tool.jsonl", "stage1", 1000, 3e-3, 30, 0.1,
+        sft(tiny, "tool.jsonl", "stage1", 1500, 3e-3, 30, 0.1,
             {"every": 50, "stop_at": {"eval/success": 0.8}}, heldout_success(env, tasks=20))
     consolidated = root / "stage1b" / "final"
     if not (consolidated / "config.json").exists():
         sft(stage1, "tool.jsonl", "stage1b", 200, 1e-3, 5, 0.1, {})
-    sft(consolidated, "mixed.jsonl", "stage2", 40, 1e-3, 5, 1.0, {})
+    sft(consolidated, "mixed.jsonl", "stage2", 80, 1e-3, 5, 1.0, {})
     return final, copying()

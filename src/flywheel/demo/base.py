@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flywheel.demo.world import ENV, FAMILIES
+from flywheel.envs.splits import SPLIT_RULE
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class BaseRecipe:
     warmup: int = 30
     family: dict[str, Any] = field(default_factory=lambda: FAMILIES[0].settings)  # calculator settings of the demos
     digits: tuple[int, ...] = (2, 3, 4)  # calculator max_digits of the demos, split evenly
+    split_rule: str = SPLIT_RULE  # how the env puts a problem on train or test (envs/splits.py)
 
     def key(self) -> str:
         """12 hex digits of the SHA-256 of the fields as sorted JSON: the cache folder's name.

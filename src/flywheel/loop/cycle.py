@@ -344,7 +344,11 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:
         elif stage == "dpo":
             result = run_dpo(stage_config(fw.cfg, "dpo", **common, data={"train": [files["dpo_train"]]}), log=log)
         else:
-            test = next((files[k] for k in ("new_failures", "rl_heldout", "rl_train") if _count_lines(files[k])), None)
+            eval_from = next((k for k in ("new_failures", "rl_heldout", "rl_train") if _count_lines(files[k])), None)
+            test = files[eval_from] if eval_from else None
+            if eval_from == "rl_train":
+                log(f"{st.id}: warning: no held-out RL tasks; the rl stage's own evaluations are on its train "
+                    "tasks (a progress signal only: the gate decides on its suites)")
             env = {"name": "replay", "settings": {"train": files["rl_train"], "test": test}}
             result = run_rl(stage_config(fw.cfg, "rl", **common, env=env), log=log)
         seconds = time.perf_counter() - t0
