@@ -23,7 +23,7 @@ LAYERS = [
     {"orchestrate"},
     {"rollout", "buffer"},
     {"envs", "inference", "weights"},
-    {"sandbox", "models", "traces", "registry", "economics"},
+    {"sandbox", "models", "traces", "registry", "economics", "jobs"},
 ]
 BASE = len(LAYERS)  # types.py, config.py, errors.py, files.py, process.py
 # `python -m flywheel.demo` is the CLI's demo command: the one edge allowed up the order

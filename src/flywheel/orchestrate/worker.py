@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import sys
 import time
 import traceback
@@ -30,6 +29,7 @@ from flywheel.envs import load_env
 from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.models import ChatRenderer, load
 from flywheel.models.loading import quiet_transformers
+from flywheel.process import die_with_parent
 from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
 from flywheel.types import Task, TrajectoryGroup
 from flywheel.weights import SharedMemoryTransport
@@ -75,15 +75,6 @@ class WorkResult:
     weight_pickup: str = ""  # "bind" (zero-copy, a leased reader slot) or "copy" (read_into)
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when the learner dies (even by SIGKILL)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def _reuse_freed_memory() -> None:
     """glibc: serve large allocations from the heap and keep freed memory there. By default
     each block over 32 MB is mapped fresh and unmapped when freed, so every weight pickup
@@ -101,7 +92,7 @@ def _reuse_freed_memory() -> None:
 def worker_main(worker_id: int, conn) -> None:
     """Serve work items on `conn` (the first message is the WorkerSpec) until told to stop."""
     parent = os.getppid()
-    _die_with_parent()
+    die_with_parent()
     _reuse_freed_memory()
     if os.getppid() != parent or parent == 1:
         return

@@ -1,0 +1,96 @@
+"""The fine-tuning service's tables (SQLAlchemy 2 ORM, typed `Mapped[...]`): uploaded files,
+jobs, their events and their checkpoints, each owned by a tenant.
+
+`seq` is an integer primary key in insertion order (keyset pagination: `after=<id>` pages by
+the seq of that id); `id` is the public, OpenAI-shaped identifier (`file-…`, `ftjob-…`,
+`ftevent-…`, `ftckpt-…`). Times are naive UTC. A job's claim is `worker` + `lease_until`: a
+worker owns a running job while its lease is in the future and renews it by heartbeat; an
+expired lease lets another worker claim the job and resume it from its last checkpoint
+(`attempts` counts the claims). `control` is what a client asked of a running job
+(`cancel`, `pause`), read by its worker at the next heartbeat.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from flywheel.database import Base, json_column
+
+SCHEMA_VERSION = 1
+SCHEMA_VERSION_KEY = "jobs.schema_version"
+
+
+class FileRow(Base):
+    __tablename__ = "ft_files"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant: Mapped[str] = mapped_column(String(200), index=True)
+    purpose: Mapped[str] = mapped_column(String(50))
+    filename: Mapped[str] = mapped_column(String(500))
+    bytes: Mapped[int] = mapped_column(Integer)
+    lines: Mapped[int] = mapped_column(Integer)
+    sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+class JobRow(Base):
+    __tablename__ = "ft_jobs"
+    __table_args__ = (Index("ft_jobs_queue", "status", "seq"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant: Mapped[str] = mapped_column(String(200), index=True)
+    model: Mapped[str] = mapped_column(String(300))
+    method: Mapped[dict[str, Any]] = mapped_column(json_column(), nullable=False)  # {"type", "<type>": {...}}
+    training_file: Mapped[str] = mapped_column(String(64))
+    validation_file: Mapped[str | None] = mapped_column(String(64))
+    suffix: Mapped[str | None] = mapped_column(String(64))
+    seed: Mapped[int] = mapped_column(Integer)
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", json_column())
+    status: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(400), unique=True)
+    model_path: Mapped[str | None] = mapped_column(Text)  # the fine-tuned model's folder
+    error: Mapped[dict[str, Any] | None] = mapped_column(json_column())  # {"code", "message", "param"}
+    trained_tokens: Mapped[int | None] = mapped_column(Integer)
+    estimated_cost: Mapped[float | None] = mapped_column()
+    control: Mapped[str | None] = mapped_column(String(16))  # "cancel" | "pause", asked of a running job
+    worker: Mapped[str | None] = mapped_column(String(200))
+    lease_until: Mapped[datetime | None] = mapped_column(DateTime)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class EventRow(Base):
+    __tablename__ = "ft_events"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("ft_jobs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    level: Mapped[str] = mapped_column(String(10))  # info | warn | error
+    type: Mapped[str] = mapped_column(String(10))  # message | metrics
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any] | None] = mapped_column(json_column())
+
+
+class CheckpointRow(Base):
+    __tablename__ = "ft_checkpoints"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("ft_jobs.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    step: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(json_column(), nullable=False)
+    fine_tuned_model_checkpoint: Mapped[str] = mapped_column(String(400), unique=True)
+    path: Mapped[str] = mapped_column(Text)
+
+
+TABLES = [FileRow.__table__, JobRow.__table__, EventRow.__table__, CheckpointRow.__table__]
