@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from flywheel.cli import data, demo, economics, env, generate, loop, model, registry, traces, train
-from flywheel.cli import serve
+from flywheel.cli import serve, worker
 from flywheel.cli.help import reflow_help
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
@@ -21,6 +21,7 @@ app.add_typer(loop.app, name="loop")
 app.command("generate")(generate.generate)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
+app.command("worker")(worker.worker)
 app.command("sft", context_settings=train.OVERRIDES)(train.sft)
 app.command("dpo", context_settings=train.OVERRIDES)(train.dpo)
 app.command("rl", context_settings=train.OVERRIDES)(train.rl)

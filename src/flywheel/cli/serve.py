@@ -27,6 +27,14 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
           default_max_tokens: int = typer.Option(512, min=1, help="budget of chat requests that set none"),
           dtype: str = typer.Option("float32"), device: str = typer.Option("cpu"),
           threads: int = typer.Option(None, min=1, help="torch threads"),
+          fine_tuning: bool = typer.Option(False, "--fine-tuning", help="serve the fine-tuning API (/v1/files, "
+                                                                         "/v1/fine_tuning/jobs; docs/api.md)"),
+          data_dir: Path = typer.Option(Path("flywheel-data"), help="with --fine-tuning: the job store, files and "
+                                                                    "job folders, shared with `flywheel worker`"),
+          jobs_db: str = typer.Option(None, "--jobs-db", help="SQLAlchemy URL of the job store "
+                                                             "(default: DATA_DIR/jobs.db)"),
+          base_model: list[str] = typer.Option([], "--base-model", help="with --fine-tuning: NAME=FOLDER, another "
+                                                                        "model jobs may start from (repeat)"),
           log_level: str = typer.Option("info")) -> None:
     """Serve MODEL over /v1/chat/completions, /v1/completions and /v1/models; record every response as a
     trace; take traces and feedback from other stacks on POST /v1/traces and /v1/traces/{id}/feedback."""
@@ -56,5 +64,17 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
     typer.echo(f"serving {name} ({service.version}) from {model} on http://{host}:{port}/v1 ({where})")
     store = None if sink is None else sink.store  # also takes traces and feedback from other stacks
     pool = IngestPool(default_ingest_workers() if ingest_workers is None else ingest_workers)
-    uvicorn.run(create_app(service, close_service_on_shutdown=True, trace_store=store, ingest_pool=pool),
-                host=host, port=port, log_level=log_level)
+    ft = None
+    if fine_tuning:
+        with user_errors():
+            from flywheel.cli.worker import parse_base_models
+            from flywheel.jobs import JobStore
+            from flywheel.jobs.store import data_file_url
+            from flywheel.service.finetune import FineTuning
+
+            ft = FineTuning(JobStore(jobs_db or data_file_url(data_dir), data_dir / "files"),
+                            {name: model, **parse_base_models(base_model)})
+        typer.echo(f"fine-tuning API on: jobs in {jobs_db or data_file_url(data_dir)}; start workers with "
+                   f"`flywheel worker --data-dir {data_dir} --base-model {name}={model}`")
+    uvicorn.run(create_app(service, close_service_on_shutdown=True, trace_store=store, ingest_pool=pool,
+                           fine_tuning=ft), host=host, port=port, log_level=log_level)

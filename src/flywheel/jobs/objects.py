@@ -30,7 +30,7 @@ def job_object(row: dict[str, Any]) -> dict[str, Any]:
         "validation_file": row["validation_file"],
         "hyperparameters": method.get(method["type"], {}).get("hyperparameters", {}),
         "trained_tokens": row["trained_tokens"], "error": row["error"], "user_provided_suffix": row["suffix"],
-        "seed": row["seed"], "estimated_finish": None, "integrations": [], "metadata": row["meta"] or None,
+        "seed": row["seed"], "estimated_finish": None, "integrations": [], "metadata": row["metadata"] or None,
         "method": method,
         "usage": {"trained_tokens": row["trained_tokens"], "estimated_cost": row["estimated_cost"],
                   "attempts": row["attempts"]},

@@ -158,7 +158,7 @@ class JobStore:
         rows, more = self._page(JobRow, [JobRow.tenant == tenant], after, limit if not metadata else MAX_LIST * 10,
                                 False)
         if metadata:  # a JSON filter portable across SQLite and PostgreSQL: done here, on one tenant's jobs
-            rows = [r for r in rows if all((r["meta"] or {}).get(k) == v for k, v in metadata.items())]
+            rows = [r for r in rows if all((r["metadata"] or {}).get(k) == v for k, v in metadata.items())]
             rows, more = rows[:limit], len(rows) > limit or more
         return rows, more
 

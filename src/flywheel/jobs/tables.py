@@ -51,7 +51,7 @@ class JobRow(Base):
     validation_file: Mapped[str | None] = mapped_column(String(64))
     suffix: Mapped[str | None] = mapped_column(String(64))
     seed: Mapped[int] = mapped_column(Integer)
-    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", json_column())
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", json_column())  # rows read back key it "metadata"
     status: Mapped[str] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(DateTime)
     started_at: Mapped[datetime | None] = mapped_column(DateTime)

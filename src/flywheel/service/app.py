@@ -2,6 +2,7 @@
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, and
 with a trace store POST /v1/traces and POST /v1/traces/{id}/feedback (service/ingest.py);
+with the fine-tuning API /v1/files and /v1/fine_tuning/jobs (service/finetune_routes.py);
 GET /openapi.json describes each one's body and answers (service/openapi.py).
 Every error, including unknown routes and bodies that are not JSON, has OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`. A streamed request is answered with
@@ -16,11 +17,13 @@ generated is traced.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -28,9 +31,12 @@ from flywheel.loop.curation_rules import CurationConfig
 from flywheel.service import responses as R
 from flywheel.service.core import EventStream, OpenAIService
 from flywheel.service.errors import OpenAIError
+from flywheel.service.finetune import FineTuning
+from flywheel.service.finetune_routes import finetune_router
 from flywheel.service.ingest import ingest_router, read_json
 from flywheel.service.ingest_pool import IngestPool
 from flywheel.service.openapi import install as install_openapi, route_doc
+from flywheel.service.served_models import ServedModels
 
 
 def get_service(request: Request) -> OpenAIService:
@@ -86,12 +92,24 @@ def _answer(response, req) -> JSONResponse | EventStreamResponse:
     return JSONResponse(response, headers=_headers(response["system_fingerprint"]))
 
 
+def single_tenant(request: Request) -> str:
+    """Every request's tenant when the server has no API keys."""
+    return "default"
+
+
 def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = False, trace_store=None,
                curation: CurationConfig | None = None,
-               ingest_pool: IngestPool | None = None, freeze_gc: bool = True) -> FastAPI:
+               ingest_pool: IngestPool | None = None, freeze_gc: bool = True,
+               fine_tuning: FineTuning | None = None,
+               tenant_of: Callable[[Request], str] = single_tenant) -> FastAPI:
     """`trace_store` (a flywheel.loop.TraceStore) enables POST /v1/traces and feedback
-    (flywheel.service.ingest), feedback judged by `curation`'s rules (default: the defaults); `ingest_pool` prepares its batches (default: a thread of the
-    server does; `IngestPool(n)`: n worker processes). The app starts and closes the pool.
+    (flywheel.service.ingest), feedback judged by `curation`'s rules (default: the defaults);
+    `ingest_pool` prepares its batches (default: a thread of the server does; `IngestPool(n)`:
+    n worker processes). The app starts and closes the pool.
+
+    `fine_tuning` enables the fine-tuning API (service/finetune_routes.py): files and jobs of
+    the caller's tenant (`tenant_of`), and its fine-tuned models in /v1/models and in
+    generation requests, each loaded on first use (service/served_models.py).
 
     freeze_gc: at startup (the model is loaded by then), collect once and move every live
     object to the garbage collector's permanent generation (`gc.freeze`). A server process
@@ -111,6 +129,7 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         yield
         if pool is not None:
             pool.close()
+        served.close()
         if close_service_on_shutdown:
             service.close()
 
@@ -123,6 +142,14 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
+        """A query or path parameter FastAPI checked (bodies are read raw and checked by the core)."""
+        first = exc.errors()[0]
+        param = ".".join(str(x) for x in first["loc"][1:]) or None
+        err = OpenAIError(f"{param}: {first['msg']}, got {first.get('input')!r}", param=param)
+        return JSONResponse(err.body(), status_code=400)
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
@@ -132,6 +159,14 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     if trace_store is not None:
         app.include_router(ingest_router(trace_store, pool, getattr(service.trace_sink, "wait_written", None),
                                          curation))
+    served = ServedModels(service, None if fine_tuning is None else fine_tuning.servable_path,
+                          default_max_tokens=service.default_max_tokens)
+    if fine_tuning is not None:
+        app.include_router(finetune_router(fine_tuning, tenant_of))
+
+    async def model_for(request: Request, body: Any) -> OpenAIService:
+        name = body.get("model") if isinstance(body, dict) else None
+        return await asyncio.to_thread(served.get, tenant_of(request), name)
 
     @app.get("/health", **route_doc(ok="Health", errors={}))
     async def health(svc: ServiceDep) -> dict[str, str]:
@@ -139,20 +174,24 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         return {"status": "ok", "model": svc.name, "version": svc.version}
 
     @app.get("/v1/models", **route_doc(ok="ModelList", errors={}))
-    async def models(svc: ServiceDep) -> JSONResponse:
-        """The one served model, as OpenAI lists models."""
-        return JSONResponse(svc.models(), headers=_headers(svc.version))
+    async def models(svc: ServiceDep, request: Request) -> JSONResponse:
+        """The served model, and with the fine-tuning API the caller's fine-tuned models."""
+        listing = svc.models()
+        if fine_tuning is not None:
+            own = await asyncio.to_thread(fine_tuning.models, tenant_of(request))
+            listing["data"] += [{**card, "version": card["id"]} for card in own if card["id"] != svc.name]
+        return JSONResponse(listing, headers=_headers(svc.version))
 
     @app.post("/v1/chat/completions", **route_doc(body="ChatCompletionRequest", ok="ChatCompletion",
                                                   stream="ChatCompletionChunk", errors=GENERATION_ERRORS))
-    async def chat_completions(svc: ServiceDep, body: BodyDep):
+    async def chat_completions(request: Request, body: BodyDep):
         """OpenAI's chat completions: the model's chat template, tool calls in the Hermes format."""
-        return _answer(*await svc.chat(body))
+        return _answer(*await (await model_for(request, body)).chat(body))
 
     @app.post("/v1/completions", **route_doc(body="CompletionRequest", ok="TextCompletion",
                                              stream="TextCompletionChunk", errors=GENERATION_ERRORS))
-    async def completions(svc: ServiceDep, body: BodyDep):
+    async def completions(request: Request, body: BodyDep):
         """OpenAI's legacy completions: raw prompts (texts or token ids), no chat template."""
-        return _answer(*await svc.completions(body))
+        return _answer(*await (await model_for(request, body)).completions(body))
 
     return app

@@ -25,6 +25,7 @@ from flywheel.envs.base import TASK_FIELDS
 from flywheel.envs.registry import list_envs
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.feedback_check import trusted_env
+from flywheel.service import finetune_schemas as ft
 from flywheel.service import response_schemas as out
 from flywheel.service.schemas import ChatCompletionRequest, CompletionRequest
 from flywheel.traces.schema import FeedbackIn, TraceIn
@@ -49,6 +50,9 @@ COMPONENTS: dict[str, tuple[Any, Mode]] = {
     **{name: (getattr(out, name), "serialization") for name in (
         "ChatCompletion", "TextCompletion", "ChatCompletionChunk", "TextCompletionChunk", "ModelList", "Health",
         "TraceIngestResult", "FeedbackResult", "ErrorResponse")},
+    "JobCreateRequest": (ft.JobCreateRequest, "validation"),
+    **{name: (getattr(ft, name), "serialization") for name in (
+        "FileObject", "FileList", "FileDeleted", "FineTuningJob", "JobList", "JobEventList", "JobCheckpointList")},
 }
 
 SSE = ("with `stream: true`, server-sent events: one `data: {chunk}` line per event as tokens are generated "

@@ -1,0 +1,152 @@
+"""The fine-tuning service's core, below its HTTP routes (service/finetune_routes.py): uploads,
+job creation with its checks, and the models a tenant may use. Knows nothing of HTTP: it
+raises `OpenAIError`s, which the app answers in OpenAI's shape.
+
+Creating a job checks, before anything is stored: the request's fields (jobs/requests.py),
+that the model is a base model this server offers or a fine-tuned model of the tenant, and
+that the files are the tenant's `fine-tune` files. The job row is then created in
+`validating_files`, its rows are checked against the method's format (jobs/file_check.py) and
+the job is queued with its "auto" hyperparameters resolved, or failed with an error naming
+the bad lines. A worker (service/job_worker.py) takes it from the queue.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from flywheel.jobs import JobRequest, JobStore, JobStoreError, RequestError
+from flywheel.jobs.file_check import check_file, count_rows
+from flywheel.jobs.hyperparameters import resolve
+from flywheel.jobs.objects import file_object, job_object
+from flywheel.service.errors import OpenAIError
+
+PURPOSES = ("fine-tune",)
+RUNNABLE = ("supervised", "dpo")  # methods a worker trains (service/job_worker.py)
+MAX_FILE_BYTES = 512 * 2 ** 20
+
+
+def store_error(exc: JobStoreError | RequestError) -> OpenAIError:
+    """A store or request refusal as the API answers it."""
+    if isinstance(exc, RequestError):
+        return OpenAIError(str(exc), param=exc.param)
+    kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+    return OpenAIError(str(exc), param=exc.param, status=exc.status, type=kind, code=exc.code)
+
+
+class FineTuning:
+    def __init__(self, jobs: JobStore, base_models: dict[str, str | Path], *, max_file_bytes: int = MAX_FILE_BYTES):
+        """base_models: name -> local model folder, what jobs may start from."""
+        self.jobs = jobs
+        self.base_models = {name: Path(p) for name, p in base_models.items()}
+        self.max_file_bytes = max_file_bytes
+
+    # ------------------------------------------------------------------ files
+
+    def upload(self, tenant: str, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
+        if purpose not in PURPOSES:
+            raise OpenAIError(f"purpose must be one of {', '.join(PURPOSES)} on this server, got {purpose!r}",
+                              param="purpose")
+        if len(content) > self.max_file_bytes:
+            raise OpenAIError(f"file is {len(content)} bytes; the limit is {self.max_file_bytes}", param="file",
+                              status=413)
+        lines = jsonl_lines(content, filename)
+        return file_object(self.jobs.add_file(tenant, filename, purpose, content, lines))
+
+    # ------------------------------------------------------------------ jobs
+
+    def create_job(self, tenant: str, body: Any) -> dict[str, Any]:
+        try:
+            req = JobRequest.parse(body)
+            if req.method_type not in RUNNABLE:
+                raise OpenAIError(f"method.type: {req.method_type} jobs are not run by this server yet "
+                                  f"(runnable: {', '.join(RUNNABLE)})", param="method.type")
+            self.model_path(tenant, req.model)
+            for param in ("training_file", "validation_file"):
+                file_id = getattr(req, param)
+                if file_id is not None:
+                    self._fine_tune_file(tenant, file_id, param)
+            row = self.jobs.create_job(tenant, model=req.model, method=req.method(), training_file=req.training_file,
+                                       validation_file=req.validation_file, suffix=req.suffix,
+                                       seed=req.seed if req.seed is not None else 42, meta=req.metadata or None)
+        except (JobStoreError, RequestError) as exc:
+            raise store_error(exc) from None
+        self._validate(row["id"], tenant, req)
+        return job_object(self.jobs.get_job(tenant, row["id"]))
+
+    def _fine_tune_file(self, tenant: str, file_id: str, param: str) -> dict[str, Any]:
+        try:
+            f = self.jobs.get_file(tenant, file_id)
+        except JobStoreError:
+            raise OpenAIError(f"{param}: no file {file_id!r}", param=param, status=400, code="file_not_found") from None
+        if f["purpose"] != "fine-tune":
+            raise OpenAIError(f"{param}: file {file_id} has purpose {f['purpose']!r}, not 'fine-tune'", param=param)
+        return f
+
+    def _validate(self, job_id: str, tenant: str, req: JobRequest) -> None:
+        """validating_files -> queued with resolved hyperparameters, or failed naming bad lines."""
+        n_rows = 0
+        for param in ("training_file", "validation_file"):
+            file_id = getattr(req, param)
+            if file_id is None:
+                continue
+            report = check_file(self.jobs.file_path(tenant, file_id).read_bytes(), req.method_type)
+            if not report.ok:
+                error = {"code": f"invalid_{param}", "param": param,
+                         "message": report.message(f"{param} {file_id} ({req.method_type} format)")}
+                self.jobs.set_validated(job_id, error=error, hyperparameters=None)
+                return
+            if param == "training_file":
+                n_rows = report.rows
+        resolved = resolve(req.method_type, req.hyperparameters, n_rows)
+        self.jobs.set_validated(job_id, error=None, hyperparameters=resolved, method=req.method(resolved))
+
+    # ------------------------------------------------------------------ models
+
+    def model_path(self, tenant: str, name: str) -> Path:
+        """The folder of base model `name`, or of the tenant's fine-tuned model `name`."""
+        path = self.servable_path(tenant, name)
+        if path is None:
+            offered = ", ".join(sorted(self.base_models)) or "none"
+            raise OpenAIError(f"model: unknown model {name!r} (base models here: {offered}; or one of your "
+                              "fine-tuned models)", param="model", code="model_not_found")
+        return path
+
+    def servable_path(self, tenant: str, name: str) -> Path | None:
+        """model_path, or None for a name that is neither (how the server finds a model to serve)."""
+        if name in self.base_models:
+            return self.base_models[name]
+        path = self.jobs.fine_tuned_model_path(tenant, name)
+        return None if path is None else Path(path)
+
+    def models(self, tenant: str) -> list[dict[str, Any]]:
+        """Base models and the tenant's fine-tuned models, as OpenAI lists models."""
+        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "flywheel"} for name in self.base_models]
+        for job in self.jobs.fine_tuned_models(tenant):
+            cards.append({"id": job["fine_tuned_model"], "object": "model",
+                          "created": job_object(job)["finished_at"], "owned_by": tenant})
+        return cards
+
+
+def jsonl_lines(content: bytes, filename: str) -> int:
+    """The number of JSON-object lines of an upload; a 400 naming the first line that is not one."""
+    try:
+        content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise OpenAIError(f"file {filename!r} is not UTF-8 text (byte {exc.start})", param="file") from None
+    for number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            raise OpenAIError(f"file {filename!r} is not JSONL: line {number} is not valid JSON", param="file") from None
+        if not isinstance(value, dict):
+            raise OpenAIError(f"file {filename!r} is not JSONL of objects: line {number} is a "
+                              f"{type(value).__name__}", param="file")
+    lines = count_rows(content)
+    if lines == 0:
+        raise OpenAIError(f"file {filename!r} has no rows", param="file")
+    return lines

@@ -1,0 +1,151 @@
+"""The fine-tuning API's routes, as OpenAI's: files and jobs, thin over service/finetune.py.
+
+POST   /v1/files                                  multipart: file, purpose=fine-tune
+GET    /v1/files                                  ?purpose= &after= &limit= &order=asc|desc
+GET    /v1/files/{file_id}    DELETE /v1/files/{file_id}    GET /v1/files/{file_id}/content
+POST   /v1/fine_tuning/jobs                       JobCreateRequest
+GET    /v1/fine_tuning/jobs                       ?after= &limit= &metadata[k]=v
+GET    /v1/fine_tuning/jobs/{id}                  POST .../{id}/cancel | pause | resume
+GET    /v1/fine_tuning/jobs/{id}/events           ?after= &limit=   (newest first)
+GET    /v1/fine_tuning/jobs/{id}/checkpoints      ?after= &limit=   (newest first)
+Every object belongs to the caller's tenant (`tenant_of(request)`); another tenant's id is a
+404. Store calls are synchronous and run in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Callable, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from flywheel.jobs import JobStoreError
+from flywheel.jobs.objects import checkpoint_object, event_object, file_object, job_object, list_object
+from flywheel.service.errors import OpenAIError
+from flywheel.service.finetune import FineTuning, store_error
+from flywheel.service.ingest import read_json
+from flywheel.service.openapi import route_doc
+
+NOT_FOUND = {404: "no such object for this API key's tenant"}
+After = Annotated[str | None, Query(description="the id of the last object of the previous page")]
+
+
+def limit_of(most: int):
+    return Annotated[int, Query(ge=1, le=most, description=f"objects per page, at most {most}")]
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "purpose"],
+    "properties": {"file": {"type": "string", "format": "binary", "description": "JSONL, one example per line"},
+                   "purpose": {"type": "string", "enum": ["fine-tune"]}}}}}}}
+
+
+def _metadata_filter(request: Request) -> dict[str, str]:
+    return {k[len("metadata["):-1]: v for k, v in request.query_params.items()
+            if k.startswith("metadata[") and k.endswith("]")}
+
+
+def finetune_router(ft: FineTuning, tenant_of: Callable[[Request], str]) -> APIRouter:
+    router = APIRouter()
+    jobs = ft.jobs
+
+    async def call(fn, *args, **kwargs) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except JobStoreError as exc:
+            raise store_error(exc) from None
+
+    # ------------------------------------------------------------------ files
+
+    @router.post("/v1/files", openapi_extra=UPLOAD_BODY,
+                 **route_doc(ok="FileObject", errors={400: "not JSONL, no rows, or another purpose",
+                                                      413: "the file is over the size limit"}))
+    async def upload(request: Request) -> JSONResponse:
+        """Upload a JSONL file for fine-tuning (checked as JSONL here; per method when a job uses it)."""
+        tenant = tenant_of(request)
+        try:
+            form = await request.form(max_files=1, max_fields=4, max_part_size=ft.max_file_bytes)
+        except Exception as exc:  # starlette's parser: a body that is not multipart, or over a limit
+            raise OpenAIError(f"expected a multipart/form-data body with file and purpose: {exc}",
+                              param="file") from None
+        file, purpose = form.get("file"), form.get("purpose")
+        if file is None or isinstance(file, str):
+            raise OpenAIError("file: a file part is required", param="file")
+        if not isinstance(purpose, str):
+            raise OpenAIError("purpose: required (fine-tune)", param="purpose")
+        content = await file.read()
+        obj = await asyncio.to_thread(ft.upload, tenant, file.filename or "upload.jsonl", purpose, content)
+        return JSONResponse(obj)
+
+    @router.get("/v1/files", **route_doc(ok="FileList", errors={400: "a bad limit, order or cursor", **NOT_FOUND}))
+    async def list_files(request: Request, after: After = None, limit: limit_of(10_000) = 100,
+                         order: Literal["asc", "desc"] = "desc", purpose: str | None = None) -> JSONResponse:
+        """Your files, newest first (order=asc: oldest first)."""
+        rows, more = await call(jobs.list_files, tenant_of(request), purpose=purpose, after=after, limit=limit,
+                                ascending=order == "asc")
+        return JSONResponse(list_object([file_object(r) for r in rows], more))
+
+    @router.get("/v1/files/{file_id}", **route_doc(ok="FileObject", errors=NOT_FOUND))
+    async def get_file(file_id: str, request: Request) -> JSONResponse:
+        return JSONResponse(file_object(await call(jobs.get_file, tenant_of(request), file_id)))
+
+    @router.get("/v1/files/{file_id}/content", responses={200: {"description": "the file's bytes",
+                                                                "content": {"application/jsonl": {}}}})
+    async def file_content(file_id: str, request: Request) -> Response:
+        """The file's bytes as uploaded."""
+        path = await call(jobs.file_path, tenant_of(request), file_id)
+        return Response(await asyncio.to_thread(path.read_bytes), media_type="application/jsonl")
+
+    @router.delete("/v1/files/{file_id}", **route_doc(ok="FileDeleted", errors={
+        **NOT_FOUND, 409: "a job that has not finished uses the file"}))
+    async def delete_file(file_id: str, request: Request) -> JSONResponse:
+        await call(jobs.delete_file, tenant_of(request), file_id)
+        return JSONResponse({"id": file_id, "object": "file", "deleted": True})
+
+    # ------------------------------------------------------------------ jobs
+
+    @router.post("/v1/fine_tuning/jobs", **route_doc(
+        body="JobCreateRequest", ok="FineTuningJob",
+        errors={400: "an invalid field (named in `param`), an unknown model or file"}))
+    async def create_job(request: Request) -> JSONResponse:
+        """Create a job: checked, then queued for a worker (or failed at once with the bad lines
+        of its file in `error`)."""
+        body = read_json(await request.body())
+        return JSONResponse(await asyncio.to_thread(ft.create_job, tenant_of(request), body))
+
+    @router.get("/v1/fine_tuning/jobs", **route_doc(ok="JobList", errors={400: "a bad limit", **NOT_FOUND}))
+    async def list_jobs(request: Request, after: After = None, limit: limit_of(100) = 20) -> JSONResponse:
+        """Your jobs, newest first; `metadata[k]=v` keeps the jobs whose metadata has k = v."""
+        rows, more = await call(jobs.list_jobs, tenant_of(request), after=after, limit=limit,
+                                metadata=_metadata_filter(request))
+        return JSONResponse(list_object([job_object(r) for r in rows], more))
+
+    @router.get("/v1/fine_tuning/jobs/{job_id}", **route_doc(ok="FineTuningJob", errors=NOT_FOUND))
+    async def get_job(job_id: str, request: Request) -> JSONResponse:
+        return JSONResponse(job_object(await call(jobs.get_job, tenant_of(request), job_id)))
+
+    def control(verb: str, fn, text: str) -> None:
+        @router.post(f"/v1/fine_tuning/jobs/{{job_id}}/{verb}", name=f"{verb}_job", description=text,
+                     **route_doc(ok="FineTuningJob", errors={**NOT_FOUND, 409: f"the job's status allows no {verb}"}))
+        async def act(job_id: str, request: Request) -> JSONResponse:
+            return JSONResponse(job_object(await call(fn, tenant_of(request), job_id)))
+
+    control("cancel", jobs.cancel, "Cancel a job: at once when it is not running, else within seconds "
+                                   "(its worker stops it after the current step).")
+    control("pause", jobs.pause, "Pause a job: its worker checkpoints and lets go; resume continues from there.")
+    control("resume", jobs.resume, "Queue a paused job again; it continues from its last checkpoint.")
+
+    @router.get("/v1/fine_tuning/jobs/{job_id}/events", **route_doc(ok="JobEventList", errors=NOT_FOUND))
+    async def events(job_id: str, request: Request, after: After = None,
+                     limit: limit_of(100) = 20) -> JSONResponse:
+        """The job's events, newest first: messages, and `metrics` events with step and loss."""
+        rows, more = await call(jobs.list_events, tenant_of(request), job_id, after=after, limit=limit)
+        return JSONResponse(list_object([event_object(r) for r in rows], more))
+
+    @router.get("/v1/fine_tuning/jobs/{job_id}/checkpoints", **route_doc(ok="JobCheckpointList", errors=NOT_FOUND))
+    async def checkpoints(job_id: str, request: Request, after: After = None,
+                          limit: limit_of(100) = 10) -> JSONResponse:
+        """The job's checkpoints, newest first (one per epoch); each is a model usable at once."""
+        rows, more = await call(jobs.list_checkpoints, tenant_of(request), job_id, after=after, limit=limit)
+        return JSONResponse(list_object([checkpoint_object(r) for r in rows], more))
+
+    return router

@@ -1,0 +1,164 @@
+"""The fine-tuning routes' objects as pydantic models, for the OpenAPI document only (the routes
+build their answers in jobs/objects.py and parse job requests in jobs/requests.py; tests check
+that the two agree: every answer validates against its model here)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal["validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled"]
+Auto = Literal["auto"]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileObject(_Out):
+    id: str
+    object: Literal["file"]
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: Literal["processed"]
+    status_details: None
+    expires_at: None
+
+
+class FileList(_Out):
+    object: Literal["list"]
+    data: list[FileObject]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class FileDeleted(_Out):
+    id: str
+    object: Literal["file"]
+    deleted: bool
+
+
+class JobError(_Out):
+    code: str
+    message: str = Field(description="what went wrong; for a bad file, the line numbers of its bad rows and why")
+    param: str | None
+
+
+class Usage(_Out):
+    trained_tokens: int | None
+    estimated_cost: float | None = Field(description="US dollars at the catalog price of the workers' hardware")
+    attempts: int = Field(description="how many times a worker took the job up")
+
+
+class FineTuningJob(_Out):
+    id: str
+    object: Literal["fine_tuning.job"]
+    model: str
+    created_at: int
+    finished_at: int | None
+    fine_tuned_model: str | None
+    organization_id: str = Field(description="the tenant that owns the job")
+    result_files: list[str]
+    status: Status
+    training_file: str
+    validation_file: str | None
+    hyperparameters: dict[str, Any] = Field(description="as resolved: 'auto' replaced by the value used")
+    trained_tokens: int | None
+    error: JobError | None
+    user_provided_suffix: str | None
+    seed: int
+    estimated_finish: int | None
+    integrations: list[Any]
+    metadata: dict[str, str] | None
+    method: dict[str, Any]
+    usage: Usage
+
+
+class JobList(_Out):
+    object: Literal["list"]
+    data: list[FineTuningJob]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class JobEvent(_Out):
+    id: str
+    object: Literal["fine_tuning.job.event"]
+    created_at: int
+    level: Literal["info", "warn", "error"]
+    message: str
+    data: dict[str, Any]
+    type: Literal["message", "metrics"]
+
+
+class JobEventList(_Out):
+    object: Literal["list"]
+    data: list[JobEvent]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class JobCheckpoint(_Out):
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"]
+    created_at: int
+    fine_tuned_model_checkpoint: str = Field(description="a model name usable in /v1/chat/completions at once")
+    fine_tuning_job_id: str
+    metrics: dict[str, Any]
+    step_number: int
+
+
+class JobCheckpointList(_Out):
+    object: Literal["list"]
+    data: list[JobCheckpoint]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class Hyperparameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    n_epochs: Auto | int | None = None
+    batch_size: Auto | int | None = None
+    learning_rate_multiplier: Auto | float | None = None
+
+
+class DpoHyperparameters(Hyperparameters):
+    beta: Auto | float | None = None
+
+
+class MethodSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hyperparameters: Hyperparameters | None = None
+
+
+class DpoSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hyperparameters: DpoHyperparameters | None = None
+
+
+class Method(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["supervised", "dpo"]
+    supervised: MethodSettings | None = None
+    dpo: DpoSettings | None = None
+
+
+class JobCreateRequest(BaseModel):
+    """POST /v1/fine_tuning/jobs, as OpenAI's API defines it."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(description="a base model this server offers (GET /v1/models) or one of your fine-tuned models")
+    training_file: str = Field(description="the id of an uploaded file with purpose fine-tune")
+    validation_file: str | None = None
+    suffix: str | None = Field(None, max_length=64, description="part of the fine-tuned model's name")
+    seed: int | None = Field(None, ge=0, le=2 ** 31 - 1)
+    metadata: dict[str, str] | None = None
+    method: Method | None = None
+    hyperparameters: Hyperparameters | None = Field(None, description="deprecated: method.supervised.hyperparameters")

@@ -1,0 +1,56 @@
+"""One fine-tuning job's training, in a process of its own: `python -m flywheel.service.job_run
+JOB_DIR`, started by a worker (service/job_worker.py).
+
+Reads JOB_DIR/run.json (`{"kind": "sft" | "dpo", "config": {...}}`: a flywheel run config),
+trains with flywheel's recipe, resuming from the newest checkpoint in the config's
+output_dir, and writes JOB_DIR/result.json: `{"final_model", "steps", "tokens_trained",
+"interrupted"}`, or `{"error": message}` with exit status 1 when the run failed. SIGTERM asks
+the run to stop after its step (it checkpoints, `interrupted: true`): how the worker cancels
+and pauses. The process dies with its worker (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+from flywheel.config import ConfigError, DPOConfig, SFTConfig, validate
+from flywheel.files import atomic_write
+from flywheel.process import die_with_parent
+from flywheel.train.stop import request_stop
+
+RECIPES = {"sft": SFTConfig, "dpo": DPOConfig}
+
+
+def run(job_dir: Path) -> int:
+    spec = json.loads((job_dir / "run.json").read_text(encoding="utf-8"))
+    kind = spec["kind"]
+    try:
+        cfg = validate(spec["config"], RECIPES[kind])
+        if kind == "sft":
+            from flywheel.train.sft import run_sft as recipe
+        else:
+            from flywheel.train.dpo import run_dpo as recipe
+        result = recipe(cfg, log=lambda m: print(m, flush=True))
+    except (ConfigError, ValueError, RuntimeError, OSError) as exc:  # the run's own refusals: a job error
+        _write(job_dir, {"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _write(job_dir, {"final_model": str(result.final_model) if result.final_model else None, "steps": result.steps,
+                     "tokens_trained": result.tokens_trained, "interrupted": result.interrupted})
+    return 0
+
+
+def _write(job_dir: Path, result: dict) -> None:
+    atomic_write(job_dir / "result.json", json.dumps(result).encode())
+
+
+def main() -> None:
+    die_with_parent()
+    signal.signal(signal.SIGTERM, lambda *_: request_stop())
+    sys.exit(run(Path(sys.argv[1])))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""`flywheel worker`: a process that takes fine-tuning jobs from the queue and trains them.
+
+A worker claims one job at a time (JobStore.claim: a lease it renews every `heartbeat_s`),
+writes the job's flywheel run config (`run_spec`, pure) into work_dir/<job id>/run.json and
+trains it in a child process (service/job_run.py), which dies with the worker. While the
+child runs, the worker
+- renews the lease and reads what the client asked: `cancel` or `pause` sends the child
+  SIGTERM, which checkpoints after its step; the job ends `cancelled`, or `paused` (a later
+  `resume` queues it and training continues from that checkpoint);
+- turns the run's metrics.jsonl into `metrics` events every `metrics_every` steps and each
+  new training checkpoint into a job checkpoint (a model folder hard-linked from it, usable
+  as a model at once).
+A job whose worker died (SIGKILL, a lost machine) is claimed again by another worker once its
+lease runs out and resumes from the newest checkpoint in the same output folder (work_dir is
+shared by the workers of a store). A worker asked to stop (SIGTERM) stops its child at a
+checkpoint and puts the job back in the queue. Each attempt's time is recorded in the cost
+ledger (work_dir/ledger.jsonl, run = job id), and the job's `estimated_cost` is their sum.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from flywheel.economics.ledger import Ledger
+from flywheel.jobs import JobStore, LeaseLost
+from flywheel.jobs.objects import fine_tuned_model_name
+from flywheel.jobs.store import worker_name
+from flywheel.service.finetune import FineTuning
+
+BASE_LR = {"supervised": 1e-4, "dpo": 5e-6}  # times the job's learning_rate_multiplier
+STAGES = {"supervised": "sft", "dpo": "dpo"}
+
+
+def micro_batch(batch_size: int, most: int = 8) -> int:
+    """The largest divisor of batch_size that is at most `most` (examples per forward)."""
+    return max(d for d in range(1, min(batch_size, most) + 1) if batch_size % d == 0)
+
+
+def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | None, n_rows: int, out: str,
+             *, threads: int | None = None, base_lr: dict[str, float] | None = None) -> dict[str, Any]:
+    """The flywheel run (`{"kind", "config"}`) that trains `job` (a JobRow dict with its method
+    resolved): one checkpoint per epoch, validated per epoch when there is a validation file."""
+    kind = job["method"]["type"]
+    if kind not in STAGES:
+        raise ValueError(f"{kind} jobs are not run by this worker")
+    hp = job["method"][kind]["hyperparameters"]
+    lr = (base_lr or BASE_LR)[kind] * hp["learning_rate_multiplier"]
+    per_epoch = max(1, math.ceil(n_rows / hp["batch_size"]))
+    common = {"model": model, "output_dir": out, "resume": True, "threads": threads, "log": {"progress": False},
+              "checkpoint": {"every": per_epoch, "keep": 2},
+              "eval": {"every": per_epoch if val_file else 0}}
+    if kind == "supervised":
+        config = {**common, "data": {"train": [train_file], "val": [val_file] if val_file else [], "format": "chat"},
+                  "train": {"epochs": hp["n_epochs"], "batch_size": hp["batch_size"],
+                            "micro_batch_size": micro_batch(hp["batch_size"]), "seed": job["seed"]},
+                  "optim": {"lr": lr}}
+    else:
+        config = {**common, "data": {"train": [train_file], "val": [val_file] if val_file else []},
+                  "train": {"epochs": hp["n_epochs"], "batch_size": hp["batch_size"], "seed": job["seed"]},
+                  "beta": hp["beta"], "optim": {"lr": lr}}
+    return {"kind": STAGES[kind], "config": config}
+
+
+class JobWorker:
+    def __init__(self, store: JobStore, base_models: dict[str, str | Path], work_dir: str | Path, *,
+                 name: str | None = None, lease_s: float = 30.0, heartbeat_s: float = 1.0, metrics_every: int = 10,
+                 hardware: str = "cpu-2core", threads: int | None = None, log: Callable[[str], None] = print):
+        self.store = store
+        self.models = FineTuning(store, base_models)
+        self.work_dir = Path(work_dir)
+        self.name = name or worker_name()
+        self.lease_s, self.heartbeat_s, self.metrics_every = lease_s, heartbeat_s, metrics_every
+        self.hardware, self.threads, self.log = hardware, threads, log
+        self.ledger = Ledger(self.work_dir / "ledger.jsonl")
+        self.stopping = threading.Event()
+
+    def run(self, idle_s: float = 1.0, max_jobs: int | None = None) -> int:
+        """Take jobs until `stopping` is set (or `max_jobs` ran); returns how many ran."""
+        ran = 0
+        while not self.stopping.is_set() and (max_jobs is None or ran < max_jobs):
+            if self.run_one() is None:
+                self.stopping.wait(idle_s)
+            else:
+                ran += 1
+        return ran
+
+    def run_one(self) -> str | None:
+        """Claim and train one job; its id, or None when the queue was empty."""
+        job = self.store.claim(self.name, self.lease_s)
+        if job is None:
+            return None
+        self.log(f"{job['id']}: claimed (attempt {job['attempts']})")
+        try:
+            self._train(job)
+        except LeaseLost as exc:
+            self.log(f"{job['id']}: {exc}; another worker has it")
+        except Exception as exc:  # a defect here must not leave the job running forever
+            self.log(f"{job['id']}: failed: {type(exc).__name__}: {exc}")
+            self._finish(job, "failed", f"Fine-tuning job failed: {exc}",
+                         error={"code": "worker_error", "message": f"{type(exc).__name__}: {exc}", "param": None})
+        return job["id"]
+
+    # ------------------------------------------------------------------ one job
+
+    def _train(self, job: dict[str, Any]) -> None:
+        job_dir = self.work_dir / job["id"]
+        job_dir.mkdir(parents=True, exist_ok=True)
+        tenant = job["tenant"]
+        train_file = self.store.file_path(tenant, job["training_file"])
+        val_file = self.store.file_path(tenant, job["validation_file"]) if job["validation_file"] else None
+        n_rows = self.store.get_file(tenant, job["training_file"])["lines"]
+        spec = run_spec(job, str(self.models.model_path(tenant, job["model"])), str(train_file),
+                        str(val_file) if val_file else None, n_rows, str(job_dir / "train"), threads=self.threads)
+        (job_dir / "run.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
+        (job_dir / "result.json").unlink(missing_ok=True)
+        hp = job["method"][job["method"]["type"]]["hyperparameters"]
+        progress = _Progress(self.store, job, job_dir, math.ceil(hp["n_epochs"] * n_rows / hp["batch_size"]),
+                             self.metrics_every)
+        t0 = time.perf_counter()
+        with open(job_dir / "train.log", "ab") as out:
+            child = subprocess.Popen([sys.executable, "-m", "flywheel.service.job_run", str(job_dir)],
+                                     stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        asked = None
+        try:
+            while child.poll() is None:
+                try:
+                    child.wait(self.heartbeat_s)
+                except subprocess.TimeoutExpired:
+                    pass
+                control = self.store.heartbeat(job["id"], self.name, self.lease_s)
+                if asked is None and (control in ("cancel", "pause") or self.stopping.is_set()):
+                    asked = control or "release"
+                    child.send_signal(signal.SIGTERM)
+                progress.publish()
+        except BaseException:
+            child.kill()
+            child.wait()
+            raise
+        progress.publish()
+        seconds = time.perf_counter() - t0
+        result = _read_result(job_dir)
+        self._record_cost(job, seconds, progress)
+        step = progress.last_step
+        if asked == "cancel":
+            self._finish(job, "cancelled", f"Fine-tuning job cancelled at step {step}")
+        elif asked == "pause":
+            self._finish(job, "paused", f"Fine-tuning job paused at step {step}; resume continues from its checkpoint")
+        elif asked == "release":
+            self.store.release(job["id"], self.name, f"Worker {self.name} stopped; the job is queued again and "
+                                                     f"resumes from step {step}")
+        elif child.returncode != 0 or not result.get("final_model"):
+            message = result.get("error") or f"the training process exited with status {child.returncode} " \
+                                             f"(log: {job_dir / 'train.log'})"
+            self._finish(job, "failed", f"Fine-tuning job failed: {message}",
+                         error={"code": "training_failed", "message": message, "param": None})
+        else:
+            name = fine_tuned_model_name(job["model"], job["tenant"], job["suffix"], job["id"])
+            self._finish(job, "succeeded", f"The job has successfully completed: {name}", fine_tuned_model=name,
+                         model_path=result["final_model"])
+
+    def _finish(self, job: dict[str, Any], status: str, message: str, **fields: Any) -> None:
+        tokens = _trained_tokens(self.work_dir / job["id"] / "train" / "metrics.jsonl")
+        cost = sum(r.usd for r in self.ledger.read(skip_corrupt=True) if r.run == job["id"])
+        self.store.finish(job["id"], self.name, status, message, trained_tokens=tokens or None,
+                          estimated_cost=cost or None, **fields)
+        self.log(f"{job['id']}: {status}")
+
+    def _record_cost(self, job: dict[str, Any], seconds: float, progress: _Progress) -> None:
+        stage = f"finetune_{STAGES[job['method']['type']]}"
+        self.ledger.record(stage, hardware=self.hardware, seconds=seconds, run=job["id"],
+                           key=f"{job['id']}:attempt-{job['attempts']}:{self.name}",
+                           extra={"tenant": job["tenant"], "to_step": progress.last_step})
+
+
+class _Progress:
+    """What a running job has done so far, published as events and checkpoints."""
+
+    def __init__(self, store: JobStore, job: dict[str, Any], job_dir: Path, total_steps: int, every: int):
+        self.store, self.job, self.job_dir = store, job, job_dir
+        self.total_steps, self.every = total_steps, every
+        self.metrics_file = job_dir / "train" / "metrics.jsonl"
+        self.offset = 0
+        self.last_step = 0
+        self.by_step: dict[int, dict[str, Any]] = {}
+
+    def publish(self) -> None:
+        self._metrics()
+        self._checkpoints()
+
+    def _metrics(self) -> None:
+        if not self.metrics_file.exists():
+            return
+        with open(self.metrics_file, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[:chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line a killed attempt left half-written, with the next run's appended to it
+            step = int(record.get("step", 0))
+            self.by_step.setdefault(step, {}).update(record)
+            if "loss" in record and step > self.last_step:
+                self.last_step = step
+                if step % self.every == 0 or step == self.total_steps:
+                    data = {"step": step, "train_loss": record["loss"], "total_steps": self.total_steps}
+                    self.store.add_event(self.job["id"], f"Step {step}/{self.total_steps}: training loss="
+                                         f"{record['loss']:.4f}", type="metrics", data=data)
+
+    def _checkpoints(self) -> None:
+        from flywheel.train.checkpoint import STATE_FILE, list_checkpoints  # torch: only once training has begun
+
+        known = self.store.checkpoint_steps(self.job["id"])
+        for ckpt in list_checkpoints(self.job_dir / "train"):
+            step = int(ckpt.name.split("_")[-1])
+            if step in known:
+                continue
+            model_dir = self.job_dir / "checkpoints" / f"step-{step}"
+            try:
+                _link_model(ckpt, model_dir, skip=STATE_FILE)
+            except FileNotFoundError:  # training pruned it meanwhile (checkpoint.keep): a later one follows
+                continue
+            seen = self.by_step.get(step, {})
+            metrics = {k: v for k, v in (("train_loss", seen.get("loss")), ("valid_loss", seen.get("val_loss")))
+                       if v is not None}
+            name = fine_tuned_model_name(self.job["model"], self.job["tenant"], self.job["suffix"], self.job["id"],
+                                         step=step)
+            self.store.add_checkpoint(self.job["id"], step, metrics, name, str(model_dir))
+
+
+def _link_model(ckpt: Path, model_dir: Path, skip: str) -> None:
+    """model_dir: the model files of training checkpoint `ckpt` (all but `skip`, the trainer
+    state), hard-linked, appearing whole (built under a temporary name, then renamed)."""
+    if model_dir.exists():
+        return
+    tmp = model_dir.with_name(f".tmp-{model_dir.name}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    for f in ckpt.iterdir():
+        if f.is_file() and f.name != skip and not (tmp / f.name).exists():
+            os.link(f, tmp / f.name)
+    tmp.rename(model_dir)
+
+
+def _read_result(job_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((job_dir / "result.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _trained_tokens(metrics_file: Path) -> int:
+    """Tokens in the loss over every step the job trained (each step once, across attempts)."""
+    if not metrics_file.exists():
+        return 0
+    by_step: dict[int, int] = {}
+    for line in metrics_file.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line a killed attempt left half-written
+        if "trained_tokens" in record:
+            by_step[int(record["step"])] = int(record["trained_tokens"])
+    return sum(by_step.values())

@@ -1,0 +1,234 @@
+"""The fine-tuning API through the official `openai` client against a real server on loopback,
+with a real worker training the tiny model: files, supervised and DPO jobs to `succeeded`,
+events, checkpoints, chatting with the fine-tuned model and its checkpoints, and the refusals."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from flywheel.jobs import JobStore
+from flywheel.jobs.store import data_file_url
+from flywheel.models import TinySpec, build_tiny_model
+from flywheel.service.app import create_app
+from flywheel.service.background import BackgroundServer
+from flywheel.service.core import OpenAIService
+from flywheel.service.finetune import FineTuning
+from flywheel.service.job_worker import JobWorker
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ft")
+    base = build_tiny_model(root / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
+    store = JobStore(data_file_url(root), root / "files")
+    ft = FineTuning(store, {"tiny": base})
+    service = OpenAIService(base, name="tiny", default_max_tokens=8)
+    srv = BackgroundServer(create_app(service, fine_tuning=ft)).start()
+    worker = JobWorker(store, {"tiny": base}, root / "work", heartbeat_s=0.2, threads=1, log=lambda m: None)
+    thread = threading.Thread(target=worker.run, kwargs={"idle_s": 0.1}, daemon=True)
+    thread.start()
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    yield client, srv, store
+    worker.stopping.set()
+    thread.join(60)
+    srv.stop()
+    service.close()
+    store.close()
+
+
+def upload(client, rows, name="train.jsonl"):
+    data = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
+    return client.files.create(file=(name, io.BytesIO(data)), purpose="fine-tune")
+
+
+def wait(client, job_id, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in TERMINAL:
+            return job
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id} did not finish in {timeout} s: {job.status}")
+
+
+def chat_row(question, answer):
+    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+
+
+def test_a_supervised_job_from_upload_to_chat(api):
+    client, srv, _ = api
+    f = upload(client, [chat_row(f"What is {i} + 1?", str(i + 1)) for i in range(16)])
+    assert (f.object, f.purpose, f.filename) == ("file", "fine-tune", "train.jsonl")
+    assert client.files.content(f.id).content.decode().count("\n") == 16
+    job = client.fine_tuning.jobs.create(
+        model="tiny", training_file=f.id, suffix="add", seed=3,
+        method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 4}}})
+    assert job.status == "queued"
+    assert job.hyperparameters.n_epochs == 2 and job.hyperparameters.learning_rate_multiplier == 1.0
+    job = wait(client, job.id)
+    assert job.status == "succeeded", job.error
+    assert job.fine_tuned_model.startswith("ft:tiny:default:add:") and job.trained_tokens > 0
+    events = list(client.fine_tuning.jobs.list_events(job.id, limit=100))
+    metrics = [e for e in events if e.type == "metrics"]
+    assert metrics and metrics[0].data["step"] == 8 and metrics[0].data["total_steps"] == 8
+    assert events[0].message.startswith("The job has successfully completed")
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))
+    assert [c.step_number for c in checkpoints] == [8, 4]  # one per epoch, newest first
+    assert checkpoints[0].metrics.train_loss > 0
+    models = [m.id for m in client.models.list()]
+    assert "tiny" in models and job.fine_tuned_model in models
+    for model in (job.fine_tuned_model, checkpoints[1].fine_tuned_model_checkpoint):
+        reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 3 + 1?"}],
+                                               max_tokens=4)
+        assert reply.model == model and reply.choices[0].message.content is not None
+    assert client.fine_tuning.jobs.list(limit=1).data[0].id == job.id
+
+
+def test_a_dpo_job_succeeds(api):
+    client, _, _ = api
+    pair = {"input": {"messages": [{"role": "user", "content": "Say hi"}]},
+            "preferred_output": [{"role": "assistant", "content": "hi"}],
+            "non_preferred_output": [{"role": "assistant", "content": "no"}]}
+    f = upload(client, [pair] * 8, "pairs.jsonl")
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id,
+                                         method={"type": "dpo", "dpo": {"hyperparameters": {"batch_size": 4,
+                                                                                             "n_epochs": 1}}})
+    assert job.method.dpo.hyperparameters.beta == 0.1  # "auto", resolved
+    job = wait(client, job.id)
+    assert job.status == "succeeded", job.error
+
+
+def test_a_file_with_bad_rows_fails_its_job_naming_the_lines(api):
+    client, _, _ = api
+    f = upload(client, [chat_row("a", "b"), {"messages": [{"role": "user", "content": "no answer"}]},
+                        {"messages": [{"role": "wizard", "content": "x"}]}])
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id)
+    assert job.status == "failed" and job.error.param == "training_file"
+    assert "line 2: messages has no assistant message" in job.error.message and "line 3" in job.error.message
+
+
+@pytest.mark.parametrize("kwargs, status, words", [
+    (dict(model="nope"), 400, "unknown model 'nope'"),
+    (dict(training_file="file-missing"), 400, "no file 'file-missing'"),
+    (dict(method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 0}}}), 400, "n_epochs"),
+    (dict(method={"type": "reinforcement", "reinforcement": {"grader": {"type": "string_check"}}}), 400,
+     "not run by this server yet"),
+])
+def test_job_refusals_name_the_field(api, kwargs, status, words):
+    client, _, store = api
+    f = upload(client, [chat_row("a", "b")])
+    before = len(store.list_jobs("default", limit=1000)[0])
+    with pytest.raises(openai.APIStatusError) as info:
+        client.fine_tuning.jobs.create(**{"model": "tiny", "training_file": f.id, **kwargs})
+    assert info.value.status_code == status and words in info.value.message
+    assert len(store.list_jobs("default", limit=1000)[0]) == before  # nothing half-created
+
+
+def test_upload_refusals(api):
+    client, srv, _ = api
+    with pytest.raises(openai.BadRequestError, match="line 2 is not valid JSON"):
+        client.files.create(file=("x.jsonl", io.BytesIO(b'{"a": 1}\nnot json\n')), purpose="fine-tune")
+    with pytest.raises(openai.BadRequestError, match="purpose must be one of fine-tune"):
+        client.files.create(file=("x.jsonl", io.BytesIO(b'{"a": 1}\n')), purpose="batch")
+    r = httpx.post(srv.url + "/v1/files", content=b"{}", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "file"
+
+
+def test_cancel_a_queued_job_and_delete_its_file(api):
+    client, _, store = api
+    f = upload(client, [chat_row("a", "b")])
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+        "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 50, "batch_size": 1}}})
+    job = client.fine_tuning.jobs.cancel(job.id)
+    assert job.status in ("cancelled", "running")
+    job = wait(client, job.id)
+    assert job.status == "cancelled"
+    assert client.files.delete(f.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(f.id)
+
+
+# --------------------------------------------------------------------------- the OpenAPI document
+
+FT_ROUTES = {("post", "/v1/files"), ("get", "/v1/files"), ("get", "/v1/files/{file_id}"),
+             ("delete", "/v1/files/{file_id}"), ("get", "/v1/files/{file_id}/content"),
+             ("post", "/v1/fine_tuning/jobs"), ("get", "/v1/fine_tuning/jobs"),
+             ("get", "/v1/fine_tuning/jobs/{job_id}"), ("post", "/v1/fine_tuning/jobs/{job_id}/cancel"),
+             ("post", "/v1/fine_tuning/jobs/{job_id}/pause"), ("post", "/v1/fine_tuning/jobs/{job_id}/resume"),
+             ("get", "/v1/fine_tuning/jobs/{job_id}/events"), ("get", "/v1/fine_tuning/jobs/{job_id}/checkpoints")}
+
+
+@pytest.fixture(scope="module")
+def doc(api):
+    return httpx.get(api[1].url + "/openapi.json").json()
+
+
+def validator(doc, name):
+    import jsonschema_rs
+
+    return jsonschema_rs.Draft202012Validator({"components": doc["components"], "$ref": f"#/components/schemas/{name}"})
+
+
+def test_the_document_has_every_fine_tuning_route_with_openai_errors(doc):
+    routes = {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    assert FT_ROUTES <= routes
+    for method, path in FT_ROUTES - {("get", "/v1/files/{file_id}/content")}:
+        answers = doc["paths"][path][method]["responses"]
+        assert "$ref" in answers["200"]["content"]["application/json"]["schema"], (method, path)
+        assert all(a["content"]["application/json"]["schema"]["$ref"].endswith("ErrorResponse")
+                   for s, a in answers.items() if s[0] in "45"), (method, path)
+    assert "multipart/form-data" in doc["paths"]["/v1/files"]["post"]["requestBody"]["content"]
+
+
+def test_real_fine_tuning_answers_match_their_schemas(api, doc):
+    client, srv, _ = api
+    f = upload(client, [chat_row("a", "b")] * 4)
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id,
+                                         method={"type": "supervised", "supervised": {"hyperparameters": {
+                                             "n_epochs": 1, "batch_size": 2}}})
+    wait(client, job.id)
+    base = srv.url + "/v1"
+    for name, r in [("FileObject", httpx.get(f"{base}/files/{f.id}")), ("FileList", httpx.get(f"{base}/files")),
+                    ("FineTuningJob", httpx.get(f"{base}/fine_tuning/jobs/{job.id}")),
+                    ("JobList", httpx.get(f"{base}/fine_tuning/jobs")),
+                    ("JobEventList", httpx.get(f"{base}/fine_tuning/jobs/{job.id}/events")),
+                    ("JobCheckpointList", httpx.get(f"{base}/fine_tuning/jobs/{job.id}/checkpoints")),
+                    ("ErrorResponse", httpx.post(f"{base}/fine_tuning/jobs/{job.id}/resume")),
+                    ("ErrorResponse", httpx.get(f"{base}/fine_tuning/jobs/ftjob-nope"))]:
+        errors = [e.message for e in validator(doc, name).iter_errors(r.json())]
+        assert not errors, (name, r.json(), errors)
+
+
+def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(api, doc):
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    base_url = api[1].url
+    schema = schemathesis.openapi.from_dict(doc)
+    for path, method in [("/v1/fine_tuning/jobs", "POST"), ("/v1/fine_tuning/jobs", "GET"),
+                         ("/v1/fine_tuning/jobs/{job_id}", "GET"), ("/v1/fine_tuning/jobs/{job_id}/cancel", "POST"),
+                         ("/v1/fine_tuning/jobs/{job_id}/events", "GET"), ("/v1/files", "GET"),
+                         ("/v1/files/{file_id}", "DELETE")]:
+        @given(case=schema[path][method].as_strategy())
+        @settings(max_examples=15, deadline=None, database=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck), derandomize=True)
+        def check(case):
+            r = case.call(base_url=base_url)
+            calls.append(r.status_code)
+            assert r.status_code < 500, (path, r.text)
+            case.validate_response(r, checks=[schemathesis.checks.response_schema_conformance,
+                                              schemathesis.checks.status_code_conformance])
+
+        calls: list[int] = []
+        check()
+        assert len(calls) >= 3, (path, method, calls)  # cases were generated and sent
