@@ -115,3 +115,42 @@ def test_pause_checkpoints_a_running_job_and_resume_finishes_it(service):
     assert final["status"] == "succeeded", final["error"]
     assert final["attempts"] == 2 and final["fine_tuned_model"]
     assert os.path.isdir(final["model_path"])
+
+
+def test_queued_jobs_outlive_the_server_that_took_them(tmp_path):
+    import openai
+
+    from flywheel.service.app import create_app
+    from flywheel.service.background import BackgroundServer
+    from flywheel.service.core import OpenAIService
+
+    base = build_tiny_model(tmp_path / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
+    rows = "".join(json.dumps(r) + "\n" for r in ROWS[:8]).encode()
+
+    def server():
+        store = JobStore(data_file_url(tmp_path), tmp_path / "files")
+        service = OpenAIService(base, name="tiny", default_max_tokens=4)
+        srv = BackgroundServer(create_app(service, fine_tuning=FineTuning(store, {"tiny": base}))).start()
+        return store, service, srv, openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+    def shut(store, service, srv):
+        srv.stop()
+        service.close()
+        store.close()
+
+    store, service, srv, client = server()
+    f = client.files.create(file=("t.jsonl", rows), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, suffix="kept")
+    shut(store, service, srv)
+
+    store, service, srv, client = server()  # a new server process would read the same database
+    try:
+        assert client.fine_tuning.jobs.retrieve(job.id).status == "queued"
+        JobWorker(store, {"tiny": base}, tmp_path / "jobs", heartbeat_s=0.2, threads=1, log=lambda m: None).run_one()
+        done = client.fine_tuning.jobs.retrieve(job.id)
+        assert done.status == "succeeded" and done.fine_tuned_model.endswith(job.id.removeprefix("ftjob-"))
+        reply = client.chat.completions.create(model=done.fine_tuned_model, max_tokens=2,
+                                               messages=[{"role": "user", "content": "What is 1 + 1?"}])
+        assert reply.model == done.fine_tuned_model
+    finally:
+        shut(store, service, srv)
