@@ -232,3 +232,19 @@ def test_schemathesis_finds_no_5xx_and_no_undocumented_answer(api, doc):
         calls: list[int] = []
         check()
         assert len(calls) >= 3, (path, method, calls)  # cases were generated and sent
+
+
+def test_a_retried_post_with_its_idempotency_key_gets_the_same_object(api):
+    client, srv, store = api
+    data = json.dumps(chat_row("a", "b")).encode() + b"\n"
+    files = [client.files.create(file=("t.jsonl", data), purpose="fine-tune",
+                                 extra_headers={"Idempotency-Key": "upload-1"}) for _ in range(2)]
+    assert files[0].id == files[1].id
+    body = {"model": "tiny", "training_file": files[0].id, "suffix": "once"}
+    r1, r2 = (httpx.post(srv.url + "/v1/fine_tuning/jobs", json=body, headers={"Idempotency-Key": "job-1"})
+              for _ in range(2))
+    assert r1.status_code == r2.status_code == 200 and r1.json()["id"] == r2.json()["id"]
+    other = httpx.post(srv.url + "/v1/fine_tuning/jobs", json={**body, "suffix": "twice"},
+                       headers={"Idempotency-Key": "job-1"})
+    assert other.status_code == 409 and other.json()["error"]["param"] == "idempotency_key"
+    client.fine_tuning.jobs.cancel(r1.json()["id"])

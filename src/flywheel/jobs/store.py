@@ -88,12 +88,27 @@ class JobStore:
 
     # ------------------------------------------------------------------ files
 
-    def add_file(self, tenant: str, filename: str, purpose: str, content: bytes, lines: int) -> dict[str, Any]:
+    def find(self, kind: str, tenant: str, idempotency_key: str, request_hash: str) -> dict[str, Any] | None:
+        """The file or job (`kind`) an earlier request with this key made, or None; Conflict when
+        the key came with another request."""
+        table = {"file": FileRow, "job": JobRow}[kind]
+        with self.engine.connect() as conn:
+            row = conn.execute(select(table.__table__).where(table.tenant == tenant,
+                                                             table.idempotency_key == idempotency_key)).first()
+        if row is None:
+            return None
+        if row.request_hash != request_hash:
+            raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for another request", "idempotency_key")
+        return _dict(row)
+
+    def add_file(self, tenant: str, filename: str, purpose: str, content: bytes, lines: int,
+                 idempotency_key: str | None = None, request_hash: str | None = None) -> dict[str, Any]:
         file_id = new_id("file")
         path = self.files_dir / file_id
         atomic_write(path, content)
         row = dict(id=file_id, tenant=tenant, purpose=purpose, filename=filename, bytes=len(content), lines=lines,
-                   sha256=hashlib.sha256(content).hexdigest(), created_at=_now())
+                   sha256=hashlib.sha256(content).hexdigest(), created_at=_now(), idempotency_key=idempotency_key,
+                   request_hash=request_hash)
         try:
             with writing(self.engine) as conn:
                 conn.execute(insert(FileRow).values(**row))

@@ -7,7 +7,9 @@ the seq of that id); `id` is the public, OpenAI-shaped identifier (`file-…`, `
 worker owns a running job while its lease is in the future and renews it by heartbeat; an
 expired lease lets another worker claim the job and resume it from its last checkpoint
 (`attempts` counts the claims). `control` is what a client asked of a running job
-(`cancel`, `pause`), read by its worker at the next heartbeat.
+(`cancel`, `pause`), read by its worker at the next heartbeat. A POST retried with the same
+`Idempotency-Key` finds its object by (tenant, idempotency_key); `request_hash` tells a retry
+from a different request reusing the key.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import DateTime, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flywheel.database import Base, json_column
@@ -26,6 +28,7 @@ SCHEMA_VERSION_KEY = "jobs.schema_version"
 
 class FileRow(Base):
     __tablename__ = "ft_files"
+    __table_args__ = (UniqueConstraint("tenant", "idempotency_key"),)
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(64), unique=True)
@@ -36,11 +39,14 @@ class FileRow(Base):
     lines: Mapped[int] = mapped_column(Integer)
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(DateTime)
+    # the client's Idempotency-Key header and the SHA-256 of what it sent: a retry gets the same object
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class JobRow(Base):
     __tablename__ = "ft_jobs"
-    __table_args__ = (Index("ft_jobs_queue", "status", "seq"),)
+    __table_args__ = (Index("ft_jobs_queue", "status", "seq"), UniqueConstraint("tenant", "idempotency_key"))
 
     seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     id: Mapped[str] = mapped_column(String(64), unique=True)
@@ -65,6 +71,8 @@ class JobRow(Base):
     worker: Mapped[str | None] = mapped_column(String(200))
     lease_until: Mapped[datetime | None] = mapped_column(DateTime)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class EventRow(Base):

@@ -12,10 +12,12 @@ the bad lines. A worker (service/job_worker.py) takes it from the queue.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
 import orjson
+from sqlalchemy.exc import IntegrityError
 
 from flywheel.jobs import JobRequest, JobStore, JobStoreError, RequestError
 from flywheel.jobs.file_check import check_file, count_rows
@@ -45,7 +47,27 @@ class FineTuning:
 
     # ------------------------------------------------------------------ files
 
-    def upload(self, tenant: str, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
+    def upload(self, tenant: str, filename: str, purpose: str, content: bytes,
+               idempotency_key: str | None = None) -> dict[str, Any]:
+        """A new file; with `idempotency_key`, a retry of the same upload gets the same file."""
+        request_hash = hashlib.sha256(b"\0".join([filename.encode(), purpose.encode(), content])).hexdigest()
+        if idempotency_key is not None:
+            earlier = self._earlier("file", tenant, idempotency_key, request_hash)
+            if earlier is not None:
+                return file_object(earlier)
+        try:
+            return self._upload(tenant, filename, purpose, content, idempotency_key, request_hash)
+        except IntegrityError:  # a concurrent retry with the same key stored it first
+            return file_object(self._earlier("file", tenant, idempotency_key, request_hash))
+
+    def _earlier(self, kind: str, tenant: str, key: str, request_hash: str) -> dict[str, Any] | None:
+        try:
+            return self.jobs.find(kind, tenant, key, request_hash)
+        except JobStoreError as exc:
+            raise store_error(exc) from None
+
+    def _upload(self, tenant: str, filename: str, purpose: str, content: bytes, idempotency_key: str | None,
+                request_hash: str) -> dict[str, Any]:
         if purpose not in PURPOSES:
             raise OpenAIError(f"purpose must be one of {', '.join(PURPOSES)} on this server, got {purpose!r}",
                               param="purpose")
@@ -53,11 +75,25 @@ class FineTuning:
             raise OpenAIError(f"file is {len(content)} bytes; the limit is {self.max_file_bytes}", param="file",
                               status=413)
         lines = jsonl_lines(content, filename)
-        return file_object(self.jobs.add_file(tenant, filename, purpose, content, lines))
+        return file_object(self.jobs.add_file(tenant, filename, purpose, content, lines,
+                                              idempotency_key=idempotency_key, request_hash=request_hash))
 
     # ------------------------------------------------------------------ jobs
 
-    def create_job(self, tenant: str, body: Any) -> dict[str, Any]:
+    def create_job(self, tenant: str, body: Any, idempotency_key: str | None = None) -> dict[str, Any]:
+        """A new job (validated, then queued or failed); with `idempotency_key`, a retry of the
+        same request gets the same job."""
+        request_hash = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        if idempotency_key is not None:
+            earlier = self._earlier("job", tenant, idempotency_key, request_hash)
+            if earlier is not None:
+                return job_object(earlier)
+        try:
+            return self._create_job(tenant, body, idempotency_key, request_hash)
+        except IntegrityError:
+            return job_object(self._earlier("job", tenant, idempotency_key, request_hash))
+
+    def _create_job(self, tenant: str, body: Any, idempotency_key: str | None, request_hash: str) -> dict[str, Any]:
         try:
             req = JobRequest.parse(body)
             if req.method_type not in RUNNABLE:
@@ -70,7 +106,8 @@ class FineTuning:
                     self._fine_tune_file(tenant, file_id, param)
             row = self.jobs.create_job(tenant, model=req.model, method=req.method(), training_file=req.training_file,
                                        validation_file=req.validation_file, suffix=req.suffix,
-                                       seed=req.seed if req.seed is not None else 42, meta=req.metadata or None)
+                                       seed=req.seed if req.seed is not None else 42, meta=req.metadata or None,
+                                       idempotency_key=idempotency_key, request_hash=request_hash)
         except (JobStoreError, RequestError) as exc:
             raise store_error(exc) from None
         self._validate(row["id"], tenant, req)

@@ -9,7 +9,9 @@ GET    /v1/fine_tuning/jobs/{id}                  POST .../{id}/cancel | pause |
 GET    /v1/fine_tuning/jobs/{id}/events           ?after= &limit=   (newest first)
 GET    /v1/fine_tuning/jobs/{id}/checkpoints      ?after= &limit=   (newest first)
 Every object belongs to the caller's tenant (`tenant_of(request)`); another tenant's id is a
-404. Store calls are synchronous and run in a thread.
+404. POST /v1/files and POST /v1/fine_tuning/jobs honour an `Idempotency-Key` header: a retry
+gets the object the first request made (a 409 when the key came with another request). Store
+calls are synchronous and run in a thread.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def finetune_router(ft: FineTuning, tenant_of: Callable[[Request], str]) -> APIR
         if not isinstance(purpose, str):
             raise OpenAIError("purpose: required (fine-tune)", param="purpose")
         content = await file.read()
-        obj = await asyncio.to_thread(ft.upload, tenant, file.filename or "upload.jsonl", purpose, content)
+        obj = await asyncio.to_thread(ft.upload, tenant, file.filename or "upload.jsonl", purpose, content,
+                                      request.headers.get("idempotency-key"))
         return JSONResponse(obj)
 
     @router.get("/v1/files", **route_doc(ok="FileList", errors={400: "a bad limit, order or cursor", **NOT_FOUND}))
@@ -110,7 +113,8 @@ def finetune_router(ft: FineTuning, tenant_of: Callable[[Request], str]) -> APIR
         """Create a job: checked, then queued for a worker (or failed at once with the bad lines
         of its file in `error`)."""
         body = read_json(await request.body())
-        return JSONResponse(await asyncio.to_thread(ft.create_job, tenant_of(request), body))
+        return JSONResponse(await asyncio.to_thread(ft.create_job, tenant_of(request), body,
+                                                    request.headers.get("idempotency-key")))
 
     @router.get("/v1/fine_tuning/jobs", **route_doc(ok="JobList", errors={400: "a bad limit", **NOT_FOUND}))
     async def list_jobs(request: Request, after: After = None, limit: limit_of(100) = 20) -> JSONResponse:
