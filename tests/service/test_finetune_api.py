@@ -248,3 +248,37 @@ def test_a_retried_post_with_its_idempotency_key_gets_the_same_object(api):
                        headers={"Idempotency-Key": "job-1"})
     assert other.status_code == 409 and other.json()["error"]["param"] == "idempotency_key"
     client.fine_tuning.jobs.cancel(r1.json()["id"])
+
+
+# --------------------------------------------------------------------------- the SDK
+
+
+def test_the_sdk_runs_a_job_from_a_file_path_to_its_model(api, tmp_path):
+    from flywheel.client import AsyncFlywheel, Flywheel, FlywheelError
+
+    _, srv, _ = api
+    path = tmp_path / "add.jsonl"
+    path.write_text("".join(json.dumps(chat_row(f"{i}+2", str(i + 2))) + "\n" for i in range(8)))
+    with Flywheel(srv.url) as fw:
+        f = fw.files.upload(path)
+        assert f.filename == "add.jsonl" and fw.files.content(f.id) == path.read_bytes()
+        job = fw.jobs.create(model="tiny", training_file=f.id, suffix="sdk", n_epochs=1, batch_size=4)
+        job = fw.jobs.wait(job.id, poll_s=0.2, timeout_s=180, progress=True)
+        assert job.status == "succeeded" and job.fine_tuned_model.startswith("ft:tiny:default:sdk:")
+        assert [c.step_number for c in fw.jobs.checkpoints(job.id)] == [2]
+        assert job.fine_tuned_model in [m.id for m in fw.models.list()]
+        assert any(e.type == "metrics" for e in fw.jobs.events(job.id, limit=50))
+        with pytest.raises(FlywheelError) as info:
+            fw.jobs.get("ftjob-nope")
+        assert info.value.status == 404 and info.value.param == "fine_tuning_job_id"
+
+    async def from_async():
+        async with AsyncFlywheel(srv.url) as afw:
+            page = await afw.jobs.list(limit=1)
+            done = await afw.jobs.wait(page.data[0].id, poll_s=0.1, timeout_s=30)
+            return page, done
+
+    import asyncio
+
+    page, done = asyncio.run(from_async())
+    assert len(page) == 1 and page.data[0].id == job.id and done.status == "succeeded"

@@ -16,6 +16,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "flywheel"
 # top to bottom; a package may import its own modules, its layer's and those below
 LAYERS = [
     {"cli"},
+    {"client"},  # the SDK: the CLI's job commands drive it; it imports no server layer
     {"demo"},
     {"service"},  # the faces: the command line drives the demo, the demo drives the service
     {"loop"},
@@ -83,3 +84,10 @@ def test_pure_modules_import_nothing_heavy(module):
             "print(sorted(h for h in ('torch', 'sqlalchemy', 'fastapi', 'transformers') if h in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"importing {module} loads {out.strip()}"
+
+
+def test_the_sdk_imports_only_itself():
+    """flywheel.client runs on a user's laptop without the server's dependencies."""
+    found = [f"{path.name}:{line}: {module}" for path in sorted((SRC / "client").rglob("*.py"))
+             for line, target, module in imports(path) if target != "client"]
+    assert found == []
