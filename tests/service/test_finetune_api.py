@@ -282,3 +282,30 @@ def test_the_sdk_runs_a_job_from_a_file_path_to_its_model(api, tmp_path):
 
     page, done = asyncio.run(from_async())
     assert len(page) == 1 and page.data[0].id == job.id and done.status == "succeeded"
+
+
+def test_the_cli_uploads_creates_follows_and_controls_jobs(api, tmp_path):
+    from typer.testing import CliRunner
+
+    from flywheel.cli.main import app
+
+    _, srv, _ = api
+    run = CliRunner().invoke
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(chat_row(f"{i}", f"{i}")) + "\n" for i in range(4)))
+    up = run(app, ["files", "upload", str(path), "--base-url", srv.url])
+    assert up.exit_code == 0, up.output
+    file_id = up.output.split()[0]
+    assert file_id in run(app, ["files", "list", "--base-url", srv.url]).output
+    made = run(app, ["jobs", "create", "--model", "tiny", "--training-file", file_id, "--set", "n_epochs=1",
+                     "--set", "batch_size=2", "--suffix", "cli", "--wait", "--base-url", srv.url])
+    assert made.exit_code == 0 and "succeeded" in made.output and "ft:tiny:default:cli:" in made.output, made.output
+    job_id = made.output.split()[0]
+    shown = json.loads(run(app, ["jobs", "show", job_id, "--base-url", srv.url]).output)
+    assert shown["hyperparameters"] == {"n_epochs": 1, "batch_size": 2, "learning_rate_multiplier": 1.0}
+    assert "The job has successfully completed" in run(app, ["jobs", "events", job_id, "--base-url", srv.url]).output
+    assert "ckpt-step-2" in run(app, ["jobs", "checkpoints", job_id, "--base-url", srv.url]).output
+    refused = run(app, ["jobs", "pause", job_id, "--base-url", srv.url])
+    assert refused.exit_code == 1 and "only a queued or running job can be paused" in refused.output
+    bad = run(app, ["jobs", "create", "--model", "nope", "--training-file", file_id, "--base-url", srv.url])
+    assert bad.exit_code == 1 and "unknown model 'nope'" in bad.output and "(param: model)" in bad.output

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from flywheel.cli import data, demo, economics, env, generate, loop, model, registry, traces, train
-from flywheel.cli import serve, worker
+from flywheel.cli import jobs, serve, worker
 from flywheel.cli.help import reflow_help
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
@@ -18,6 +18,8 @@ app.add_typer(traces.app, name="traces")
 app.add_typer(registry.app, name="registry")
 app.add_typer(registry.app, name="models", hidden=True)  # the old name, kept as an alias
 app.add_typer(loop.app, name="loop")
+app.add_typer(jobs.files_app, name="files")
+app.add_typer(jobs.jobs_app, name="jobs")
 app.command("generate")(generate.generate)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
