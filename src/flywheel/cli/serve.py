@@ -64,17 +64,30 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
     typer.echo(f"serving {name} ({service.version}) from {model} on http://{host}:{port}/v1 ({where})")
     store = None if sink is None else sink.store  # also takes traces and feedback from other stacks
     pool = IngestPool(default_ingest_workers() if ingest_workers is None else ingest_workers)
-    ft = None
+    ft, auth = None, {}
     if fine_tuning:
         with user_errors():
             from flywheel.cli.worker import parse_base_models
             from flywheel.jobs import JobStore
+            from flywheel.jobs.keys import Keys
             from flywheel.jobs.store import data_file_url
+            from flywheel.service.auth import KeyAuth
             from flywheel.service.finetune import FineTuning
 
-            ft = FineTuning(JobStore(jobs_db or data_file_url(data_dir), data_dir / "files"),
-                            {name: model, **parse_base_models(base_model)})
+            jobs = JobStore(jobs_db or data_file_url(data_dir), data_dir / "files")
+            ft = FineTuning(jobs, {name: model, **parse_base_models(base_model)})
+            keys = Keys(jobs.engine)
+            if keys.any():
+                auth = {"tenant_of": KeyAuth(keys)}
+                typer.echo("API keys required (flywheel keys list); each key's tenant sees only its own objects")
+            elif host not in ("127.0.0.1", "localhost", "::1"):
+                print(f"error: no API keys exist, so the server would be open to anyone on {host}; make one with "
+                      f"`flywheel keys create --tenant NAME --data-dir {data_dir}`, or serve on 127.0.0.1",
+                      file=sys.stderr)
+                raise typer.Exit(2)
+            else:
+                typer.echo("single tenant, no API keys, loopback only (flywheel keys create --tenant NAME adds keys)")
         typer.echo(f"fine-tuning API on: jobs in {jobs_db or data_file_url(data_dir)}; start workers with "
                    f"`flywheel worker --data-dir {data_dir} --base-model {name}={model}`")
     uvicorn.run(create_app(service, close_service_on_shutdown=True, trace_store=store, ingest_pool=pool,
-                           fine_tuning=ft), host=host, port=port, log_level=log_level)
+                           fine_tuning=ft, **auth), host=host, port=port, log_level=log_level)

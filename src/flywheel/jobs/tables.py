@@ -101,4 +101,21 @@ class CheckpointRow(Base):
     path: Mapped[str] = mapped_column(Text)
 
 
-TABLES = [FileRow.__table__, JobRow.__table__, EventRow.__table__, CheckpointRow.__table__]
+PREFIX_CHARS = 8  # of a key, kept to tell keys apart in listings
+
+
+class KeyRow(Base):
+    """An API key of a tenant: its SHA-256, never the key (jobs/keys.py)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(200), index=True)
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(PREFIX_CHARS))
+    name: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
+TABLES = [FileRow.__table__, JobRow.__table__, EventRow.__table__, CheckpointRow.__table__, KeyRow.__table__]

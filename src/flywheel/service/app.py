@@ -108,8 +108,10 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     n worker processes). The app starts and closes the pool.
 
     `fine_tuning` enables the fine-tuning API (service/finetune_routes.py): files and jobs of
-    the caller's tenant (`tenant_of`), and its fine-tuned models in /v1/models and in
-    generation requests, each loaded on first use (service/served_models.py).
+    the caller's tenant, and its fine-tuned models in /v1/models and in generation requests,
+    each loaded on first use (service/served_models.py). `tenant_of(request)` names the
+    caller's tenant, or raises the refusal (service/auth.py's KeyAuth: API keys, rate limits);
+    every route but /health asks it.
 
     freeze_gc: at startup (the model is loaded by then), collect once and move every live
     object to the garbage collector's permanent generation (`gc.freeze`). A server process
@@ -140,7 +142,9 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
 
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        retry = getattr(exc, "retry_after_s", None)
+        return JSONResponse(exc.body(), status_code=exc.status,
+                            headers={"retry-after": str(retry)} if retry is not None else None)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -158,7 +162,7 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
 
     if trace_store is not None:
         app.include_router(ingest_router(trace_store, pool, getattr(service.trace_sink, "wait_written", None),
-                                         curation))
+                                         curation), dependencies=[Depends(tenant_of)])
     served = ServedModels(service, None if fine_tuning is None else fine_tuning.servable_path,
                           default_max_tokens=service.default_max_tokens)
     if fine_tuning is not None:
@@ -176,9 +180,10 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     @app.get("/v1/models", **route_doc(ok="ModelList", errors={}))
     async def models(svc: ServiceDep, request: Request) -> JSONResponse:
         """The served model, and with the fine-tuning API the caller's fine-tuned models."""
+        tenant = tenant_of(request)
         listing = svc.models()
         if fine_tuning is not None:
-            own = await asyncio.to_thread(fine_tuning.models, tenant_of(request))
+            own = await asyncio.to_thread(fine_tuning.models, tenant)
             listing["data"] += [{**card, "version": card["id"]} for card in own if card["id"] != svc.name]
         return JSONResponse(listing, headers=_headers(svc.version))
 

@@ -1,0 +1,174 @@
+"""Tenants of the fine-tuning service cannot reach each other: every route and verb, called by
+tenant B with tenant A's ids, answers as if the object did not exist; keys are hashed at rest,
+a missing, unknown or revoked key is a 401, and a key past its rate gets a 429 with Retry-After."""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
+
+from flywheel.jobs import JobStore
+from flywheel.jobs.keys import Keys
+from flywheel.jobs.store import data_file_url
+from flywheel.models import TinySpec, build_tiny_model
+from flywheel.service.app import create_app
+from flywheel.service.auth import KeyAuth, RateLimited
+from flywheel.service.background import BackgroundServer
+from flywheel.service.core import OpenAIService
+from flywheel.service.finetune import FineTuning
+from flywheel.service.job_worker import JobWorker
+
+ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tenants")
+    base = build_tiny_model(root / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
+    store = JobStore(data_file_url(root), root / "files")
+    keys = Keys(store.engine)
+    key_a, _ = keys.create("alpha")
+    key_b, _ = keys.create("beta")
+    auth = KeyAuth(keys, rate_per_s=1000, burst=1000, cache_s=0)
+    service = OpenAIService(base, name="tiny", default_max_tokens=4)
+    srv = BackgroundServer(create_app(service, fine_tuning=FineTuning(store, {"tiny": base}), tenant_of=auth)).start()
+    a = httpx.Client(base_url=srv.url, headers={"authorization": f"Bearer {key_a}"}, timeout=60)
+    b = httpx.Client(base_url=srv.url, headers={"authorization": f"Bearer {key_b}"}, timeout=60)
+    up = a.post("/v1/files", files={"file": ("t.jsonl", io.BytesIO(json.dumps(ROW).encode() + b"\n"))},
+                data={"purpose": "fine-tune"})
+    assert up.status_code == 200, up.text
+    file_id = up.json()["id"]
+    job = a.post("/v1/fine_tuning/jobs", json={"model": "tiny", "training_file": file_id, "suffix": "a",
+                                               "method": {"type": "supervised", "supervised": {
+                                                   "hyperparameters": {"n_epochs": 2, "batch_size": 1}}}}).json()
+    JobWorker(store, {"tiny": base}, root / "jobs", heartbeat_s=0.2, threads=1, log=lambda m: None).run_one()
+    done = a.get(f"/v1/fine_tuning/jobs/{job['id']}").json()
+    assert done["status"] == "succeeded", done
+    checkpoint = a.get(f"/v1/fine_tuning/jobs/{job['id']}/checkpoints").json()["data"][-1]
+    yield dict(a=a, b=b, srv=srv, keys=keys, store=store, root=root, file=file_id, job=job["id"],
+               model=done["fine_tuned_model"], checkpoint=checkpoint["fine_tuned_model_checkpoint"],
+               key_a=key_a)
+    a.close()
+    b.close()
+    srv.stop()
+    service.close()
+    store.close()
+
+
+ROUTES = [("GET", "/v1/files/{file}"), ("GET", "/v1/files/{file}/content"), ("DELETE", "/v1/files/{file}"),
+          ("GET", "/v1/fine_tuning/jobs/{job}"), ("POST", "/v1/fine_tuning/jobs/{job}/cancel"),
+          ("POST", "/v1/fine_tuning/jobs/{job}/pause"), ("POST", "/v1/fine_tuning/jobs/{job}/resume"),
+          ("GET", "/v1/fine_tuning/jobs/{job}/events"), ("GET", "/v1/fine_tuning/jobs/{job}/checkpoints")]
+
+
+@pytest.mark.parametrize("method, route", ROUTES)
+def test_another_tenants_ids_are_not_found(world, method, route):
+    path = route.format(file=world["file"], job=world["job"])
+    r = world["b"].request(method, path)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", (method, path, r.text)
+    assert world["a"].request("GET", path if method == "GET" else path.rsplit("/", 1)[0]).status_code == 200
+
+
+def test_listings_and_models_show_only_the_callers_objects(world):
+    a, b = world["a"], world["b"]
+    for path in ("/v1/files", "/v1/fine_tuning/jobs"):
+        assert [x["id"] for x in b.get(path).json()["data"]] == []
+        assert len(a.get(path).json()["data"]) == 1
+    assert world["model"] in [m["id"] for m in a.get("/v1/models").json()["data"]]
+    assert world["model"] not in [m["id"] for m in b.get("/v1/models").json()["data"]]
+    r = b.get("/v1/fine_tuning/jobs", params={"after": world["job"]})
+    assert r.status_code == 404  # another tenant's id is no cursor either
+
+
+def test_another_tenants_fine_tuned_model_and_checkpoints_cannot_be_used(world):
+    for model in (world["model"], world["checkpoint"]):
+        chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r = world["b"].post("/v1/chat/completions", json=chat)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_found", r.text
+        assert world["a"].post("/v1/chat/completions", json=chat).status_code == 200
+        r = world["b"].post("/v1/fine_tuning/jobs", json={"model": model, "training_file": world["file"]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+
+def test_another_tenants_file_cannot_train_a_job(world):
+    r = world["b"].post("/v1/fine_tuning/jobs", json={"model": "tiny", "training_file": world["file"]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "training_file"
+
+
+def test_keys_are_required_hashed_and_revocable(world):
+    url = world["srv"].url
+    for headers in ({}, {"authorization": "Bearer fw-not-a-key"}, {"authorization": "Basic abc"}):
+        for method, path in (("GET", "/v1/models"), ("GET", "/v1/files"), ("POST", "/v1/chat/completions"),
+                             ("POST", "/v1/fine_tuning/jobs")):
+            r = httpx.request(method, url + path, headers=headers, json={})
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (headers, path, r.text)
+            assert "fw-not-a-key" not in r.text
+    assert httpx.get(url + "/health").status_code == 200
+    db = sqlite3.connect(world["root"] / "jobs.db")
+    stored = " ".join(str(v) for row in db.execute("select * from api_keys") for v in row)
+    db.close()
+    assert world["key_a"] not in stored and world["key_a"][:8] in stored  # the hash and a prefix, never the key
+    key, row = world["keys"].create("alpha", name="temporary")
+    assert httpx.get(url + "/v1/files", headers={"authorization": f"Bearer {key}"}).status_code == 200
+    world["keys"].revoke(row["id"])
+    assert httpx.get(url + "/v1/files", headers={"authorization": f"Bearer {key}"}).status_code == 401
+
+
+def test_a_key_past_its_rate_gets_429_with_retry_after(tmp_path):
+    store = JobStore(data_file_url(tmp_path), tmp_path / "files")
+    keys = Keys(store.engine)
+    key, _ = keys.create("gamma")
+    now = [0.0]
+    auth = KeyAuth(keys, rate_per_s=1.0, burst=2, clock=lambda: now[0])
+    app = FastAPI()
+
+    @app.exception_handler(RateLimited)
+    async def handler(request, exc):
+        return JSONResponse(exc.body(), status_code=exc.status, headers={"retry-after": str(exc.retry_after_s)})
+
+    @app.get("/x")
+    async def x(request: Request):
+        return {"tenant": auth(request)}
+
+    client = TestClient(app, raise_server_exceptions=False)
+    h = {"authorization": f"Bearer {key}"}
+    assert [client.get("/x", headers=h).status_code for _ in range(2)] == [200, 200]
+    r = client.get("/x", headers=h)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "rate_limit_exceeded"
+    now[0] = 1.0
+    assert client.get("/x", headers=h).json() == {"tenant": "gamma"}
+    store.close()
+
+
+def test_the_keys_commands_and_an_open_server_refused(tmp_path):
+    from typer.testing import CliRunner
+
+    from flywheel.cli.main import app
+
+    run = CliRunner().invoke
+    made = run(app, ["keys", "create", "--tenant", "acme", "--data-dir", str(tmp_path)])
+    assert made.exit_code == 0, made.output
+    key = made.output.split()[0]
+    assert key.startswith("fw-") and "cannot be shown again" in made.output
+    listed = run(app, ["keys", "list", "--data-dir", str(tmp_path / "other")])
+    assert listed.exit_code == 0 and listed.output == ""
+    listed = run(app, ["keys", "list", "--data-dir", str(tmp_path)]).output
+    assert "acme" in listed and key[:8] in listed and key not in listed
+    key_id = listed.split()[0]
+    assert run(app, ["keys", "revoke", key_id, "--data-dir", str(tmp_path)]).exit_code == 0
+    assert "revoked" in run(app, ["keys", "list", "--data-dir", str(tmp_path)]).output
+    again = run(app, ["keys", "revoke", key_id, "--data-dir", str(tmp_path)])
+    assert again.exit_code == 2 and "no active key" in again.output
+
+    base = build_tiny_model(tmp_path / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
+    fresh = tmp_path / "fresh"
+    served = run(app, ["serve", "--model", str(base), "--fine-tuning", "--data-dir", str(fresh), "--host", "0.0.0.0",
+                       "--no-traces"])
+    assert served.exit_code == 2 and "no API keys exist" in served.output
