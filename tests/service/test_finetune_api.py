@@ -122,7 +122,7 @@ def test_a_file_with_bad_rows_fails_its_job_naming_the_lines(api):
     (dict(training_file="file-missing"), 400, "no file 'file-missing'"),
     (dict(method={"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 0}}}), 400, "n_epochs"),
     (dict(method={"type": "reinforcement", "reinforcement": {"grader": {"type": "string_check"}}}), 400,
-     "not run by this server yet"),
+     "is required for a string_check grader"),
 ])
 def test_job_refusals_name_the_field(api, kwargs, status, words):
     client, _, store = api
@@ -309,3 +309,39 @@ def test_the_cli_uploads_creates_follows_and_controls_jobs(api, tmp_path):
     assert refused.exit_code == 1 and "only a queued or running job can be paused" in refused.output
     bad = run(app, ["jobs", "create", "--model", "nope", "--training-file", file_id, "--base-url", srv.url])
     assert bad.exit_code == 1 and "unknown model 'nope'" in bad.output and "(param: model)" in bad.output
+
+
+def test_a_reinforcement_job_with_a_grader(api):
+    client, srv, _ = api
+    rows = [{"messages": [{"role": "user", "content": f"Say {i}"}], "answer": str(i)} for i in range(12)]
+    f = upload(client, rows, "rft.jsonl")
+    grader = {"type": "string_check", "name": "says", "input": "{{ sample.output_text }}",
+              "reference": "{{ item.answer }}", "operation": "like"}
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, suffix="rft", method={
+        "type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": {
+            "n_epochs": 1, "batch_size": 2, "eval_interval": 2}}})
+    assert job.status == "queued" and job.method.reinforcement.hyperparameters.compute_multiplier == 1.0
+    job = wait(client, job.id)
+    assert job.status == "succeeded", job.error
+    metrics = [e.data for e in client.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics"]
+    assert metrics and "train_reward_mean" in metrics[0] and metrics[0]["total_steps"] == 6
+
+
+def test_the_grader_routes_validate_and_run_like_a_job(api):
+    _, srv, _ = api
+    grader = {"type": "multi", "name": "m", "calculate_output": "0.5 * a + 0.5 * b", "graders": {
+        "a": {"type": "string_check", "name": "a", "input": "{{ sample.output_text }}", "reference": "{{ item.x }}",
+              "operation": "eq"},
+        "b": {"type": "text_similarity", "name": "b", "input": "{{ sample.output_text }}",
+              "reference": "{{ item.x }}", "evaluation_metric": "rouge_l"}}}
+    ok = httpx.post(srv.url + "/v1/fine_tuning/alpha/graders/validate", json={"grader": grader})
+    assert ok.status_code == 200 and ok.json() == {"grader": grader}
+    r = httpx.post(srv.url + "/v1/fine_tuning/alpha/graders/run",
+                   json={"grader": grader, "model_sample": "red fox", "item": {"x": "red fox"}})
+    assert r.status_code == 200 and r.json()["reward"] == 1.0 and r.json()["sub_rewards"] == {"a": 1.0, "b": 1.0}
+    r = httpx.post(srv.url + "/v1/fine_tuning/alpha/graders/run",
+                   json={"grader": grader, "model_sample": "red", "item": {}})
+    assert r.status_code == 400 and "{{ item.x }} names nothing" in r.json()["error"]["message"]
+    bad = httpx.post(srv.url + "/v1/fine_tuning/alpha/graders/validate",
+                     json={"grader": {**grader, "calculate_output": "a ** 2"}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "calculate_output"

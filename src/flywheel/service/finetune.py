@@ -26,7 +26,7 @@ from flywheel.jobs.objects import file_object, job_object
 from flywheel.service.errors import OpenAIError
 
 PURPOSES = ("fine-tune",)
-RUNNABLE = ("supervised", "dpo")  # methods a worker trains (service/job_worker.py)
+RUNNABLE = ("supervised", "dpo", "reinforcement")  # methods a worker trains (service/job_worker.py)
 MAX_FILE_BYTES = 512 * 2 ** 20
 
 
@@ -100,6 +100,8 @@ class FineTuning:
                 raise OpenAIError(f"method.type: {req.method_type} jobs are not run by this server yet "
                                   f"(runnable: {', '.join(RUNNABLE)})", param="method.type")
             self.model_path(tenant, req.model)
+            if req.grader is not None:
+                check_grader(req.grader)
             for param in ("training_file", "validation_file"):
                 file_id = getattr(req, param)
                 if file_id is not None:
@@ -187,3 +189,24 @@ def jsonl_lines(content: bytes, filename: str) -> int:
     if lines == 0:
         raise OpenAIError(f"file {filename!r} has no rows", param="file")
     return lines
+
+
+def check_grader(spec: Any, where: str = "method.reinforcement.grader"):
+    """The checked Grader, or a 400 naming the field of an invalid one (score_model graders
+    are refused: workers do not run them yet)."""
+    from flywheel.envs.graders import GraderError, build_grader
+
+    try:
+        return build_grader(spec, where=where)
+    except GraderError as e:
+        raise OpenAIError(str(e), param=e.param) from None
+
+
+def run_checked(grader, model_sample: str, item: dict[str, Any]) -> dict[str, Any]:
+    """A checked grader's answer for one sample; a 400 when it cannot grade it."""
+    from flywheel.envs.graders import GraderError, sample_of
+
+    try:
+        return grader.run(sample_of(model_sample), item)
+    except GraderError as e:
+        raise OpenAIError(str(e), param=e.param) from None

@@ -8,6 +8,8 @@ GET    /v1/fine_tuning/jobs                       ?after= &limit= &metadata[k]=v
 GET    /v1/fine_tuning/jobs/{id}                  POST .../{id}/cancel | pause | resume
 GET    /v1/fine_tuning/jobs/{id}/events           ?after= &limit=   (newest first)
 GET    /v1/fine_tuning/jobs/{id}/checkpoints      ?after= &limit=   (newest first)
+POST   /v1/fine_tuning/alpha/graders/validate     {grader}
+POST   /v1/fine_tuning/alpha/graders/run          {grader, model_sample, item}
 Every object belongs to the caller's tenant (`tenant_of(request)`); another tenant's id is a
 404. POST /v1/files and POST /v1/fine_tuning/jobs honour an `Idempotency-Key` header: a retry
 gets the object the first request made (a 409 when the key came with another request). Store
@@ -25,7 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from flywheel.jobs import JobStoreError
 from flywheel.jobs.objects import checkpoint_object, event_object, file_object, job_object, list_object
 from flywheel.service.errors import OpenAIError
-from flywheel.service.finetune import FineTuning, store_error
+from flywheel.service.finetune import FineTuning, check_grader, run_checked, store_error
 from flywheel.service.ingest import read_json
 from flywheel.service.openapi import route_doc
 
@@ -151,5 +153,31 @@ def finetune_router(ft: FineTuning, tenant_of: Callable[[Request], str]) -> APIR
         """The job's checkpoints, newest first (one per epoch); each is a model usable at once."""
         rows, more = await call(jobs.list_checkpoints, tenant_of(request), job_id, after=after, limit=limit)
         return JSONResponse(list_object([checkpoint_object(r) for r in rows], more))
+
+    # ------------------------------------------------------------------ graders
+
+    @router.post("/v1/fine_tuning/alpha/graders/validate", **route_doc(
+        body="GraderValidateRequest", ok="GraderValidated", errors={400: "an invalid grader (the field is named)"}))
+    async def validate_grader(request: Request) -> JSONResponse:
+        """Check a grader object as a reinforcement job would."""
+        body = read_json(await request.body())
+        if not isinstance(body, dict) or set(body) != {"grader"}:
+            raise OpenAIError("expected {\"grader\": {...}}", param="grader")
+        check_grader(body["grader"], where="grader")
+        return JSONResponse({"grader": body["grader"]})
+
+    @router.post("/v1/fine_tuning/alpha/graders/run", **route_doc(
+        body="GraderRunRequest", ok="GraderRunResult",
+        errors={400: "an invalid grader, or one that cannot grade this sample (the field is named)"}))
+    async def run_grader(request: Request) -> JSONResponse:
+        """Grade one sample against one item, as a reinforcement job scores its samples."""
+        body = read_json(await request.body())
+        if not isinstance(body, dict) or not isinstance(body.get("model_sample"), str) or "grader" not in body:
+            raise OpenAIError("expected {\"grader\", \"model_sample\": str, \"item\": {...}}", param="model_sample")
+        item = body.get("item") or {}
+        if not isinstance(item, dict):
+            raise OpenAIError("item must be an object", param="item")
+        grader = check_grader(body["grader"], where="grader")
+        return JSONResponse(await asyncio.to_thread(run_checked, grader, body["model_sample"], item))
 
     return router

@@ -143,11 +143,49 @@ class DpoSettings(BaseModel):
     hyperparameters: DpoHyperparameters | None = None
 
 
+class ReinforcementHyperparameters(Hyperparameters):
+    eval_interval: Auto | int | None = None
+    eval_samples: Auto | int | None = None
+    compute_multiplier: Auto | float | None = None
+    reasoning_effort: Literal["auto", "default", "low", "medium", "high"] | None = None
+
+
+class ReinforcementSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    grader: dict[str, Any] = Field(description="an OpenAI grader object: string_check, text_similarity, python, "
+                                               "multi (score_model: not yet)")
+    hyperparameters: ReinforcementHyperparameters | None = None
+
+
 class Method(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    type: Literal["supervised", "dpo"]
+    type: Literal["supervised", "dpo", "reinforcement"]
     supervised: MethodSettings | None = None
     dpo: DpoSettings | None = None
+    reinforcement: ReinforcementSettings | None = None
+
+
+class GraderValidateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    grader: dict[str, Any]
+
+
+class GraderRunRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    grader: dict[str, Any]
+    model_sample: str = Field(description="the answer to grade, as {{ sample.output_text }}")
+    item: dict[str, Any] | None = Field(None, description="the row, as {{ item.<field> }}")
+
+
+class GraderValidated(_Out):
+    grader: dict[str, Any]
+
+
+class GraderRunResult(_Out):
+    reward: float
+    metadata: dict[str, Any]
+    sub_rewards: dict[str, float]
+    model_grader_token_usage_per_model: dict[str, Any]
 
 
 class JobCreateRequest(BaseModel):

@@ -1,7 +1,7 @@
 """One fine-tuning job's training, in a process of its own: `python -m flywheel.service.job_run
 JOB_DIR`, started by a worker (service/job_worker.py).
 
-Reads JOB_DIR/run.json (`{"kind": "sft" | "dpo", "config": {...}}`: a flywheel run config),
+Reads JOB_DIR/run.json (`{"kind": "sft" | "dpo" | "rl", "config": {...}}`: a flywheel run config),
 trains with flywheel's recipe, resuming from the newest checkpoint in the config's
 output_dir, and writes JOB_DIR/result.json: `{"final_model", "steps", "tokens_trained",
 "interrupted"}`, or `{"error": message}` with exit status 1 when the run failed. SIGTERM asks
@@ -16,12 +16,12 @@ import signal
 import sys
 from pathlib import Path
 
-from flywheel.config import ConfigError, DPOConfig, SFTConfig, validate
+from flywheel.config import ConfigError, DPOConfig, RLConfig, SFTConfig, validate
 from flywheel.files import atomic_write
 from flywheel.process import die_with_parent
 from flywheel.train.stop import request_stop
 
-RECIPES = {"sft": SFTConfig, "dpo": DPOConfig}
+RECIPES = {"sft": SFTConfig, "dpo": DPOConfig, "rl": RLConfig}
 
 
 def run(job_dir: Path) -> int:
@@ -31,8 +31,10 @@ def run(job_dir: Path) -> int:
         cfg = validate(spec["config"], RECIPES[kind])
         if kind == "sft":
             from flywheel.train.sft import run_sft as recipe
-        else:
+        elif kind == "dpo":
             from flywheel.train.dpo import run_dpo as recipe
+        else:
+            from flywheel.train.rl import run_rl as recipe
         result = recipe(cfg, log=lambda m: print(m, flush=True))
     except (ConfigError, ValueError, RuntimeError, OSError) as exc:  # the run's own refusals: a job error
         _write(job_dir, {"error": f"{type(exc).__name__}: {exc}"})

@@ -36,8 +36,11 @@ from flywheel.jobs.objects import fine_tuned_model_name
 from flywheel.jobs.store import worker_name
 from flywheel.service.finetune import FineTuning
 
-BASE_LR = {"supervised": 1e-4, "dpo": 5e-6}  # times the job's learning_rate_multiplier
-STAGES = {"supervised": "sft", "dpo": "dpo"}
+BASE_LR = {"supervised": 1e-4, "dpo": 5e-6, "reinforcement": 1e-5}  # times the job's learning_rate_multiplier
+STAGES = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl"}
+RL_GROUP = 4  # samples per prompt of a reinforcement job, times its compute_multiplier (at least 2)
+RL_MAX_TOKENS = 128  # new tokens per sampled answer
+GRADED_ENV = "flywheel.envs.graded:load"
 
 
 def micro_batch(batch_size: int, most: int = 8) -> int:
@@ -48,7 +51,10 @@ def micro_batch(batch_size: int, most: int = 8) -> int:
 def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | None, n_rows: int, out: str,
              *, threads: int | None = None, base_lr: dict[str, float] | None = None) -> dict[str, Any]:
     """The flywheel run (`{"kind", "config"}`) that trains `job` (a JobRow dict with its method
-    resolved): one checkpoint per epoch, validated per epoch when there is a validation file."""
+    resolved): one checkpoint per epoch, validated per epoch when there is a validation file;
+    a reinforcement job is GRPO on the graded environment (envs/graded.py), `batch_size`
+    prompts a step, evaluated every `eval_interval` steps on the validation rows (else on a
+    hash-split fifth of the training rows)."""
     kind = job["method"]["type"]
     if kind not in STAGES:
         raise ValueError(f"{kind} jobs are not run by this worker")
@@ -58,7 +64,16 @@ def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | N
     common = {"model": model, "output_dir": out, "resume": True, "threads": threads, "log": {"progress": False},
               "checkpoint": {"every": per_epoch, "keep": 2},
               "eval": {"every": per_epoch if val_file else 0}}
-    if kind == "supervised":
+    if kind == "reinforcement":
+        steps = max(1, math.ceil(hp["n_epochs"] * n_rows / hp["batch_size"]))
+        config = {**common, "checkpoint": {"every": per_epoch, "keep": 2},
+                  "env": {"name": GRADED_ENV, "settings": {"train": train_file, "test": val_file,
+                                                           "grader": job["method"][kind]["grader"]}},
+                  "train": {"steps": steps, "groups_per_step": hp["batch_size"], "seed": job["seed"],
+                            "group_size": max(2, round(RL_GROUP * hp["compute_multiplier"]))},
+                  "sampling": {"temperature": 1.0, "max_tokens": RL_MAX_TOKENS},
+                  "eval": {"every": hp["eval_interval"], "tasks": 200}, "optim": {"lr": lr}}
+    elif kind == "supervised":
         config = {**common, "data": {"train": [train_file], "val": [val_file] if val_file else [], "format": "chat"},
                   "train": {"epochs": hp["n_epochs"], "batch_size": hp["batch_size"],
                             "micro_batch_size": micro_batch(hp["batch_size"]), "seed": job["seed"]},
@@ -215,6 +230,8 @@ class _Progress:
                 self.last_step = step
                 if step % self.every == 0 or step == self.total_steps:
                     data = {"step": step, "train_loss": record["loss"], "total_steps": self.total_steps}
+                    if "reward_mean" in record:
+                        data["train_reward_mean"] = record["reward_mean"]
                     self.store.add_event(self.job["id"], f"Step {step}/{self.total_steps}: training loss="
                                          f"{record['loss']:.4f}", type="metrics", data=data)
 

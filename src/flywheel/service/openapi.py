@@ -50,9 +50,11 @@ COMPONENTS: dict[str, tuple[Any, Mode]] = {
     **{name: (getattr(out, name), "serialization") for name in (
         "ChatCompletion", "TextCompletion", "ChatCompletionChunk", "TextCompletionChunk", "ModelList", "Health",
         "TraceIngestResult", "FeedbackResult", "ErrorResponse")},
-    "JobCreateRequest": (ft.JobCreateRequest, "validation"),
+    **{name: (getattr(ft, name), "validation") for name in (
+        "JobCreateRequest", "GraderValidateRequest", "GraderRunRequest")},
     **{name: (getattr(ft, name), "serialization") for name in (
-        "FileObject", "FileList", "FileDeleted", "FineTuningJob", "JobList", "JobEventList", "JobCheckpointList")},
+        "FileObject", "FileList", "FileDeleted", "FineTuningJob", "JobList", "JobEventList", "JobCheckpointList",
+        "GraderValidated", "GraderRunResult")},
 }
 
 SSE = ("with `stream: true`, server-sent events: one `data: {chunk}` line per event as tokens are generated "
