@@ -7,6 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev
 STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | cksum | cut -d' ' -f1)
 THREADS ?= 2
+SYSTEM_PACKAGES ?= bubblewrap
 
 .PHONY: setup demo test test-all bench clean system-deps
 
@@ -22,9 +23,10 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-# Debian packages the project needs (bubblewrap for the sandbox), installed when missing.
+# Debian packages the project needs (bubblewrap for the sandbox; make test-all adds postgresql),
+# installed when missing.
 system-deps:
-	@missing=""; for p in bubblewrap; do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null; then \
 	    SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -39,8 +41,11 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q
 
-test-all: setup
-	$(PY) -m pytest -q -m ''
+# Everything, the learning tests included, and the database tests against a PostgreSQL server
+# the test session starts (tests/conftest.py) as well as against SQLite.
+test-all:
+	@$(MAKE) --no-print-directory setup EXTRAS=dev,postgres SYSTEM_PACKAGES="bubblewrap postgresql"
+	FLYWHEEL_TEST_POSTGRES=1 $(PY) -m pytest -q -m ''
 
 # Every benchmark, each printing its last line `name: key=value ...` and appending its table to
 # docs/benchmarks.md. They also need the peers (extra `bench`: trl, datasets, accelerate, pinned).

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import io
 import json
-import sqlite3
+import os
 
 import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from flywheel.database import Base
 
 from flywheel.jobs import JobStore
 from flywheel.jobs.keys import Keys
@@ -28,11 +31,20 @@ from flywheel.service.job_worker import JobWorker
 ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
+POSTGRES = os.environ.get("FLYWHEEL_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"] if POSTGRES else ["sqlite"])
+def world(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("tenants")
     base = build_tiny_model(root / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
-    store = JobStore(data_file_url(root), root / "files")
+    url = data_file_url(root)
+    if request.param == "postgresql":
+        engine = create_engine(POSTGRES)
+        Base.metadata.drop_all(engine)
+        engine.dispose()
+        url = POSTGRES
+    store = JobStore(url, root / "files")
     keys = Keys(store.engine)
     key_a, _ = keys.create("alpha")
     key_b, _ = keys.create("beta")
@@ -111,9 +123,8 @@ def test_keys_are_required_hashed_and_revocable(world):
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", (headers, path, r.text)
             assert "fw-not-a-key" not in r.text
     assert httpx.get(url + "/health").status_code == 200
-    db = sqlite3.connect(world["root"] / "jobs.db")
-    stored = " ".join(str(v) for row in db.execute("select * from api_keys") for v in row)
-    db.close()
+    with world["store"].engine.connect() as conn:
+        stored = " ".join(str(v) for row in conn.execute(text("select * from api_keys")) for v in row)
     assert world["key_a"] not in stored and world["key_a"][:8] in stored  # the hash and a prefix, never the key
     key, row = world["keys"].create("alpha", name="temporary")
     assert httpx.get(url + "/v1/files", headers={"authorization": f"Bearer {key}"}).status_code == 200

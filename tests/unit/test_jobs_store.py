@@ -1,11 +1,16 @@
-"""JobStore on SQLite: files, the job lifecycle, claims with leases, tenancy and paging."""
+"""JobStore: files, the job lifecycle, claims with leases, tenancy and paging, on SQLite and,
+when FLYWHEEL_TEST_POSTGRES_URL names a database (make test-all starts one), on PostgreSQL."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
+from sqlalchemy import create_engine
+
+from flywheel.database import Base
 
 from flywheel.jobs import Conflict, JobStore, LeaseLost, NotFound
 from flywheel.jobs.store import data_file_url
@@ -13,9 +18,22 @@ from flywheel.jobs.store import data_file_url
 METHOD = {"type": "supervised", "supervised": {"hyperparameters": {}}}
 
 
+POSTGRES = os.environ.get("FLYWHEEL_TEST_POSTGRES_URL")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"] if POSTGRES else ["sqlite"])
+def url(request, tmp_path):
+    if request.param == "sqlite":
+        return data_file_url(tmp_path)
+    engine = create_engine(POSTGRES)
+    Base.metadata.drop_all(engine)
+    engine.dispose()
+    return POSTGRES
+
+
 @pytest.fixture
-def store(tmp_path):
-    s = JobStore(data_file_url(tmp_path), tmp_path / "files")
+def store(url, tmp_path):
+    s = JobStore(url, tmp_path / "files")
     yield s
     s.close()
 
@@ -88,8 +106,8 @@ def test_claim_heartbeat_finish(store):
     assert messages[0] == "done" and messages[-1].startswith("Validating training file")
 
 
-def test_an_expired_lease_is_claimed_again_then_fails_after_max_attempts(tmp_path):
-    store = JobStore(data_file_url(tmp_path), tmp_path / "files", max_attempts=2)
+def test_an_expired_lease_is_claimed_again_then_fails_after_max_attempts(url, tmp_path):
+    store = JobStore(url, tmp_path / "files", max_attempts=2)
     jid = job(store)
     assert store.claim("w1", 0.05)["attempts"] == 1
     time.sleep(0.1)
