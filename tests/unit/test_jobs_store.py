@@ -164,3 +164,14 @@ def test_concurrent_claimers_never_share_a_job(store):
     for t in threads:
         t.join()
     assert sorted(got) == sorted(ids)
+
+
+def test_a_tenant_at_its_running_limit_waits_while_others_are_claimed(store):
+    a1, a2 = job(store, "a"), job(store, "a")
+    b1 = job(store, "b")
+    assert store.claim("w1", 60, max_running=1)["id"] == a1
+    assert store.claim("w2", 60, max_running=1)["id"] == b1  # a2 is older but its tenant is at its limit
+    assert store.claim("w3", 60, max_running=1) is None
+    store.finish(a1, "w1", "succeeded", "done")
+    assert store.claim("w3", 60, max_running=1)["id"] == a2
+    assert store.unfinished("a") == 1 and store.unfinished("b") == 1

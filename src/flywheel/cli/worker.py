@@ -32,6 +32,8 @@ def worker(data_dir: Path = typer.Option(Path("flywheel-data"), help="the servic
                                                            "up by another"),
            threads: int = typer.Option(None, min=1, help="torch threads of the training process"),
            hardware: str = typer.Option("cpu-2core", help="catalog entry the cost ledger prices this worker at"),
+           max_running: int = typer.Option(2, "--max-running-per-tenant", min=1,
+                                           help="jobs of one tenant trained at once by all workers"),
            once: bool = typer.Option(False, "--once", help="run one job (or none) and exit")) -> None:
     """Take queued fine-tuning jobs one at a time and train them; SIGTERM puts the running job back
     in the queue at a checkpoint and exits."""
@@ -42,7 +44,7 @@ def worker(data_dir: Path = typer.Option(Path("flywheel-data"), help="the servic
 
         store = JobStore(db or data_file_url(data_dir), data_dir / "files")
         w = JobWorker(store, parse_base_models(base_model), data_dir / "jobs", lease_s=lease_s, threads=threads,
-                      hardware=hardware, log=typer.echo)
+                      hardware=hardware, max_running=max_running, log=typer.echo)
         signal.signal(signal.SIGTERM, lambda *_: w.stopping.set())
         typer.echo(f"worker {w.name}: waiting for jobs in {db or data_file_url(data_dir)}")
         try:

@@ -229,6 +229,12 @@ class JobStore:
             self._event(conn, job_id, "Job resumed, queued")
         return self.get_job(tenant, job_id)
 
+    def unfinished(self, tenant: str) -> int:
+        """The tenant's jobs validating, queued, running or paused."""
+        with self.engine.connect() as conn:
+            return conn.scalar(select(func.count()).select_from(JobRow).where(JobRow.tenant == tenant,
+                                                                             JobRow.status.in_(ACTIVE)))
+
     def fine_tuned_models(self, tenant: str) -> list[dict[str, Any]]:
         """The tenant's succeeded jobs that made a model, oldest first."""
         with self.engine.connect() as conn:
@@ -249,14 +255,20 @@ class JobStore:
 
     # ------------------------------------------------------------------ workers
 
-    def claim(self, worker: str, lease_s: float) -> dict[str, Any] | None:
+    def claim(self, worker: str, lease_s: float, max_running: int | None = None) -> dict[str, Any] | None:
         """The oldest claimable job, now this worker's until its lease runs out; None if none.
-        A job whose lease ran out `max_attempts` times fails instead of being claimed."""
+        A job whose lease ran out `max_attempts` times fails instead of being claimed; the
+        jobs of a tenant with `max_running` jobs held by live workers wait."""
         now = _now()
         claimable = or_(JobRow.status == "queued", (JobRow.status == "running") & (JobRow.lease_until < now))
         with writing(self.engine) as conn:
             while True:
-                q = select(JobRow.id, JobRow.attempts, JobRow.status).where(claimable).order_by(JobRow.seq).limit(1)
+                q = select(JobRow.id, JobRow.attempts, JobRow.status).where(claimable)
+                if max_running is not None:
+                    busy = (select(JobRow.tenant).where(JobRow.status == "running", JobRow.lease_until >= now)
+                            .group_by(JobRow.tenant).having(func.count() >= max_running))
+                    q = q.where(JobRow.tenant.not_in(busy))
+                q = q.order_by(JobRow.seq).limit(1)
                 if self.postgres:
                     q = q.with_for_update(skip_locked=True)
                 row = conn.execute(q).first()

@@ -12,6 +12,7 @@ the bad lines. A worker (service/job_worker.py) takes it from the queue.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,12 @@ from sqlalchemy.exc import IntegrityError
 from flywheel.jobs import JobRequest, JobStore, JobStoreError, RequestError
 from flywheel.jobs.file_check import check_file, count_rows
 from flywheel.jobs.hyperparameters import resolve
+from flywheel.jobs.limits import TenantLimits
 from flywheel.jobs.objects import file_object, job_object
 from flywheel.service.errors import OpenAIError
 
 PURPOSES = ("fine-tune",)
 RUNNABLE = ("supervised", "dpo", "reinforcement")  # methods a worker trains (service/job_worker.py)
-MAX_FILE_BYTES = 512 * 2 ** 20
 
 
 def store_error(exc: JobStoreError | RequestError) -> OpenAIError:
@@ -39,11 +40,12 @@ def store_error(exc: JobStoreError | RequestError) -> OpenAIError:
 
 
 class FineTuning:
-    def __init__(self, jobs: JobStore, base_models: dict[str, str | Path], *, max_file_bytes: int = MAX_FILE_BYTES):
-        """base_models: name -> local model folder, what jobs may start from."""
+    def __init__(self, jobs: JobStore, base_models: dict[str, str | Path], *, limits: TenantLimits = TenantLimits()):
+        """base_models: name -> local model folder, what jobs may start from; limits: per tenant."""
         self.jobs = jobs
         self.base_models = {name: Path(p) for name, p in base_models.items()}
-        self.max_file_bytes = max_file_bytes
+        self.limits = limits
+        self.max_file_bytes = limits.max_file_bytes
 
     # ------------------------------------------------------------------ files
 
@@ -100,6 +102,10 @@ class FineTuning:
                 raise OpenAIError(f"method.type: {req.method_type} jobs are not run by this server yet "
                                   f"(runnable: {', '.join(RUNNABLE)})", param="method.type")
             self.model_path(tenant, req.model)
+            if self.jobs.unfinished(tenant) >= self.limits.max_unfinished:
+                raise OpenAIError(f"this tenant has {self.limits.max_unfinished} unfinished jobs, its limit: cancel "
+                                  "one or wait for one to finish", status=429, type="rate_limit_error",
+                                  code="quota_exceeded")
             if req.grader is not None:
                 check_grader(req.grader)
             for param in ("training_file", "validation_file"):
@@ -140,7 +146,23 @@ class FineTuning:
             if param == "training_file":
                 n_rows = report.rows
         resolved = resolve(req.method_type, req.hyperparameters, n_rows)
+        tokens = resolved["n_epochs"] * self._tokens(tenant, req)
+        if tokens > self.limits.max_job_tokens:
+            error = {"code": "too_many_tokens", "param": "training_file",
+                     "message": f"the job would train on {tokens:,} tokens ({resolved['n_epochs']} epochs of the "
+                                f"training file); this tenant's limit is {self.limits.max_job_tokens:,}"}
+            self.jobs.set_validated(job_id, error=error, hyperparameters=None)
+            return
         self.jobs.set_validated(job_id, error=None, hyperparameters=resolved, method=req.method(resolved))
+
+    def _tokens(self, tenant: str, req: JobRequest) -> int:
+        """Tokens of the training file's message texts under the base model's tokenizer."""
+        tokenizer = _tokenizer(str(self.model_path(tenant, req.model)))
+        total = 0
+        for line in self.jobs.file_path(tenant, req.training_file).read_bytes().splitlines():
+            if line.strip():
+                total += len(tokenizer.encode(_texts(orjson.loads(line)), add_special_tokens=False))
+        return total
 
     # ------------------------------------------------------------------ models
 
@@ -210,3 +232,21 @@ def run_checked(grader, model_sample: str, item: dict[str, Any]) -> dict[str, An
         return grader.run(sample_of(model_sample), item)
     except GraderError as e:
         raise OpenAIError(str(e), param=e.param) from None
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(path: str):
+    from flywheel.models import load_tokenizer
+
+    return load_tokenizer(path)
+
+
+def _texts(row: Any) -> str:
+    """Every string in a row (message contents, tool calls, DPO outputs), joined: what a job trains on."""
+    if isinstance(row, str):
+        return row
+    if isinstance(row, dict):
+        return "\n".join(_texts(v) for v in row.values())
+    if isinstance(row, list):
+        return "\n".join(_texts(v) for v in row)
+    return ""

@@ -88,13 +88,16 @@ def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | N
 class JobWorker:
     def __init__(self, store: JobStore, base_models: dict[str, str | Path], work_dir: str | Path, *,
                  name: str | None = None, lease_s: float = 30.0, heartbeat_s: float = 1.0, metrics_every: int = 10,
-                 hardware: str = "cpu-2core", threads: int | None = None, log: Callable[[str], None] = print):
+                 hardware: str = "cpu-2core", threads: int | None = None, max_running: int | None = None,
+                 log: Callable[[str], None] = print):
+        """max_running: jobs of one tenant held by live workers at once (TenantLimits.max_running);
+        the worker skips a tenant's further jobs until one ends."""
         self.store = store
         self.models = FineTuning(store, base_models)
         self.work_dir = Path(work_dir)
         self.name = name or worker_name()
         self.lease_s, self.heartbeat_s, self.metrics_every = lease_s, heartbeat_s, metrics_every
-        self.hardware, self.threads, self.log = hardware, threads, log
+        self.hardware, self.threads, self.max_running, self.log = hardware, threads, max_running, log
         self.ledger = Ledger(self.work_dir / "ledger.jsonl")
         self.stopping = threading.Event()
 
@@ -110,7 +113,7 @@ class JobWorker:
 
     def run_one(self) -> str | None:
         """Claim and train one job; its id, or None when the queue was empty."""
-        job = self.store.claim(self.name, self.lease_s)
+        job = self.store.claim(self.name, self.lease_s, self.max_running)
         if job is None:
             return None
         self.log(f"{job['id']}: claimed (attempt {job['attempts']})")
