@@ -10,12 +10,12 @@ import os
 
 import httpx
 import pytest
+from postgres_server import reset
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
-from flywheel.database import Base
 
 from flywheel.jobs import JobStore
 from flywheel.jobs.keys import Keys
@@ -40,10 +40,7 @@ def world(request, tmp_path_factory):
     base = build_tiny_model(root / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
     url = data_file_url(root)
     if request.param == "postgresql":
-        engine = create_engine(POSTGRES)
-        Base.metadata.drop_all(engine)
-        engine.dispose()
-        url = POSTGRES
+        url = reset(POSTGRES)
     store = JobStore(url, root / "files")
     keys = Keys(store.engine)
     key_a, _ = keys.create("alpha")

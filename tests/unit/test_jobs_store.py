@@ -8,9 +8,8 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import create_engine
+from postgres_server import reset
 
-from flywheel.database import Base
 
 from flywheel.jobs import Conflict, JobStore, LeaseLost, NotFound
 from flywheel.jobs.store import data_file_url
@@ -25,10 +24,7 @@ POSTGRES = os.environ.get("FLYWHEEL_TEST_POSTGRES_URL")
 def url(request, tmp_path):
     if request.param == "sqlite":
         return data_file_url(tmp_path)
-    engine = create_engine(POSTGRES)
-    Base.metadata.drop_all(engine)
-    engine.dispose()
-    return POSTGRES
+    return reset(POSTGRES)
 
 
 @pytest.fixture

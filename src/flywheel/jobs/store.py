@@ -30,7 +30,8 @@ from flywheel import database
 from flywheel.clock import utc_naive, utc_now
 from flywheel.database import writing
 from flywheel.files import atomic_write
-from flywheel.jobs.tables import SCHEMA_VERSION, SCHEMA_VERSION_KEY, TABLES, CheckpointRow, EventRow, FileRow, JobRow
+from flywheel.jobs import migrate
+from flywheel.jobs.tables import CheckpointRow, EventRow, FileRow, JobRow
 
 ACTIVE = ("validating_files", "queued", "running", "paused")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -80,8 +81,7 @@ class JobStore:
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self.max_attempts = max_attempts
         self.postgres = self.engine.dialect.name == "postgresql"
-        with writing(self.engine) as conn:
-            database.ensure_schema(conn, TABLES, SCHEMA_VERSION_KEY, SCHEMA_VERSION, "jobs")
+        migrate.upgrade(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()

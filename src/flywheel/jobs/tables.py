@@ -18,13 +18,9 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column  # a change here is a migration: jobs/migrate.py
 
 from flywheel.database import Base, json_column
-
-SCHEMA_VERSION = 1
-SCHEMA_VERSION_KEY = "jobs.schema_version"
-
 
 class FileRow(Base):
     __tablename__ = "ft_files"
