@@ -345,3 +345,31 @@ def test_the_grader_routes_validate_and_run_like_a_job(api):
     bad = httpx.post(srv.url + "/v1/fine_tuning/alpha/graders/validate",
                      json={"grader": {**grader, "calculate_output": "a ** 2"}})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "calculate_output"
+
+
+def test_a_reinforcement_job_graded_by_a_flywheel_environment(api):
+    import dataclasses
+
+    from flywheel.envs import load_env
+
+    client, srv, _ = api
+    tasks = load_env("calculator", chain_prob=0.0).tasks("train", n=10)
+    f = upload(client, [{"task": dataclasses.asdict(t)} for t in tasks], "calc.jsonl")
+    env_grader = {"type": "flywheel_environment", "name": "calc", "env": "calculator",
+                  "settings": {"chain_prob": 0.0}}
+    job = client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+        "type": "reinforcement", "reinforcement": {"grader": env_grader, "hyperparameters": {
+            "n_epochs": 1, "batch_size": 2, "eval_interval": 5}}})
+    assert job.status == "queued", job.error
+    job = wait(client, job.id)
+    assert job.status == "succeeded", job.error
+    # rows that are not its tasks, and an environment that does not load, are refused by name
+    bad = upload(client, [{"task": {"answer": 3}}, {"prompt": "x"}], "bad.jsonl")
+    failed = client.fine_tuning.jobs.create(model="tiny", training_file=bad.id, method={
+        "type": "reinforcement", "reinforcement": {"grader": env_grader}})
+    assert failed.status == "failed" and "line 1: task: missing field 'prompt'" in failed.error.message
+    assert "line 2" in failed.error.message
+    with pytest.raises(openai.BadRequestError) as info:
+        client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+            "type": "reinforcement", "reinforcement": {"grader": {**env_grader, "env": "no_such_env"}}})
+    assert info.value.body["param"] == "method.reinforcement.grader.env"

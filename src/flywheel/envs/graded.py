@@ -48,6 +48,8 @@ class GradedEnvironment(Environment):
         if test is None:
             self.train_rows = [r for r in rows if side_of(self._key(r)) == "train"]
             self.test_rows = [r for r in rows if side_of(self._key(r)) == "test"]
+            if not self.test_rows and len(self.train_rows) > 1:  # the hash put a small file wholly on one side
+                self.test_rows = [self.train_rows.pop()]
         else:
             self.test_rows = read_rows(test)
         self.rubric = Rubric().add(self._grade, name="grade")

@@ -137,7 +137,9 @@ class FineTuning:
             file_id = getattr(req, param)
             if file_id is None:
                 continue
-            report = check_file(self.jobs.file_path(tenant, file_id).read_bytes(), req.method_type)
+            content = self.jobs.file_path(tenant, file_id).read_bytes()
+            env_job = (req.grader or {}).get("type") == ENV_GRADER
+            report = environment_tasks_report(content) if env_job else check_file(content, req.method_type)
             if not report.ok:
                 error = {"code": f"invalid_{param}", "param": param,
                          "message": report.message(f"{param} {file_id} ({req.method_type} format)")}
@@ -213,15 +215,61 @@ def jsonl_lines(content: bytes, filename: str) -> int:
     return lines
 
 
+ENV_GRADER = "flywheel_environment"  # flywheel's extension: {"type", "env", "settings"}, rows are its tasks
+
+
 def check_grader(spec: Any, where: str = "method.reinforcement.grader"):
-    """The checked Grader, or a 400 naming the field of an invalid one (score_model graders
-    are refused: workers do not run them yet)."""
+    """The checked Grader (None for a flywheel environment, which loads), or a 400 naming the
+    field of an invalid one (score_model graders are refused: workers do not run them yet)."""
     from flywheel.envs.graders import GraderError, build_grader
 
+    if isinstance(spec, dict) and spec.get("type") == ENV_GRADER:
+        check_environment(spec, where)
+        return None
     try:
         return build_grader(spec, where=where)
     except GraderError as e:
         raise OpenAIError(str(e), param=e.param) from None
+
+
+def check_environment(spec: dict[str, Any], where: str) -> None:
+    from flywheel.envs import load_env
+
+    extra = sorted(set(spec) - {"type", "name", "env", "settings"})
+    if extra:
+        raise OpenAIError(f"{where}.{extra[0]}: not a field of a {ENV_GRADER} grader (type, name, env, settings)",
+                          param=f"{where}.{extra[0]}")
+    if not isinstance(spec.get("env"), str) or not isinstance(spec.get("settings", {}), dict):
+        raise OpenAIError(f"{where}.env must name an environment (built-in or package.module:load), settings an "
+                          "object", param=f"{where}.env")
+    try:
+        load_env(spec["env"], **spec.get("settings", {}))
+    except Exception as e:  # noqa: BLE001 - whatever the loader raised, as a 400 naming the field
+        raise OpenAIError(f"{where}.env: {spec['env']!r} does not load: {type(e).__name__}: {e}",
+                          param=f"{where}.env") from None
+
+
+def environment_tasks_report(content: bytes):
+    """file_check's report for rows that are an environment's tasks: `{"task": {Task fields}}`."""
+    from flywheel.envs.replay import task_from_dict
+    from flywheel.jobs.file_check import FileReport, MAX_REPORTED
+
+    report = FileReport()
+    for number, line in enumerate(content.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = orjson.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("task"), dict):
+                raise ValueError("a row must be {\"task\": {prompt, answer, ...}}")
+            task_from_dict(row["task"], default_id=f"line-{number}")
+        except ValueError as e:
+            report.bad_rows += 1
+            if len(report.problems) < MAX_REPORTED:
+                report.problems.append((number, f"task: {e}" if "task" not in str(e)[:6] else str(e)))
+        else:
+            report.rows += 1
+    return report
 
 
 def run_checked(grader, model_sample: str, item: dict[str, Any]) -> dict[str, Any]:

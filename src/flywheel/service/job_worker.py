@@ -1,7 +1,8 @@
 """`flywheel worker`: a process that takes fine-tuning jobs from the queue and trains them.
 
 A worker claims one job at a time (JobStore.claim: a lease it renews every `heartbeat_s`),
-writes the job's flywheel run config (`run_spec`, pure) into work_dir/<job id>/run.json and
+writes the job's flywheel run config (`run_spec`; an environment job's replay files beside
+it) into work_dir/<job id>/run.json and
 trains it in a child process (service/job_run.py), which dies with the worker. While the
 child runs, the worker
 - renews the lease and reads what the client asked: `cancel` or `pause` sends the child
@@ -34,7 +35,7 @@ from flywheel.economics.ledger import Ledger
 from flywheel.jobs import JobStore, LeaseLost
 from flywheel.jobs.objects import fine_tuned_model_name
 from flywheel.jobs.store import worker_name
-from flywheel.service.finetune import FineTuning
+from flywheel.service.finetune import ENV_GRADER, FineTuning
 
 BASE_LR = {"supervised": 1e-4, "dpo": 5e-6, "reinforcement": 1e-5}  # times the job's learning_rate_multiplier
 STAGES = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl"}
@@ -66,9 +67,13 @@ def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | N
               "eval": {"every": per_epoch if val_file else 0}}
     if kind == "reinforcement":
         steps = max(1, math.ceil(hp["n_epochs"] * n_rows / hp["batch_size"]))
-        config = {**common, "checkpoint": {"every": per_epoch, "keep": 2},
-                  "env": {"name": GRADED_ENV, "settings": {"train": train_file, "test": val_file,
-                                                           "grader": job["method"][kind]["grader"]}},
+        grader = job["method"][kind]["grader"]
+        if grader.get("type") == ENV_GRADER:
+            train, test = replay_files(grader, train_file, val_file, Path(out).parent)
+            env = {"name": "replay", "settings": {"train": train, "test": test}}
+        else:
+            env = {"name": GRADED_ENV, "settings": {"train": train_file, "test": val_file, "grader": grader}}
+        config = {**common, "checkpoint": {"every": per_epoch, "keep": 2}, "env": env,
                   "train": {"steps": steps, "groups_per_step": hp["batch_size"], "seed": job["seed"],
                             "group_size": max(2, round(RL_GROUP * hp["compute_multiplier"]))},
                   "sampling": {"temperature": 1.0, "max_tokens": RL_MAX_TOKENS},
@@ -83,6 +88,34 @@ def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | N
                   "train": {"epochs": hp["n_epochs"], "batch_size": hp["batch_size"], "seed": job["seed"]},
                   "beta": hp["beta"], "optim": {"lr": lr}}
     return {"kind": STAGES[kind], "config": config}
+
+
+def replay_files(grader: dict[str, Any], train_file: str, val_file: str | None, job_dir: Path) -> tuple[str, str]:
+    """The rows of an environment job as replay records (envs/replay.py) of its environment:
+    job_dir/replay_{train,test}.jsonl. Without a validation file a hash of each task's prompt
+    holds out a fifth (envs/splits.py)."""
+    from flywheel.canonical import canonical
+    from flywheel.envs.splits import side_of
+
+    def records(path: str) -> list[dict[str, Any]]:
+        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [{"env": grader["env"], "settings": grader.get("settings", {}),
+                 "task": {"id": f"row-{i}", **row["task"]}} for i, row in enumerate(rows)]
+
+    train = records(train_file)
+    if val_file is not None:
+        test = records(val_file)
+    else:
+        sides = [side_of("job-task:" + canonical(r["task"]["prompt"])) for r in train]
+        test = [r for r, side in zip(train, sides) if side == "test"]
+        train = [r for r, side in zip(train, sides) if side == "train"]
+        if not test and len(train) > 1:  # a small file the hash put wholly on one side: hold one out
+            test = [train.pop()]
+    paths = []
+    for name, rows in (("replay_train.jsonl", train), ("replay_test.jsonl", test)):
+        (job_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        paths.append(str(job_dir / name))
+    return paths[0], paths[1]
 
 
 class JobWorker:
