@@ -373,3 +373,37 @@ def test_a_reinforcement_job_graded_by_a_flywheel_environment(api):
         client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
             "type": "reinforcement", "reinforcement": {"grader": {**env_grader, "env": "no_such_env"}}})
     assert info.value.body["param"] == "method.reinforcement.grader.env"
+
+
+def test_a_fine_tuned_model_downloads_as_a_folder_and_can_be_deleted(api, tmp_path):
+    import tarfile
+
+    from flywheel.models import load
+
+    client, srv, _ = api
+    f = upload(client, [chat_row("a", "b")] * 2)
+    job = wait(client, client.fine_tuning.jobs.create(model="tiny", training_file=f.id, suffix="gone", method={
+        "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 2}}}).id)
+    name = job.fine_tuned_model
+    r = httpx.get(f"{srv.url}/v1/models/{name}/content")
+    assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar"
+    (tmp_path / "m.tar").write_bytes(r.content)
+    with tarfile.open(tmp_path / "m.tar") as tar:
+        tar.extractall(tmp_path / "out", filter="data")
+    (folder,) = (tmp_path / "out").iterdir()
+    model, _ = load(folder)  # a Hugging Face folder that loads
+    assert sum(p.numel() for p in model.parameters()) > 0
+    checkpoint = client.fine_tuning.jobs.checkpoints.list(job.id).data[0].fine_tuned_model_checkpoint
+    client.chat.completions.create(model=name, messages=[{"role": "user", "content": "a"}], max_tokens=2)
+    deleted = client.models.delete(name)
+    assert deleted.deleted and deleted.id == name
+    assert name not in [m.id for m in client.models.list()]
+    with pytest.raises(openai.BadRequestError, match="unknown model"):
+        client.chat.completions.create(model=name, messages=[{"role": "user", "content": "a"}], max_tokens=2)
+    assert httpx.get(f"{srv.url}/v1/models/{name}/content").status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        client.models.delete(name)
+    with pytest.raises(openai.PermissionDeniedError):
+        client.models.delete("tiny")
+    reply = client.chat.completions.create(model=checkpoint, messages=[{"role": "user", "content": "a"}], max_tokens=2)
+    assert reply.model == checkpoint  # its checkpoints stay

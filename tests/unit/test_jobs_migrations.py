@@ -67,3 +67,24 @@ def test_a_database_from_a_newer_flywheel_is_refused(url, tmp_path):
     engine.dispose()
     with pytest.raises(SchemaVersionError, match="revision f00d, which this flywheel does not know"):
         JobStore(url, tmp_path / "files")
+
+
+def test_a_database_at_the_first_revision_is_upgraded_with_its_rows(url, tmp_path):
+    from alembic import command
+
+    from flywheel.database import writing
+
+    engine = create_engine(url)
+    with writing(engine) if url.startswith("sqlite") else engine.begin() as conn:
+        command.upgrade(migrate._config(conn), "0001")
+        conn.execute(text(
+            "INSERT INTO ft_jobs (id, tenant, model, method, training_file, seed, status, created_at, attempts) "
+            "VALUES ('ftjob-old', 't', 'tiny', :method, 'file-1', 0, 'queued', '2026-12-01 00:00:00', 0)"),
+            {"method": '{"type": "supervised"}'})
+    engine.dispose()
+    store = JobStore(url, tmp_path / "files")
+    with store.engine.connect() as conn:
+        assert migrate.current(conn) == migrate.head() != "0001"
+    old = store.get_job("t", "ftjob-old")
+    assert old["status"] == "queued" and old["model_deleted_at"] is None
+    store.close()

@@ -239,19 +239,32 @@ class JobStore:
         """The tenant's succeeded jobs that made a model, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(JobRow.__table__).where(
-                JobRow.tenant == tenant, JobRow.status == "succeeded", JobRow.fine_tuned_model.is_not(None))
-                .order_by(JobRow.seq)).all()
+                JobRow.tenant == tenant, JobRow.status == "succeeded", JobRow.fine_tuned_model.is_not(None),
+                JobRow.model_deleted_at.is_(None)).order_by(JobRow.seq)).all()
         return [_dict(r) for r in rows]
 
     def fine_tuned_model_path(self, tenant: str, name: str) -> str | None:
         """The folder of the tenant's fine-tuned model or checkpoint called `name`, else None."""
         with self.engine.connect() as conn:
             path = conn.scalar(select(JobRow.model_path).where(
-                JobRow.tenant == tenant, JobRow.fine_tuned_model == name, JobRow.status == "succeeded"))
+                JobRow.tenant == tenant, JobRow.fine_tuned_model == name, JobRow.status == "succeeded",
+                JobRow.model_deleted_at.is_(None)))
             if path is None:
                 path = conn.scalar(select(CheckpointRow.path).join(JobRow, JobRow.id == CheckpointRow.job_id).where(
                     JobRow.tenant == tenant, CheckpointRow.fine_tuned_model_checkpoint == name))
         return path
+
+    def delete_model(self, tenant: str, name: str) -> str:
+        """Mark the tenant's fine-tuned model `name` deleted (its job keeps the record); returns
+        its folder, for the caller to remove. NotFound for a name the tenant has no model of."""
+        with writing(self.engine) as conn:
+            row = conn.execute(select(JobRow.id, JobRow.model_path).where(
+                JobRow.tenant == tenant, JobRow.fine_tuned_model == name, JobRow.model_deleted_at.is_(None))).first()
+            if row is None:
+                raise NotFound(f"no fine-tuned model {name!r}", "model")
+            conn.execute(update(JobRow).where(JobRow.id == row.id).values(model_deleted_at=_now()))
+            self._event(conn, row.id, f"Fine-tuned model {name} deleted")
+        return row.model_path
 
     # ------------------------------------------------------------------ workers
 

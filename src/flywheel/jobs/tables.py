@@ -60,6 +60,7 @@ class JobRow(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime)
     fine_tuned_model: Mapped[str | None] = mapped_column(String(400), unique=True)
     model_path: Mapped[str | None] = mapped_column(Text)  # the fine-tuned model's folder
+    model_deleted_at: Mapped[datetime | None] = mapped_column(DateTime)  # DELETE /v1/models/{id}: gone from listings
     error: Mapped[dict[str, Any] | None] = mapped_column(json_column())  # {"code", "message", "param"}
     trained_tokens: Mapped[int | None] = mapped_column(Integer)
     estimated_cost: Mapped[float | None] = mapped_column()

@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import tarfile
+import threading
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any, Callable
 
 from fastapi import Depends, FastAPI, Request
@@ -187,6 +191,28 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
             listing["data"] += [{**card, "version": card["id"]} for card in own if card["id"] != svc.name]
         return JSONResponse(listing, headers=_headers(svc.version))
 
+    if fine_tuning is not None:
+        @app.delete("/v1/models/{model:path}", **route_doc(ok="ModelDeleted", errors={
+            403: "a base model", 404: "no fine-tuned model of this name for this API key's tenant"}))
+        async def delete_model(model: str, request: Request) -> JSONResponse:
+            """Delete one of your fine-tuned models (its job and checkpoints stay)."""
+            tenant = tenant_of(request)
+            served.forget(tenant, model)
+            await asyncio.to_thread(fine_tuning.delete_model, tenant, model)
+            return JSONResponse({"id": model, "object": "model", "deleted": True})
+
+        @app.get("/v1/models/{model:path}/content", responses={200: {
+            "description": "the model's Hugging Face folder as a tar", "content": {"application/x-tar": {}}}})
+        async def model_content(model: str, request: Request) -> StreamingResponse:
+            """Download one of your fine-tuned models or checkpoints as a tar of its Hugging Face folder."""
+            path = await asyncio.to_thread(fine_tuning.jobs.fine_tuned_model_path, tenant_of(request), model)
+            if path is None:
+                raise OpenAIError(f"no fine-tuned model or checkpoint {model!r}", param="model", status=404,
+                                  type="not_found_error")
+            name = model.replace(":", "_").replace("/", "_")
+            return StreamingResponse(tar_stream(Path(path), name), media_type="application/x-tar",
+                                     headers={"content-disposition": f'attachment; filename="{name}.tar"'})
+
     @app.post("/v1/chat/completions", **route_doc(body="ChatCompletionRequest", ok="ChatCompletion",
                                                   stream="ChatCompletionChunk", errors=GENERATION_ERRORS))
     async def chat_completions(request: Request, body: BodyDep):
@@ -200,3 +226,25 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         return _answer(*await (await model_for(request, body)).completions(body))
 
     return app
+
+
+def tar_stream(folder: Path, name: str, chunk: int = 1 << 20):
+    """The files of `folder` as a tar stream under `name/`, a chunk at a time: a thread writes
+    the tar into a pipe that this generator reads, so a model's weights are never held in
+    memory whole; a client that goes away breaks the pipe and ends the thread."""
+    read_fd, write_fd = os.pipe()
+
+    def write() -> None:
+        try:
+            with os.fdopen(write_fd, "wb") as out, tarfile.open(fileobj=out, mode="w|") as tar:
+                for path in sorted(p for p in folder.iterdir() if p.is_file()):
+                    tar.add(str(path), arcname=f"{name}/{path.name}")
+        except (BrokenPipeError, ValueError):
+            pass
+
+    writer = threading.Thread(target=write, name="flywheel-tar", daemon=True)
+    writer.start()
+    with os.fdopen(read_fd, "rb") as source:
+        while data := source.read(chunk):
+            yield data
+    writer.join()

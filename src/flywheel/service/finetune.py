@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +184,19 @@ class FineTuning:
             return self.base_models[name]
         path = self.jobs.fine_tuned_model_path(tenant, name)
         return None if path is None else Path(path)
+
+    def delete_model(self, tenant: str, name: str) -> Path:
+        """Delete the tenant's fine-tuned model `name` (not a base model, not another's); its
+        folder is removed and its checkpoints stay. Returns the folder it was in."""
+        if name in self.base_models:
+            raise OpenAIError(f"model: {name!r} is a base model; only fine-tuned models can be deleted",
+                              param="model", status=403, type="permission_error")
+        try:
+            path = Path(self.jobs.delete_model(tenant, name))
+        except JobStoreError as exc:
+            raise store_error(exc) from None
+        shutil.rmtree(path, ignore_errors=True)
+        return path
 
     def models(self, tenant: str) -> list[dict[str, Any]]:
         """Base models and the tenant's fine-tuned models, as OpenAI lists models."""

@@ -165,6 +165,12 @@ class Method(BaseModel):
     reinforcement: ReinforcementSettings | None = None
 
 
+class ModelDeleted(_Out):
+    id: str
+    object: Literal["model"]
+    deleted: bool
+
+
 class GraderValidateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     grader: dict[str, Any]

@@ -54,7 +54,7 @@ COMPONENTS: dict[str, tuple[Any, Mode]] = {
         "JobCreateRequest", "GraderValidateRequest", "GraderRunRequest")},
     **{name: (getattr(ft, name), "serialization") for name in (
         "FileObject", "FileList", "FileDeleted", "FineTuningJob", "JobList", "JobEventList", "JobCheckpointList",
-        "GraderValidated", "GraderRunResult")},
+        "GraderValidated", "GraderRunResult", "ModelDeleted")},
 }
 
 SSE = ("with `stream: true`, server-sent events: one `data: {chunk}` line per event as tokens are generated "

@@ -53,6 +53,13 @@ class ServedModels:
                 old.scheduler.close()  # not old.close(): the trace sink is the server's
             return svc
 
+    def forget(self, tenant: str, name: str) -> None:
+        """Stop serving a model (it was deleted): its engine closes, a later request is a 404."""
+        with self._lock:
+            svc = self._loaded.pop((tenant, name), None)
+        if svc is not None:
+            svc.scheduler.close()
+
     def close(self) -> None:
         with self._lock:
             for svc in self._loaded.values():
