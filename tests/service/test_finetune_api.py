@@ -407,3 +407,14 @@ def test_a_fine_tuned_model_downloads_as_a_folder_and_can_be_deleted(api, tmp_pa
         client.models.delete("tiny")
     reply = client.chat.completions.create(model=checkpoint, messages=[{"role": "user", "content": "a"}], max_tokens=2)
     assert reply.model == checkpoint  # its checkpoints stay
+
+
+def test_score_model_graders_ask_a_model_the_server_has(api):
+    _, srv, _ = api
+    judge = {"type": "score_model", "name": "judge", "model": "tiny", "range": [0, 1],
+             "input": [{"role": "user", "content": "Score {{ sample.output_text }} from 0 to 1"}]}
+    r = httpx.post(srv.url + "/v1/fine_tuning/alpha/graders/run",
+                   json={"grader": judge, "model_sample": "hello", "item": {}})
+    assert r.status_code == 200 and 0.0 <= r.json()["reward"] <= 1.0, r.text
+    r = httpx.post(srv.url + "/v1/fine_tuning/alpha/graders/validate", json={"grader": {**judge, "model": "nope"}})
+    assert r.status_code == 400 and "score_model names model 'nope'" in r.json()["error"]["message"]

@@ -1,7 +1,7 @@
 """graded: a reinforcement fine-tuning job's rows as a single-turn chat environment, each answer
 scored by the job's grader (envs/graders.py).
 
-    load(train="rows.jsonl", test=None, grader={...})
+    load(train="rows.jsonl", test=None, grader={...}, models={name: folder})
 
 A row is OpenAI's reinforcement format: `messages` (the prompt), optional `tools`, and any
 other fields the grader reads as {{ item.<field> }}. The reward is the grader's score of the
@@ -18,7 +18,7 @@ from typing import Any
 
 from flywheel.canonical import canonical
 from flywheel.envs.base import Env, Environment, check_split
-from flywheel.envs.graders import build_grader, sample_of
+from flywheel.envs.graders import LocalScorer, build_grader, sample_of
 from flywheel.envs.rubric import EpisodeState, Rubric
 from flywheel.envs.splits import side_of
 from flywheel.envs.tool_env import SingleTurnEnv
@@ -41,8 +41,10 @@ class GradedEnvironment(Environment):
     description = "chat prompts from a reinforcement file, answers scored by an OpenAI-style grader"
     answer_doc = "unused: the grader reads the task's row (metadata.item)"
 
-    def __init__(self, train: str | Path, grader: dict[str, Any], test: str | Path | None = None):
-        self.grader = build_grader(grader)
+    def __init__(self, train: str | Path, grader: dict[str, Any], test: str | Path | None = None,
+                 models: dict[str, str] | None = None):
+        """models: score_model graders' model names -> local folders."""
+        self.grader = build_grader(grader, score_model=LocalScorer(models) if models else None)
         rows = read_rows(train)
         self.train_rows = rows
         if test is None:
@@ -75,5 +77,6 @@ class GradedEnvironment(Environment):
         return self.grader.grade(sample_of(state.final_text or ""), state.task.metadata["item"])
 
 
-def load(train: str, grader: dict[str, Any], test: str | None = None) -> GradedEnvironment:
-    return GradedEnvironment(train, grader, test)
+def load(train: str, grader: dict[str, Any], test: str | None = None,
+         models: dict[str, str] | None = None) -> GradedEnvironment:
+    return GradedEnvironment(train, grader, test, models)

@@ -27,6 +27,7 @@ import json
 import math
 import operator
 import re
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -305,3 +306,28 @@ def python_grade(source: str, sample: dict[str, Any], item: dict[str, Any]) -> f
         return float(json.loads(result.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
         raise GraderError(f"the python grader printed no number: {result.stdout[-200:]!r}", "grader.source") from None
+
+
+class LocalScorer:
+    """score_model's model runner over local model folders: `models` maps a grader's `model`
+    name to its folder; each is loaded once (LocalEngine) and asked greedily, at most
+    `max_tokens` new tokens, through its chat template. Thread-safe (one lock per engine)."""
+
+    def __init__(self, models: dict[str, str], max_tokens: int = 16):
+        self.models, self.max_tokens = models, max_tokens
+        self._engines: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, model: str, messages: list[dict]) -> str:
+        from flywheel.inference import LocalEngine, SamplingParams
+        from flywheel.models import ChatRenderer
+
+        with self._lock:
+            if model not in self._engines:
+                if model not in self.models:
+                    raise GraderError(f"score_model: no model {model!r} to grade with", "grader.model")
+                engine = LocalEngine.from_path(self.models[model])
+                self._engines[model] = (engine, ChatRenderer(engine.tokenizer))
+            engine, renderer = self._engines[model]
+            prompt = renderer.render(messages, add_generation_prompt=True)
+            return engine.generate_text([prompt], SamplingParams(temperature=0, max_tokens=self.max_tokens))[0][0].text

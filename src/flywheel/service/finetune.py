@@ -108,7 +108,7 @@ class FineTuning:
                                   "one or wait for one to finish", status=429, type="rate_limit_error",
                                   code="quota_exceeded")
             if req.grader is not None:
-                check_grader(req.grader)
+                check_grader(req.grader, models=self.grader_models(tenant, req.grader))
             for param in ("training_file", "validation_file"):
                 file_id = getattr(req, param)
                 if file_id is not None:
@@ -178,6 +178,19 @@ class FineTuning:
                               "fine-tuned models)", param="model", code="model_not_found")
         return path
 
+    def grader_models(self, tenant: str, grader: Any) -> dict[str, str]:
+        """Folders of the models a grader's score_model graders name (base or the tenant's own);
+        a 400 naming an unknown one."""
+        out = {}
+        for name in sorted(score_model_names(grader)):
+            path = self.servable_path(tenant, name)
+            if path is None:
+                raise OpenAIError(f"method.reinforcement.grader: score_model names model {name!r}, which is "
+                                  "neither a base model here nor one of your fine-tuned models",
+                                  param="method.reinforcement.grader.model", code="model_not_found")
+            out[name] = str(path)
+        return out
+
     def servable_path(self, tenant: str, name: str) -> Path | None:
         """model_path, or None for a name that is neither (how the server finds a model to serve)."""
         if name in self.base_models:
@@ -232,16 +245,27 @@ def jsonl_lines(content: bytes, filename: str) -> int:
 ENV_GRADER = "flywheel_environment"  # flywheel's extension: {"type", "env", "settings"}, rows are its tasks
 
 
-def check_grader(spec: Any, where: str = "method.reinforcement.grader"):
+def score_model_names(spec: Any) -> set[str]:
+    """The models a grader's score_model graders (at any depth of a multi) ask."""
+    if not isinstance(spec, dict):
+        return set()
+    names = {spec["model"]} if spec.get("type") == "score_model" and isinstance(spec.get("model"), str) else set()
+    for sub in (spec.get("graders") or {}).values() if isinstance(spec.get("graders"), dict) else ():
+        names |= score_model_names(sub)
+    return names
+
+
+def check_grader(spec: Any, where: str = "method.reinforcement.grader", models: dict[str, str] | None = None):
     """The checked Grader (None for a flywheel environment, which loads), or a 400 naming the
-    field of an invalid one (score_model graders are refused: workers do not run them yet)."""
-    from flywheel.envs.graders import GraderError, build_grader
+    field of an invalid one. models: score_model names -> folders (a grader naming a model
+    not in it is refused)."""
+    from flywheel.envs.graders import GraderError, LocalScorer, build_grader
 
     if isinstance(spec, dict) and spec.get("type") == ENV_GRADER:
         check_environment(spec, where)
         return None
     try:
-        return build_grader(spec, where=where)
+        return build_grader(spec, where=where, score_model=LocalScorer(models) if models else None)
     except GraderError as e:
         raise OpenAIError(str(e), param=e.param) from None
 

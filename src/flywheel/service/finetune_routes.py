@@ -163,7 +163,8 @@ def finetune_router(ft: FineTuning, tenant_of: Callable[[Request], str]) -> APIR
         body = read_json(await request.body())
         if not isinstance(body, dict) or set(body) != {"grader"}:
             raise OpenAIError("expected {\"grader\": {...}}", param="grader")
-        check_grader(body["grader"], where="grader")
+        tenant = tenant_of(request)
+        check_grader(body["grader"], where="grader", models=ft.grader_models(tenant, body["grader"]))
         return JSONResponse({"grader": body["grader"]})
 
     @router.post("/v1/fine_tuning/alpha/graders/run", **route_doc(
@@ -177,7 +178,8 @@ def finetune_router(ft: FineTuning, tenant_of: Callable[[Request], str]) -> APIR
         item = body.get("item") or {}
         if not isinstance(item, dict):
             raise OpenAIError("item must be an object", param="item")
-        grader = check_grader(body["grader"], where="grader")
+        grader = check_grader(body["grader"], where="grader",
+                              models=await asyncio.to_thread(ft.grader_models, tenant_of(request), body["grader"]))
         return JSONResponse(await asyncio.to_thread(run_checked, grader, body["model_sample"], item))
 
     return router

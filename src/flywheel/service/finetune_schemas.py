@@ -153,7 +153,8 @@ class ReinforcementHyperparameters(Hyperparameters):
 class ReinforcementSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     grader: dict[str, Any] = Field(description="an OpenAI grader object: string_check, text_similarity, python, "
-                                               "multi (score_model: not yet)")
+                                               "score_model (a model this server has), multi; or flywheel's {type: "
+                                               "flywheel_environment, env, settings}")
     hyperparameters: ReinforcementHyperparameters | None = None
 
 

@@ -50,7 +50,8 @@ def micro_batch(batch_size: int, most: int = 8) -> int:
 
 
 def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | None, n_rows: int, out: str,
-             *, threads: int | None = None, base_lr: dict[str, float] | None = None) -> dict[str, Any]:
+             *, threads: int | None = None, base_lr: dict[str, float] | None = None,
+             grader_models: dict[str, str] | None = None) -> dict[str, Any]:
     """The flywheel run (`{"kind", "config"}`) that trains `job` (a JobRow dict with its method
     resolved): one checkpoint per epoch, validated per epoch when there is a validation file;
     a reinforcement job is GRPO on the graded environment (envs/graded.py), `batch_size`
@@ -72,7 +73,8 @@ def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | N
             train, test = replay_files(grader, train_file, val_file, Path(out).parent)
             env = {"name": "replay", "settings": {"train": train, "test": test}}
         else:
-            env = {"name": GRADED_ENV, "settings": {"train": train_file, "test": val_file, "grader": grader}}
+            env = {"name": GRADED_ENV, "settings": {"train": train_file, "test": val_file, "grader": grader,
+                                                    "models": grader_models or None}}
         config = {**common, "checkpoint": {"every": per_epoch, "keep": 2}, "env": env,
                   "train": {"steps": steps, "groups_per_step": hp["batch_size"], "seed": job["seed"],
                             "group_size": max(2, round(RL_GROUP * hp["compute_multiplier"]))},
@@ -169,8 +171,10 @@ class JobWorker:
         train_file = self.store.file_path(tenant, job["training_file"])
         val_file = self.store.file_path(tenant, job["validation_file"]) if job["validation_file"] else None
         n_rows = self.store.get_file(tenant, job["training_file"])["lines"]
+        grader = job["method"].get("reinforcement", {}).get("grader")
         spec = run_spec(job, str(self.models.model_path(tenant, job["model"])), str(train_file),
-                        str(val_file) if val_file else None, n_rows, str(job_dir / "train"), threads=self.threads)
+                        str(val_file) if val_file else None, n_rows, str(job_dir / "train"), threads=self.threads,
+                        grader_models=self.models.grader_models(tenant, grader) if grader else None)
         (job_dir / "run.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
         (job_dir / "result.json").unlink(missing_ok=True)
         hp = job["method"][job["method"]["type"]]["hyperparameters"]
