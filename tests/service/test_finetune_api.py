@@ -12,6 +12,7 @@ import time
 import httpx
 import openai
 import pytest
+from fastapi import FastAPI, Request
 
 from flywheel.jobs import JobStore
 from flywheel.jobs.store import data_file_url
@@ -418,3 +419,38 @@ def test_score_model_graders_ask_a_model_the_server_has(api):
     assert r.status_code == 200 and 0.0 <= r.json()["reward"] <= 1.0, r.text
     r = httpx.post(srv.url + "/v1/fine_tuning/alpha/graders/validate", json={"grader": {**judge, "model": "nope"}})
     assert r.status_code == 400 and "score_model names model 'nope'" in r.json()["error"]["message"]
+
+
+def test_a_webhook_hears_of_a_job_that_ended(api):
+    from flywheel.jobs.webhooks import verify
+
+    client, srv, _ = api
+    got = []
+    receiver = FastAPI()
+
+    @receiver.post("/hook")
+    async def hook(request: Request):
+        got.append((dict(request.headers), await request.body()))
+        return {}
+
+    with BackgroundServer(receiver) as rx:
+        made = httpx.post(srv.url + "/v1/webhooks", json={"url": rx.url + "/hook",
+                                                          "events": ["fine_tuning.job.succeeded"]})
+        assert made.status_code == 200 and made.json()["secret"].startswith("whsec_"), made.text
+        listed = httpx.get(srv.url + "/v1/webhooks").json()["data"]
+        assert [w["id"] for w in listed] == [made.json()["id"]] and "secret" not in listed[0]
+        f = upload(client, [chat_row("a", "b")] * 2)
+        job = wait(client, client.fine_tuning.jobs.create(model="tiny", training_file=f.id, method={
+            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 2}}}).id)
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert httpx.delete(srv.url + f"/v1/webhooks/{made.json()['id']}").status_code == 200
+    assert got, [e.message for e in client.fine_tuning.jobs.list_events(job.id, limit=50)]
+    headers, body = got[0]
+    assert json.loads(body)["data"] == {"id": job.id} and json.loads(body)["type"] == "fine_tuning.job.succeeded"
+    assert verify(made.json()["secret"], headers, body)
+    assert any("Webhook fine_tuning.job.succeeded delivered" in e.message
+               for e in client.fine_tuning.jobs.list_events(job.id, limit=50))
+    bad = httpx.post(srv.url + "/v1/webhooks", json={"url": "ftp://x", "events": []})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "url"

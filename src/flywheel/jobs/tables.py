@@ -115,4 +115,19 @@ class KeyRow(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime)
 
 
-TABLES = [FileRow.__table__, JobRow.__table__, EventRow.__table__, CheckpointRow.__table__, KeyRow.__table__]
+class WebhookRow(Base):
+    """Where a tenant wants its jobs' terminal states POSTed, signed with `secret`
+    (Standard Webhooks: HMAC-SHA256; jobs/webhooks.py)."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(200), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    secret: Mapped[str] = mapped_column(String(100))
+    events: Mapped[list[str]] = mapped_column(json_column(), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+
+
+TABLES = [FileRow.__table__, JobRow.__table__, EventRow.__table__, CheckpointRow.__table__, KeyRow.__table__,
+          WebhookRow.__table__]

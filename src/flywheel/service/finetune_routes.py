@@ -10,6 +10,7 @@ GET    /v1/fine_tuning/jobs/{id}/events           ?after= &limit=   (newest firs
 GET    /v1/fine_tuning/jobs/{id}/checkpoints      ?after= &limit=   (newest first)
 POST   /v1/fine_tuning/alpha/graders/validate     {grader}
 POST   /v1/fine_tuning/alpha/graders/run          {grader, model_sample, item}
+POST   /v1/webhooks {url, events?}   GET /v1/webhooks   DELETE /v1/webhooks/{id}   (flywheel's)
 Every object belongs to the caller's tenant (`tenant_of(request)`); another tenant's id is a
 404. POST /v1/files and POST /v1/fine_tuning/jobs honour an `Idempotency-Key` header: a retry
 gets the object the first request made (a 409 when the key came with another request). Store
@@ -25,7 +26,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from flywheel.jobs import JobStoreError
-from flywheel.jobs.objects import checkpoint_object, event_object, file_object, job_object, list_object
+from flywheel.jobs.objects import checkpoint_object, event_object, file_object, job_object, list_object, unix
+from flywheel.jobs.webhooks import Webhooks
 from flywheel.service.errors import OpenAIError
 from flywheel.service.finetune import FineTuning, check_grader, run_checked, store_error
 from flywheel.service.ingest import read_json
@@ -153,6 +155,41 @@ def finetune_router(ft: FineTuning, tenant_of: Callable[[Request], str]) -> APIR
         """The job's checkpoints, newest first (one per epoch); each is a model usable at once."""
         rows, more = await call(jobs.list_checkpoints, tenant_of(request), job_id, after=after, limit=limit)
         return JSONResponse(list_object([checkpoint_object(r) for r in rows], more))
+
+    # ------------------------------------------------------------------ webhooks (flywheel's extension)
+
+    hooks = Webhooks(jobs.engine)
+
+    def webhook_object(row: dict[str, Any]) -> dict[str, Any]:
+        out = {"id": row["id"], "object": "webhook_endpoint", "url": row["url"], "events": row["events"],
+               "created_at": unix(row["created_at"])}
+        if "secret" in row:
+            out["secret"] = row["secret"]
+        return out
+
+    @router.post("/v1/webhooks", **route_doc(body="WebhookCreateRequest", ok="WebhookEndpoint",
+                                             errors={400: "not an http(s) URL, or an unknown event"}))
+    async def create_webhook(request: Request) -> JSONResponse:
+        """Have your jobs' terminal states POSTed to `url`, signed (Standard Webhooks); the secret is
+        in this answer only."""
+        body = read_json(await request.body())
+        if not isinstance(body, dict) or set(body) - {"url", "events"}:
+            raise OpenAIError("expected {\"url\", \"events\"?}", param="url")
+        try:
+            row = await asyncio.to_thread(hooks.create, tenant_of(request), body.get("url"), body.get("events"))
+        except ValueError as e:
+            raise OpenAIError(str(e), param="events" if "event" in str(e) else "url") from None
+        return JSONResponse(webhook_object(row))
+
+    @router.get("/v1/webhooks", **route_doc(ok="WebhookList", errors={}))
+    async def list_webhooks(request: Request) -> JSONResponse:
+        rows = await asyncio.to_thread(hooks.list, tenant_of(request))
+        return JSONResponse(list_object([webhook_object(r) for r in rows], False))
+
+    @router.delete("/v1/webhooks/{webhook_id}", **route_doc(ok="WebhookDeleted", errors=NOT_FOUND))
+    async def delete_webhook(webhook_id: str, request: Request) -> JSONResponse:
+        await call(hooks.delete, tenant_of(request), webhook_id)
+        return JSONResponse({"id": webhook_id, "object": "webhook_endpoint", "deleted": True})
 
     # ------------------------------------------------------------------ graders
 

@@ -166,6 +166,35 @@ class Method(BaseModel):
     reinforcement: ReinforcementSettings | None = None
 
 
+class WebhookCreateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    url: str = Field(description="an http(s) URL that takes POSTs")
+    events: list[Literal["fine_tuning.job.succeeded", "fine_tuning.job.failed", "fine_tuning.job.cancelled"]] | None = None
+
+
+class WebhookEndpoint(_Out):
+    id: str
+    object: Literal["webhook_endpoint"]
+    url: str
+    events: list[str]
+    created_at: int
+    secret: str | None = Field(None, description="whsec_...: in the answer to POST /v1/webhooks only")
+
+
+class WebhookList(_Out):
+    object: Literal["list"]
+    data: list[WebhookEndpoint]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class WebhookDeleted(_Out):
+    id: str
+    object: Literal["webhook_endpoint"]
+    deleted: bool
+
+
 class ModelDeleted(_Out):
     id: str
     object: Literal["model"]

@@ -35,6 +35,7 @@ from flywheel.economics.ledger import Ledger
 from flywheel.jobs import JobStore, LeaseLost
 from flywheel.jobs.objects import fine_tuned_model_name
 from flywheel.jobs.store import worker_name
+from flywheel.jobs.webhooks import Webhooks, deliver
 from flywheel.service.finetune import ENV_GRADER, FineTuning
 
 BASE_LR = {"supervised": 1e-4, "dpo": 5e-6, "reinforcement": 1e-5}  # times the job's learning_rate_multiplier
@@ -228,6 +229,20 @@ class JobWorker:
         self.store.finish(job["id"], self.name, status, message, trained_tokens=tokens or None,
                           estimated_cost=cost or None, **fields)
         self.log(f"{job['id']}: {status}")
+        if status in ("succeeded", "failed", "cancelled"):
+            self._notify(job, f"fine_tuning.job.{status}")
+
+    def _notify(self, job: dict[str, Any], event: str) -> None:
+        """Tell the tenant's webhook endpoints, each in a thread of its own (a slow receiver
+        holds up no job); each outcome lands in the job's events."""
+        import httpx
+
+        def send(endpoint):
+            outcome = deliver(endpoint, event, job["id"], lambda url, **kw: httpx.post(url, timeout=10, **kw))
+            self.store.add_event(job["id"], outcome, level="info" if "delivered" in outcome else "warn")
+
+        for endpoint in Webhooks(self.store.engine).endpoints(job["tenant"], event):
+            threading.Thread(target=send, args=(endpoint,), name="flywheel-webhook", daemon=True).start()
 
     def _record_cost(self, job: dict[str, Any], seconds: float, progress: _Progress) -> None:
         stage = f"finetune_{STAGES[job['method']['type']]}"

@@ -51,10 +51,11 @@ COMPONENTS: dict[str, tuple[Any, Mode]] = {
         "ChatCompletion", "TextCompletion", "ChatCompletionChunk", "TextCompletionChunk", "ModelList", "Health",
         "TraceIngestResult", "FeedbackResult", "ErrorResponse")},
     **{name: (getattr(ft, name), "validation") for name in (
-        "JobCreateRequest", "GraderValidateRequest", "GraderRunRequest")},
+        "JobCreateRequest", "GraderValidateRequest", "GraderRunRequest", "WebhookCreateRequest")},
     **{name: (getattr(ft, name), "serialization") for name in (
         "FileObject", "FileList", "FileDeleted", "FineTuningJob", "JobList", "JobEventList", "JobCheckpointList",
-        "GraderValidated", "GraderRunResult", "ModelDeleted")},
+        "GraderValidated", "GraderRunResult", "ModelDeleted", "WebhookEndpoint", "WebhookList",
+        "WebhookDeleted")},
 }
 
 SSE = ("with `stream: true`, server-sent events: one `data: {chunk}` line per event as tokens are generated "
