@@ -85,6 +85,20 @@ def test_another_tenants_ids_are_not_found(world, method, route):
     assert world["a"].request("GET", path if method == "GET" else path.rsplit("/", 1)[0]).status_code == 200
 
 
+@pytest.mark.parametrize("method, route", [("GET", "/v1/models/{model}/content"), ("DELETE", "/v1/models/{model}"),
+                                           ("GET", "/v1/models/{checkpoint}/content"),
+                                           ("DELETE", "/v1/webhooks/{webhook}")])
+def test_another_tenants_models_and_webhooks_are_not_found(world, method, route):
+    if "webhook_id" not in world:
+        world["webhook_id"] = world["a"].post("/v1/webhooks", json={"url": "http://127.0.0.1:9/x"}).json()["id"]
+    path = route.format(model=world["model"], checkpoint=world["checkpoint"], webhook=world["webhook_id"])
+    r = world["b"].request(method, path)
+    assert r.status_code == 404, (method, path, r.text)
+    assert world["webhook_id"] in [w["id"] for w in world["a"].get("/v1/webhooks").json()["data"]]
+    assert world["b"].get("/v1/webhooks").json()["data"] == []
+    assert world["a"].get(f"/v1/models/{world['model']}/content").status_code == 200  # still there for its owner
+
+
 def test_listings_and_models_show_only_the_callers_objects(world):
     a, b = world["a"], world["b"]
     for path in ("/v1/files", "/v1/fine_tuning/jobs"):

@@ -134,3 +134,12 @@ def wait(job_id: str, base_url: str = BASE_URL) -> None:
     """Follow a job with a progress bar until it ends; exit status 1 when it failed."""
     with client(base_url) as fw:
         _end(fw.jobs.wait(job_id))
+
+
+@jobs_app.command("download")
+def download(model: str = typer.Argument(..., help="a fine-tuned model or checkpoint name (jobs show / checkpoints)"),
+             out: Path = typer.Option(Path("."), "--out", help="the folder to unpack it into"),
+             base_url: str = BASE_URL) -> None:
+    """Download a fine-tuned model or checkpoint as its Hugging Face folder; prints the folder."""
+    with client(base_url) as fw:
+        typer.echo(fw.models.download(model, out))

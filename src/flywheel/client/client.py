@@ -57,6 +57,20 @@ def _one(cls) -> Callable[[httpx.Response], Any]:
     return lambda r: cls.from_json(r.json())
 
 
+def _unpack(tar_bytes: bytes, out: Path) -> Path:
+    """The one folder of a model tar, extracted under `out` (tarfile's "data" filter: no paths
+    outside it, no links out, no special files)."""
+    import io
+    import tarfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        names = {m.name.split("/")[0] for m in tar.getmembers()}
+        tar.extractall(out, filter="data")
+    (top,) = names
+    return out / top
+
+
 def _query(**params: Any) -> dict[str, Any]:
     return {"params": {k: v for k, v in params.items() if v is not None}}
 
@@ -161,6 +175,14 @@ class Models:
 
     def list(self):
         return self._run(Call("GET", "/v1/models", parse=lambda r: [Model.from_json(x) for x in r.json()["data"]]))
+
+    def delete(self, model: str):
+        """Delete one of your fine-tuned models (its job and checkpoints stay)."""
+        return self._run(Call("DELETE", f"/v1/models/{model}", parse=lambda r: r.json()["deleted"]))
+
+    def download(self, model: str, out: str | Path):
+        """A fine-tuned model or checkpoint as its Hugging Face folder, unpacked into `out`; the folder."""
+        return self._run(Call("GET", f"/v1/models/{model}/content", parse=lambda r: _unpack(r.content, Path(out))))
 
 
 class Traces:
