@@ -1,12 +1,10 @@
 """Multi-turn tool-use RL: a policy that answers multiplications from memory learns to call
-its calculator. The warm start is warm_starts.calculator_from_memory_warm_start (~110 s
-on 2 cores): a tiny model taught to copy numbers into a calc call and out of its result, then
-nudged to answer without the tool, so greedy decoding fails while sampling still calls the tool
-in ~20-30 % of episodes. GRPO at temperature 1 rewards those and the first-turn decision flips:
-measured (seed 0, 2026-12-01) on one machine greedy success 0.00 -> 0.77 after 10 steps, 0.83
-after 30, the tool used in 99-100 % of episodes; on another (AMD EPYC, same seed) 0.00 -> 0.44
-after 12 steps and 0.52 after 24, tool used in 100 %, but in a second run only 10 % at step 12:
-where the flip lands varies with float rounding, so the test gives it 20 steps."""
+its calculator. The warm start is warm_starts.calculator_from_memory_warm_start (~2 min on 2
+cores): a tiny model taught to copy numbers into a calc call and out of its result, then
+nudged to answer without the tool, so greedy decoding fails while sampling still calls the
+tool in some episodes. GRPO at temperature 1 rewards those and the first-turn decision flips.
+Where the flip lands varies with float rounding across CPU families, so the test gives it 20
+steps and a second seed; the measured runs are in docs/benchmarks.md."""
 
 from __future__ import annotations
 
