@@ -98,6 +98,8 @@ def measure(name: str, model: Path, env: dict, args, groups: int, group_size: in
     runs = variants(threads)
     sps: dict[str, list[float]] = {n: [] for n in runs}  # total samples / total step time, per repeat
     wall_sps: dict[str, list[float]] = {n: [] for n in runs}  # total samples / run wall, per repeat
+    steady: dict[str, list[float]] = {n: [] for n in runs}  # the same without step 1, for every variant alike
+    first: dict[str, list[float]] = {n: [] for n in runs}  # step 1's seconds (an async run's include its workers' start)
     split: dict[str, dict] = {}
     for _ in range(args.repeats):
         for n, v in runs.items():
@@ -105,6 +107,8 @@ def measure(name: str, model: Path, env: dict, args, groups: int, group_size: in
             samples = groups * group_size * len(records)
             sps[n].append(samples / sum(r["time/step_s"] for r in records))
             wall_sps[n].append(samples / wall)
+            steady[n].append(groups * group_size * (len(records) - 1) / sum(r["time/step_s"] for r in records[1:]))
+            first[n].append(records[0]["time/step_s"])
             split[n] = {key: statistics.median(r.get(key, 0.0) for r in records)
                         for key in ("time/rollout_wait_s", "time/train_s", "rollout/generate_s", "reward_mean")}
     med = {n: statistics.median(v) for n, v in sps.items()}
@@ -112,9 +116,12 @@ def measure(name: str, model: Path, env: dict, args, groups: int, group_size: in
     best_async = max((n for n in med if n.startswith("async")), key=med.get)
     ratios = [a / b for a, b in zip(sps[best_async], sps[best_sync])]
     wall_ratios = [a / b for a, b in zip(wall_sps[best_async], wall_sps[best_sync])]
+    steady_ratios = [a / b for a, b in zip(steady[best_async], steady[best_sync])]
     return {"name": name, "med": med, "runs": sps, "split": split, "best_sync": best_sync,
             "best_async": best_async, "ratios": ratios, "ratio": statistics.median(ratios),
-            "wall_ratio": statistics.median(wall_ratios)}
+            "wall_ratio": statistics.median(wall_ratios), "steady_ratios": steady_ratios,
+            "steady_ratio": statistics.median(steady_ratios),
+            "first_async_s": statistics.median(first[best_async]), "first_sync_s": statistics.median(first[best_sync])}
 
 
 def main() -> None:
@@ -141,12 +148,15 @@ def main() -> None:
     ]
     names = list(results[0]["med"])
     rows = ["| workload | " + " | ".join(f"{n} samples/s" for n in names) + " | ratio, median (range) | "
-            "ratio of run walls |", "|---|" + "---|" * (len(names) + 2)]
+            "ratio of run walls | without step 1: ratio (range) | step 1 s, async / sync |",
+            "|---|" + "---|" * (len(names) + 4)]
     for r in results:
         cells = [f"**{r['med'][n]:.1f}**" if n in (r["best_sync"], r["best_async"]) else f"{r['med'][n]:.1f}"
                  for n in names]
         rows.append(f"| {r['name']} | " + " | ".join(cells) + f" | {r['ratio']:.2f} "
-                    f"({min(r['ratios']):.2f}-{max(r['ratios']):.2f}) | {r['wall_ratio']:.2f} |")
+                    f"({min(r['ratios']):.2f}-{max(r['ratios']):.2f}) | {r['wall_ratio']:.2f} | "
+                    f"{r['steady_ratio']:.2f} ({min(r['steady_ratios']):.2f}-{max(r['steady_ratios']):.2f}) | "
+                    f"{r['first_async_s']:.2f} / {r['first_sync_s']:.2f} |")
     split_rows = ["| workload | variant | learner waits s | learner trains s | generation s (per item) | reward |",
                   "|---|---|---|---|---|---|"]
     for r in results:
@@ -168,6 +178,8 @@ def main() -> None:
         f"the sum of all step times; the variants interleaved, {args.repeats} runs each (medians of runs); "
         "ratio = the better async variant / the better sync variant (bold), per repeat, median (range); "
         "ratio of run walls: the same over each run_rl call's wall time (start-up included), median. "
+        "Without step 1: the same ratio with every variant's first step left out (an async run's first step "
+        "waits for its rollout workers to start and load the model), context beside the headline. "
         f"Calculator: {args.groups} tasks x 8 attempts per step, <= 128 tokens per turn, bare prompts "
         f"(a + b, 2-3 digits), every calc call sleeps the row's latency; policy: the demo's "
         "base model. Arithmetic: 8 x 8, <= 6 tokens. Threads: a sync run's learner uses all; async runs give "
@@ -178,7 +190,8 @@ def main() -> None:
     others = " ".join(f"ratio_tools_{ms:g}ms={r['ratio']:.2f}" for ms, r in zip(args.tool_latencies_ms, results))
     last = (f"async: ratio={calc['ratio']:.2f} ratio_min={min(calc['ratios']):.2f} "
             f"ratio_max={max(calc['ratios']):.2f} metric=total repeats={args.repeats} {others} "
-            f"arithmetic_ratio={arith['ratio']:.2f} "
+            f"arithmetic_ratio={arith['ratio']:.2f} steady_ratio={calc['steady_ratio']:.2f} "
+            f"arithmetic_steady_ratio={arith['steady_ratio']:.2f} first_step_async_s={calc['first_async_s']:.2f} "
             f"calculator_sync_sps={calc['med'][calc['best_sync']]:.1f} "
             f"calculator_async_sps={calc['med'][calc['best_async']]:.1f} "
             f"calculator_success_before={rl_before:.2f} calculator_success_after={rl_after:.2f} "
