@@ -75,16 +75,17 @@ def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
 
 
 def test_base_recipe_key_is_the_hash_of_its_fields():
-    """The cache folder of the base model is named by its recipe's fields: the default recipe
-    keeps the key it had as a dict literal (a built cache stays valid), any field changes it."""
+    """The cache folder of the base model is named by its recipe's fields, the split rule its
+    demos were drawn under included (envs/splits.py): any field changes it."""
     import dataclasses
     import hashlib
     import json
 
     recipe = demo_base.BaseRecipe()
     fields = {"hidden": 64, "layers": 2, "heads": 4, "ffn": 256, "demos": 4500, "steps": 3000, "batch": 16,
-              "lr": 3e-3, "warmup": 30, "family": demo_base.FAMILIES[0].settings, "digits": [2, 3, 4]}
+              "lr": 3e-3, "warmup": 30, "family": demo_base.FAMILIES[0].settings, "digits": [2, 3, 4],
+              "split_rule": "sha256-prefix-8B/test<0.2"}
     assert recipe.key() == hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
-    assert recipe.key() == "933f17bef0a5"
+    assert recipe.key() == "bf3bc74d5e4f"  # "933f17bef0a5" before the hash split: that cache is not reused
     assert dataclasses.replace(recipe, steps=3001).key() != recipe.key()
     assert SMALL_BASE.key() != recipe.key()

@@ -21,6 +21,8 @@ from flywheel.process import pid_alive
 from flywheel.service.finetune import FineTuning
 from flywheel.service.job_worker import JobWorker
 
+pytestmark = pytest.mark.slow  # worker processes killed and restarted, jobs of 1,000 steps: make test-all
+
 ROWS = [{"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": str(i + 1)}]}
         for i in range(100)]
 LONG = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 10, "batch_size": 1}}}  # 1,000 steps

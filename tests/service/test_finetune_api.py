@@ -108,6 +108,9 @@ def test_a_dpo_job_succeeds(api):
     assert job.method.dpo.hyperparameters.beta == 0.1  # "auto", resolved
     job = wait(client, job.id)
     assert job.status == "succeeded", job.error
+    reply = client.chat.completions.create(model=job.fine_tuned_model, max_tokens=2,
+                                           messages=[{"role": "user", "content": "Say hi"}])
+    assert reply.model == job.fine_tuned_model
 
 
 def test_a_file_with_bad_rows_fails_its_job_naming_the_lines(api):
@@ -338,6 +341,9 @@ def test_a_reinforcement_job_with_a_grader(api):
     assert job.status == "succeeded", job.error
     metrics = [e.data for e in client.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics"]
     assert metrics and "train_reward_mean" in metrics[0] and metrics[0]["total_steps"] == 6
+    reply = client.chat.completions.create(model=job.fine_tuned_model, max_tokens=2,
+                                           messages=[{"role": "user", "content": "Say 3"}])
+    assert reply.model == job.fine_tuned_model
 
 
 def test_the_grader_routes_validate_and_run_like_a_job(api):
@@ -466,3 +472,31 @@ def test_a_webhook_hears_of_a_job_that_ended(api):
                for e in client.fine_tuning.jobs.list_events(job.id, limit=50))
     bad = httpx.post(srv.url + "/v1/webhooks", json={"url": "ftp://x", "events": []})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "url"
+
+
+def test_bodies_over_the_limit_are_a_413_before_they_are_read(tmp_path):
+    from flywheel.jobs.limits import TenantLimits
+
+    base = build_tiny_model(tmp_path / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
+    store = JobStore(data_file_url(tmp_path), tmp_path / "files")
+    service = OpenAIService(base, name="tiny", default_max_tokens=2)
+    app = create_app(service, fine_tuning=FineTuning(store, {"tiny": base}, limits=TenantLimits(max_file_bytes=2000)),
+                     max_body_bytes=1000)
+    with BackgroundServer(app) as srv:
+        big = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 2000}]}
+        r = httpx.post(srv.url + "/v1/chat/completions", json=big)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+        def chunks():  # no content-length: cut off once past the limit
+            for _ in range(10):
+                yield b"x" * 200
+        r = httpx.post(srv.url + "/v1/fine_tuning/jobs", content=chunks())
+        assert r.status_code == 413
+        padded = json.dumps(chat_row("a", "b")).encode() + b"\n" + b" " * 1200
+        ok = httpx.post(srv.url + "/v1/files", files={"file": ("t.jsonl", padded)}, data={"purpose": "fine-tune"})
+        assert ok.status_code == 200, ok.text  # an upload may be larger than a JSON body, up to its own limit
+        r = httpx.post(srv.url + "/v1/files", files={"file": ("t.jsonl", b"{}\n" * 30_000)},
+                       data={"purpose": "fine-tune"})
+        assert r.status_code == 413
+    service.close()
+    store.close()

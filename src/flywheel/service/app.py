@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.service import responses as R
+from flywheel.service.body_limit import BodyLimit
 from flywheel.service.core import EventStream, OpenAIService
 from flywheel.service.errors import OpenAIError
 from flywheel.service.finetune import FineTuning
@@ -41,6 +42,9 @@ from flywheel.service.ingest import ingest_router, read_json
 from flywheel.service.ingest_pool import IngestPool
 from flywheel.service.openapi import install as install_openapi, route_doc
 from flywheel.service.served_models import ServedModels
+
+
+MAX_BODY_BYTES = 64 * 2 ** 20  # a JSON request: a batch of 500 ~2 KB traces is ~1 MB
 
 
 def get_service(request: Request) -> OpenAIService:
@@ -105,7 +109,8 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
                curation: CurationConfig | None = None,
                ingest_pool: IngestPool | None = None, freeze_gc: bool = True,
                fine_tuning: FineTuning | None = None,
-               tenant_of: Callable[[Request], str] = single_tenant) -> FastAPI:
+               tenant_of: Callable[[Request], str] = single_tenant,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """`trace_store` (a flywheel.loop.TraceStore) enables POST /v1/traces and feedback
     (flywheel.service.ingest), feedback judged by `curation`'s rules (default: the defaults);
     `ingest_pool` prepares its batches (default: a thread of the server does; `IngestPool(n)`:
@@ -115,7 +120,8 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     the caller's tenant, and its fine-tuned models in /v1/models and in generation requests,
     each loaded on first use (service/served_models.py). `tenant_of(request)` names the
     caller's tenant, or raises the refusal (service/auth.py's KeyAuth: API keys, rate limits);
-    every route but /health asks it.
+    every route but /health asks it. A body over `max_body_bytes` (an upload: over the
+    fine-tuning limits' max_file_bytes) is a 413 before it is read (service/body_limit.py).
 
     freeze_gc: at startup (the model is loaded by then), collect once and move every live
     object to the garbage collector's permanent generation (`gc.freeze`). A server process
@@ -141,6 +147,8 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
 
     app = FastAPI(title="flywheel", summary="OpenAI-compatible serving with trace capture", lifespan=lifespan)
     app.state.service = service
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes,  # an upload: its file plus the multipart framing
+                       upload_max_bytes=fine_tuning.max_file_bytes + 2 ** 16 if fine_tuning is not None else None)
     curation = (curation or CurationConfig()) if trace_store is not None else None
     install_openapi(app, curation)
 
