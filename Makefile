@@ -49,7 +49,7 @@ test-all:
 
 # Every benchmark, each printing its last line `name: key=value ...` and appending its table to
 # docs/benchmarks.md. They also need the peers (extra `bench`: trl, datasets, accelerate, pinned).
-BENCHES := generate sft envs sandbox code_repair serve traces weights async rl_vs_trl demo
+BENCHES := generate sft envs sandbox code_repair serve traces weights async rl_vs_trl demo api
 bench:
 	@$(MAKE) --no-print-directory setup EXTRAS=dev,bench
 	@mkdir -p bench-work
