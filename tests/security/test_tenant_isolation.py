@@ -194,3 +194,38 @@ def test_the_keys_commands_and_an_open_server_refused(tmp_path):
     served = run(app, ["serve", "--model", str(base), "--fine-tuning", "--data-dir", str(fresh), "--host", "0.0.0.0",
                        "--no-traces"])
     assert served.exit_code == 2 and "no API keys exist" in served.output
+
+
+def test_keys_and_file_contents_stay_out_of_the_logs(tmp_path, caplog):
+    """Every logger at DEBUG while a keyed client uploads a file, trains nothing and is refused
+    once: neither the key nor a byte of the file's content appears in any record."""
+    import logging
+
+    base = build_tiny_model(tmp_path / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
+    store = JobStore(data_file_url(tmp_path), tmp_path / "files")
+    keys = Keys(store.engine)
+    key, _ = keys.create("secretive")
+    service = OpenAIService(base, name="tiny", default_max_tokens=2)
+    app = create_app(service, fine_tuning=FineTuning(store, {"tiny": base}), tenant_of=KeyAuth(keys))
+    marker = "CONFIDENTIAL-ROW-CONTENT-7f3a"
+    row = {"messages": [{"role": "user", "content": marker}, {"role": "assistant", "content": marker}]}
+    with caplog.at_level(logging.DEBUG), BackgroundServer(app, log_level="debug") as srv:
+        before = {name: logging.getLogger(name).propagate for name in ("uvicorn", "uvicorn.access", "uvicorn.error")}
+        for name in before:
+            logging.getLogger(name).propagate = True  # uvicorn's own config keeps them from the root logger
+        h = {"authorization": f"Bearer {key}"}
+        up = httpx.post(srv.url + "/v1/files", headers=h, files={"file": ("t.jsonl", json.dumps(row).encode() + b"\n")},
+                        data={"purpose": "fine-tune"})
+        assert up.status_code == 200
+        httpx.post(srv.url + "/v1/fine_tuning/jobs", headers=h, json={"model": "tiny", "training_file": up.json()["id"]})
+        httpx.get(srv.url + "/v1/files", headers={"authorization": f"Bearer {key}x"})  # a wrong key, refused
+        httpx.post(srv.url + "/v1/chat/completions", headers=h,
+                   json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    for name, value in before.items():
+        logging.getLogger(name).propagate = value
+    logged = "\n".join(f"{r.name} {r.getMessage()}" for r in caplog.records)
+    assert logged, "nothing was logged: the check would be empty"
+    assert {"uvicorn.access", "httpx"} <= {r.name for r in caplog.records}  # the server's records are in it too
+    assert key not in logged and key[3:20] not in logged and marker not in logged
+    service.close()
+    store.close()
