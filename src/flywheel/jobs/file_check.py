@@ -16,7 +16,7 @@ number (1-based) and reason, up to `MAX_REPORTED`, and how many rows were good.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 
@@ -44,7 +44,11 @@ class FileReport:
 
 
 def check_file(content: bytes, method_type: str) -> FileReport:
-    check = {"supervised": _supervised, "dpo": _dpo, "reinforcement": _reinforcement}[method_type]
+    return check_rows(content, {"supervised": _supervised, "dpo": _dpo, "reinforcement": _reinforcement}[method_type])
+
+
+def check_rows(content: bytes, check: Callable[[dict], str | None]) -> FileReport:
+    """The report of `check(row)` (a problem, or None) over every JSON-object line of `content`."""
     report = FileReport()
     for number, line in enumerate(content.splitlines(), start=1):
         if not line.strip():

@@ -22,7 +22,7 @@ import orjson
 from sqlalchemy.exc import IntegrityError
 
 from flywheel.jobs import JobRequest, JobStore, JobStoreError, RequestError
-from flywheel.jobs.file_check import check_file, count_rows
+from flywheel.jobs.file_check import check_file, check_rows, count_rows
 from flywheel.jobs.hyperparameters import resolve
 from flywheel.jobs.limits import TenantLimits
 from flywheel.jobs.objects import file_object, job_object
@@ -140,7 +140,7 @@ class FineTuning:
                 continue
             content = self.jobs.file_path(tenant, file_id).read_bytes()
             env_job = (req.grader or {}).get("type") == ENV_GRADER
-            report = environment_tasks_report(content) if env_job else check_file(content, req.method_type)
+            report = check_rows(content, environment_task_problem) if env_job else check_file(content, req.method_type)
             if not report.ok:
                 error = {"code": f"invalid_{param}", "param": param,
                          "message": report.message(f"{param} {file_id} ({req.method_type} format)")}
@@ -287,27 +287,17 @@ def check_environment(spec: dict[str, Any], where: str) -> None:
                           param=f"{where}.env") from None
 
 
-def environment_tasks_report(content: bytes):
-    """file_check's report for rows that are an environment's tasks: `{"task": {Task fields}}`."""
+def environment_task_problem(row: dict[str, Any]) -> str | None:
+    """What is wrong with a row of an environment job (`{"task": {Task fields}}`), or None."""
     from flywheel.envs.replay import task_from_dict
-    from flywheel.jobs.file_check import FileReport, MAX_REPORTED
 
-    report = FileReport()
-    for number, line in enumerate(content.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = orjson.loads(line)
-            if not isinstance(row, dict) or not isinstance(row.get("task"), dict):
-                raise ValueError("a row must be {\"task\": {prompt, answer, ...}}")
-            task_from_dict(row["task"], default_id=f"line-{number}")
-        except ValueError as e:
-            report.bad_rows += 1
-            if len(report.problems) < MAX_REPORTED:
-                report.problems.append((number, f"task: {e}" if "task" not in str(e)[:6] else str(e)))
-        else:
-            report.rows += 1
-    return report
+    if not isinstance(row.get("task"), dict):
+        return 'a row must be {"task": {prompt, answer, ...}}'
+    try:
+        task_from_dict(row["task"], default_id="row")
+    except ValueError as e:
+        return f"task: {e}"
+    return None
 
 
 def run_checked(grader, model_sample: str, item: dict[str, Any]) -> dict[str, Any]:
