@@ -181,8 +181,11 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         app.include_router(finetune_router(fine_tuning, tenant_of))
 
     async def model_for(request: Request, body: Any) -> OpenAIService:
+        tenant = tenant_of(request)
         name = body.get("model") if isinstance(body, dict) else None
-        return await asyncio.to_thread(served.get, tenant_of(request), name)
+        if fine_tuning is None or name == service.name:
+            return service  # the served model: no lookup, no thread hop on the serving path
+        return await asyncio.to_thread(served.get, tenant, name)
 
     @app.get("/health", **route_doc(ok="Health", errors={}))
     async def health(svc: ServiceDep) -> dict[str, str]:
