@@ -4,11 +4,9 @@ newer flywheel is refused. On SQLite and, with FLYWHEEL_TEST_POSTGRES_URL, on Po
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
-from postgres_server import reset
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
@@ -16,17 +14,11 @@ from sqlalchemy import create_engine, inspect, text
 from flywheel.database import SchemaVersionError
 from flywheel.jobs import JobStore
 from flywheel.jobs import migrate
-from flywheel.jobs.store import data_file_url
 from flywheel.jobs.tables import TABLES
 
-POSTGRES = os.environ.get("FLYWHEEL_TEST_POSTGRES_URL")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"] if POSTGRES else ["sqlite"])
-def url(request, tmp_path):
-    if request.param == "sqlite":
-        return data_file_url(tmp_path)
-    return reset(POSTGRES)
+@pytest.fixture
+def url(job_db_url):
+    return job_db_url  # tests/conftest.py: SQLite, and PostgreSQL when configured
 
 
 def test_the_migrations_build_exactly_the_declared_tables(url, tmp_path):

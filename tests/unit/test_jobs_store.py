@@ -3,28 +3,20 @@ when FLYWHEEL_TEST_POSTGRES_URL names a database (make test-all starts one), on 
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
-from postgres_server import reset
 
 
 from flywheel.jobs import Conflict, JobStore, LeaseLost, NotFound
-from flywheel.jobs.store import data_file_url
 
 METHOD = {"type": "supervised", "supervised": {"hyperparameters": {}}}
 
 
-POSTGRES = os.environ.get("FLYWHEEL_TEST_POSTGRES_URL")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"] if POSTGRES else ["sqlite"])
-def url(request, tmp_path):
-    if request.param == "sqlite":
-        return data_file_url(tmp_path)
-    return reset(POSTGRES)
+@pytest.fixture
+def url(job_db_url):
+    return job_db_url  # tests/conftest.py: SQLite, and PostgreSQL when configured
 
 
 @pytest.fixture
