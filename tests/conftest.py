@@ -27,16 +27,16 @@ import pytest  # noqa: E402
 
 
 def pytest_generate_tests(metafunc) -> None:
-    """`job_db_url` runs on SQLite, and on PostgreSQL too when pytest_configure started one
+    """A test of a store's `db_url` runs on SQLite, and on PostgreSQL too when pytest_configure started one
     (collection comes after it; a fixture's params would be read at import, before)."""
-    if "job_db_url" in metafunc.fixturenames:
+    if "db_url" in metafunc.fixturenames:
         databases = ["sqlite"] + (["postgresql"] if os.environ.get("FLYWHEEL_TEST_POSTGRES_URL") else [])
-        metafunc.parametrize("job_db_url", databases, indirect=True)
+        metafunc.parametrize("db_url", databases, indirect=True)
 
 
 @pytest.fixture
-def job_db_url(request, tmp_path):
-    """A job-store database URL: SQLite in tmp_path, or PostgreSQL (emptied first)."""
+def db_url(request, tmp_path):
+    """A store's database URL: SQLite in tmp_path, or PostgreSQL (emptied first)."""
     from flywheel.jobs.store import data_file_url
 
     if request.param == "sqlite":

@@ -1,4 +1,4 @@
-"""The SQL databases of flywheel's stores (traces, registry): one declarative base, one engine setup.
+"""The SQL databases of flywheel's stores (traces, registry, jobs): one declarative base, one engine setup.
 
 `open_engine(url)`: any SQLAlchemy URL; SQLite connections run with journal_mode=WAL (readers
 never block the writer), synchronous=NORMAL (a commit survives a crash of the process, not
@@ -7,20 +7,22 @@ transaction handling is switched off and BEGIN is emitted here: `writing(engine)
 BEGIN IMMEDIATE, so two writers queue on the lock at their first statement instead of
 failing with "database is locked" when a read turns into a write.
 
-Every table derives from `Base`; each store creates its own tables and records its schema
-version in the shared `flywheel_meta` table (`ensure_schema`); a database of another
-version is refused (migrations are not written yet). JSON columns are `json_column()`
-(JSONB on PostgreSQL); a value given as `Encoded` text is stored as is.
+Every table derives from `Base`; each store's schema is its Alembic migrations
+(`flywheel.migrations`). `flywheel_meta` is where stores recorded their schema version before
+those existed. JSON columns are `json_column()` (JSONB on PostgreSQL); a value given as
+`Encoded` text is stored as is.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import sqlite3
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
-from sqlalchemy import JSON, Connection, Engine, String, Table, create_engine, event, insert, select
+from sqlalchemy import JSON, Connection, Engine, String, create_engine, event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -85,12 +87,32 @@ def open_engine(url: str) -> Engine:
     return engine
 
 
+BUSY_TIMEOUT_S = 30.0
+
+
 def _sqlite_on_connect(dbapi_connection, _record) -> None:
     dbapi_connection.isolation_level = None  # no implicit BEGIN from pysqlite: _sqlite_on_begin owns it
     cursor = dbapi_connection.cursor()
-    for pragma_ in ("busy_timeout=30000", "journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON"):
+    cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+    _set_wal(cursor)
+    for pragma_ in ("synchronous=NORMAL", "foreign_keys=ON"):
         cursor.execute(f"PRAGMA {pragma_}")
     cursor.close()
+
+
+def _set_wal(cursor) -> None:
+    """journal_mode=WAL. Switching a new file's mode needs it to itself, and SQLite answers
+    "database is locked" at once, without its busy handler, while another connection is
+    inside a transaction there (processes opening a new store together): wait for that."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _sqlite_on_begin(conn: Connection) -> None:
@@ -98,29 +120,27 @@ def _sqlite_on_begin(conn: Connection) -> None:
 
 
 @contextlib.contextmanager
-def writing(engine: Engine) -> Iterator[Connection]:
-    """A write transaction, committed when the block ends without an exception."""
+def writing(engine: Engine, *, foreign_keys: bool = True) -> Iterator[Connection]:
+    """A write transaction, committed when the block ends without an exception.
+
+    foreign_keys=False (SQLite; a schema migration that recreates tables): foreign keys are
+    not enforced in the transaction, so dropping a parent table does not cascade into its
+    children's rows; before the commit every foreign key is checked, and a violation
+    aborts the transaction."""
     with engine.connect() as conn:
-        conn.execution_options(**{_WRITE: True})
-        with conn.begin():
-            yield conn
-
-
-def ensure_schema(conn: Connection, tables: Sequence[Table], key: str, version: int, what: str) -> None:
-    """Create `tables` (and flywheel_meta) where missing and record `version` under `key`, in
-    the caller's write transaction; SchemaVersionError if the database holds another version."""
-    Base.metadata.create_all(conn, tables=[MetaRow.__table__, *tables])
-    found = conn.scalar(select(MetaRow.value).where(MetaRow.key == key))
-    if found is None:
-        conn.execute(insert(MetaRow).values(key=key, value=str(version)))
-    elif found != str(version):
-        raise SchemaVersionError(
-            f"{conn.engine.url.render_as_string(hide_password=True)} holds {what} schema version {found}, "
-            f"this flywheel reads version {version} (no migration exists yet)")
-
-
-def schema_version(conn: Connection, key: str) -> int:
-    return int(conn.scalar(select(MetaRow.value).where(MetaRow.key == key)))
+        relax = not foreign_keys and engine.dialect.name == "sqlite"
+        raw = conn.connection.dbapi_connection
+        if relax:  # only outside a transaction does SQLite take this pragma
+            raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            conn.execution_options(**{_WRITE: True})
+            with conn.begin():
+                yield conn
+                if relax and (broken := conn.exec_driver_sql("PRAGMA foreign_key_check").all()):
+                    raise RuntimeError(f"foreign keys broken by this transaction (table, rowid, parent): {broken[:5]}")
+        finally:
+            if relax:
+                raw.execute("PRAGMA foreign_keys=ON")
 
 
 def pragma(engine: Engine, name: str) -> str:

@@ -25,6 +25,7 @@ LAYERS = [
     {"rollout", "buffer"},
     {"envs", "inference", "weights"},
     {"sandbox", "models", "traces", "registry", "economics", "jobs"},
+    {"migrations"},  # every store's schema runner (Alembic) over database.py
 ]
 BASE = len(LAYERS)  # types.py, config.py, errors.py, files.py, process.py
 # `python -m flywheel.demo` is the CLI's demo command: the one edge allowed up the order

@@ -9,16 +9,13 @@ import signal
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import select, update
 
 from flywheel.canonical import canonical
 from flywheel.clock import utc_aware, utc_naive, utc_now
 from flywheel.closing import Closing
 from flywheel.crash_points import crash_point, kill_at
-from flywheel.database import MetaRow, SchemaVersionError, writing
+from flywheel.database import open_engine, writing
 from flywheel.loop.curation_rules import prompt_hash
-from flywheel.registry import Registry
-from flywheel.traces import TraceStore
 
 # ---- canonical JSON
 
@@ -105,15 +102,24 @@ def test_closing_returns_itself_and_closes_however_the_block_ends():
 # ---- one declarative base, one engine setup
 
 
-def test_the_stores_share_one_base_and_one_meta_table(tmp_path):
-    url = f"sqlite:///{tmp_path / 'both.db'}"
-    with TraceStore(url) as traces, Registry(url=url) as registry:
-        with traces.engine.connect() as conn:
-            meta = dict(conn.execute(select(MetaRow.key, MetaRow.value)).all())
-        assert meta == {"traces.schema_version": "1", "registry.schema_version": "1"}
-        assert registry.production() is None and traces.count() == 0
-        with writing(registry.engine) as conn:
-            conn.execute(update(MetaRow).where(MetaRow.key == "registry.schema_version").values(value="7"))
-    with pytest.raises(SchemaVersionError, match="holds registry schema version 7, this flywheel reads version 1"):
-        Registry(url=url)
-    TraceStore(url).close()  # the trace store's own version is untouched
+def test_a_write_without_foreign_keys_is_checked_before_it_commits(tmp_path):
+    engine = open_engine(f"sqlite:///{tmp_path / 'fk.db'}")
+    with writing(engine) as conn:
+        conn.exec_driver_sql("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+        conn.exec_driver_sql("CREATE TABLE child (id INTEGER PRIMARY KEY, "
+                             "parent INTEGER REFERENCES parent (id) ON DELETE CASCADE)")
+        conn.exec_driver_sql("INSERT INTO parent VALUES (1)")
+        conn.exec_driver_sql("INSERT INTO child VALUES (1, 1)")
+    with writing(engine, foreign_keys=False) as conn:  # what a table-recreating migration does
+        conn.exec_driver_sql("CREATE TABLE parent_new (id INTEGER PRIMARY KEY)")
+        conn.exec_driver_sql("INSERT INTO parent_new SELECT id FROM parent")
+        conn.exec_driver_sql("DROP TABLE parent")
+        conn.exec_driver_sql("ALTER TABLE parent_new RENAME TO parent")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM child").scalar() == 1  # no cascade
+    with pytest.raises(RuntimeError, match="foreign keys broken"), writing(engine, foreign_keys=False) as conn:
+        conn.exec_driver_sql("INSERT INTO child VALUES (2, 99)")
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM child").scalar() == 1  # rolled back
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1  # and enforced again
+    engine.dispose()

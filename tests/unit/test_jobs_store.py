@@ -15,8 +15,8 @@ METHOD = {"type": "supervised", "supervised": {"hyperparameters": {}}}
 
 
 @pytest.fixture
-def url(job_db_url):
-    return job_db_url  # tests/conftest.py: SQLite, and PostgreSQL when configured
+def url(db_url):
+    return db_url  # tests/conftest.py: SQLite, and PostgreSQL when configured
 
 
 @pytest.fixture

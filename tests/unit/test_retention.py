@@ -12,7 +12,6 @@ import json
 import multiprocessing
 import os
 import signal
-import sqlite3
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -248,17 +247,6 @@ def test_sigkill_mid_prune_leaves_a_marked_version_whose_leftovers_go_next_time(
         else:
             r.register(weights(tmp_path / "m3", 3))  # a registration sweeps the hidden folder
         assert sorted(os.listdir(r.models)) == (["v1"] if point == "prune:marked" else ["v1", "v3"])
-
-
-def test_a_registry_made_before_pruning_existed_opens_and_prunes(tmp_path):
-    root = tmp_path / "registry"
-    with Registry(root) as r:
-        _versions(r, tmp_path, 1)
-        r.reject("v1", "gate")
-    with sqlite3.connect(root / "registry.db") as db:
-        db.execute("DROP TABLE registry_pruned")
-    with Registry(root) as r:
-        assert not r.get("v1").pruned and r.prune("v1", "old").pruned
 
 
 def test_registry_cli_shows_pruned_versions_and_refuses_them(tmp_path, monkeypatch):

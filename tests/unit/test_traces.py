@@ -1,30 +1,24 @@
-"""The trace store: validation per record, idempotency, feedback, SQLite settings, concurrency, JSONL import.
-
-Tests that take `db_url` also run against PostgreSQL when FLYWHEEL_TEST_POSTGRES_URL names an
-empty database they may drop the tables of (e.g. postgresql+psycopg://user@/db?host=/tmp).
-"""
+"""The trace store: validation per record, idempotency, feedback, tenants, SQLite settings,
+concurrency, JSONL import. Tests that take `db_url` run on PostgreSQL too (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import create_engine, select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 from typer.testing import CliRunner
 
 from flywheel.cli.main import app
-from flywheel.database import Base, MetaRow, pragma, writing
+from flywheel.database import pragma
 from flywheel.traces import (
-    IdempotencyConflict, InvalidRecord, SchemaVersionError, TraceIn, TraceNotFound, TraceStore, import_jsonl,
+    IdempotencyConflict, InvalidRecord, TraceIn, TraceNotFound, TraceStore, import_jsonl,
 )
-from flywheel.traces.tables import SCHEMA_VERSION_KEY, TraceRow
-
-POSTGRES = os.environ.get("FLYWHEEL_TEST_POSTGRES_URL")
+from flywheel.traces.tables import SCHEMA, TraceRow
 
 TOOLS = [{"type": "function", "function": {
     "name": "calc", "description": "Evaluate an arithmetic expression.",
@@ -51,16 +45,6 @@ def episode(i: int = 0, **extra) -> dict:
     }
     record.update(extra)
     return record
-
-
-@pytest.fixture(params=["sqlite", "postgresql"] if POSTGRES else ["sqlite"])
-def db_url(request, tmp_path):
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'traces.db'}"
-    engine = create_engine(POSTGRES)
-    Base.metadata.drop_all(engine)
-    engine.dispose()
-    return POSTGRES
 
 
 @pytest.fixture
@@ -193,7 +177,7 @@ def test_a_retry_with_the_same_key_and_other_content_is_a_conflict(store):
                                episode(4)])
     assert [r.status for r in result.results] == ["conflict", "conflict", "added"]
     assert "idempotency key 'req-1' is already used by trace" in result.results[0].reason
-    assert "id 't-2' already belongs to a trace" in result.results[1].reason
+    assert "id 't-2' is taken" in result.results[1].reason
     assert store.get(stored[0]).latency_ms == 12.5  # the first content is kept
     assert store.count() == 3
 
@@ -268,17 +252,13 @@ def test_feedback_after_pages_through_new_feedback_on_traces_after_a_cursor(stor
         next(store.feedback_after(batch_size=0))
 
 
-def test_sqlite_runs_in_wal_mode_and_records_the_schema_version(tmp_path):
+def test_sqlite_runs_in_wal_mode(tmp_path):
     url = f"sqlite:///{tmp_path / 'deep' / 'traces.db'}"
     with TraceStore(url) as store:
         assert pragma(store.engine, "journal_mode") == "wal"
         assert pragma(store.engine, "synchronous") == "1"  # NORMAL
         assert pragma(store.engine, "foreign_keys") == "1"
-        assert store.stats().schema_version == 1
-        with writing(store.engine) as conn:
-            conn.execute(update(MetaRow).where(MetaRow.key == SCHEMA_VERSION_KEY).values(value="99"))
-    with pytest.raises(SchemaVersionError, match="version 99"):
-        TraceStore(url)
+        assert store.stats().schema_revision == SCHEMA.head()
 
 
 def test_default_location_is_flywheel_data_in_the_working_directory(tmp_path, monkeypatch):

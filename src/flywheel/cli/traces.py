@@ -57,7 +57,7 @@ def stats(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
         s = store.stats()
     span = f"{s.first:%Y-%m-%d %H:%M:%S} .. {s.last:%Y-%m-%d %H:%M:%S} UTC" if s.first else "-"
     lines = [
-        f"database        {s.url} (schema v{s.schema_version})",
+        f"database        {s.url} (schema revision {s.schema_revision})",
         f"traces          {s.traces}",
         f"with feedback   {s.traces_with_feedback}",
         f"feedback        {s.feedback}",

@@ -30,8 +30,7 @@ from flywheel import database
 from flywheel.clock import utc_naive, utc_now
 from flywheel.database import writing
 from flywheel.files import atomic_write
-from flywheel.jobs import migrate
-from flywheel.jobs.tables import CheckpointRow, EventRow, FileRow, JobRow
+from flywheel.jobs.tables import SCHEMA, CheckpointRow, EventRow, FileRow, JobRow
 
 ACTIVE = ("validating_files", "queued", "running", "paused")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -81,7 +80,7 @@ class JobStore:
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self.max_attempts = max_attempts
         self.postgres = self.engine.dialect.name == "postgresql"
-        migrate.upgrade(self.engine)
+        SCHEMA.upgrade(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()

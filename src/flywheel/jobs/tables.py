@@ -15,12 +15,14 @@ from a different request reusing the key.
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import Mapped, mapped_column  # a change here is a migration: jobs/migrate.py
+from sqlalchemy.orm import Mapped, mapped_column  # a change here is a migration: flywheel/migrations
 
 from flywheel.database import Base, json_column
+from flywheel.migrations import Schema
 
 class FileRow(Base):
     __tablename__ = "ft_files"
@@ -131,3 +133,4 @@ class WebhookRow(Base):
 
 TABLES = [FileRow.__table__, JobRow.__table__, EventRow.__table__, CheckpointRow.__table__, KeyRow.__table__,
           WebhookRow.__table__]
+SCHEMA = Schema("jobs", Path(__file__).resolve().parent / "migrations", tuple(TABLES), lock_key=7_311_999)

@@ -31,12 +31,11 @@ from sqlalchemy.engine import make_url
 from flywheel.clock import utc_aware, utc_naive, utc_now
 from flywheel.closing import Closing
 from flywheel.crash_points import crash_point
-from flywheel.database import ensure_schema, open_engine, writing
+from flywheel.database import open_engine, writing
 from flywheel.files import fsync_dir
 from flywheel.process import pid_alive
 from flywheel.registry.storage import (
-    SCHEMA_VERSION,
-    SCHEMA_VERSION_KEY,
+    SCHEMA,
     STATUSES,
     HistoryEntry,
     HistoryRow,
@@ -396,8 +395,4 @@ class Registry(Closing):
                     shutil.rmtree(d, ignore_errors=True)
 
     def _ensure_schema(self) -> None:
-        with writing(self.engine) as conn:
-            ensure_schema(conn, [VersionRow.__table__, StateRow.__table__, HistoryRow.__table__, PrunedRow.__table__],
-                          SCHEMA_VERSION_KEY, SCHEMA_VERSION, "registry")
-            if conn.scalar(select(StateRow.id).where(StateRow.id == 1)) is None:
-                conn.execute(insert(StateRow).values(id=1, production=None, generation=0))
+        SCHEMA.upgrade(self.engine)  # its first revision writes the registry_state row

@@ -6,9 +6,8 @@ even a bug cannot make two. `registry_state` is a single row (id 1): the product
 a generation counter bumped by every change of production (the marker servers poll).
 `registry_history` logs every promote, rollback and reject. `registry_pruned` marks the
 rejected versions whose model files were removed (`Registry.prune`): when, why, how many bytes;
-their rows stay. It is a table of its own, so a registry made before it exists gets it when
-opened, and an older flywheel reading a newer registry sees a pruned version as a rejected one
-with its files missing. Times are naive UTC in the database and timezone-aware UTC in the
+their rows stay. It is a table of its own (registry/migrations/0002), so a registry made
+before it existed gets it when opened. Times are naive UTC in the database and timezone-aware UTC in the
 records.
 
 Model folders are checked by flywheel's one rule (`models.loading.check_model_folder`), then
@@ -33,10 +32,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 from flywheel.clock import utc_aware
 from flywheel.database import Base, json_column
 from flywheel.files import fsync_dir
+from flywheel.migrations import Schema
 from flywheel.models.loading import ModelLoadError, check_model_folder
-
-SCHEMA_VERSION = 1
-SCHEMA_VERSION_KEY = "registry.schema_version"
 
 Status = Literal["candidate", "production", "archived", "rejected"]
 Action = Literal["promote", "rollback", "reject"]
@@ -100,6 +97,11 @@ class PrunedRow(Base):
     at: Mapped[datetime] = mapped_column(DateTime)
     reason: Mapped[str] = mapped_column(Text)
     bytes: Mapped[int] = mapped_column(Integer)  # the registered files' sizes, freed
+
+
+SCHEMA = Schema("registry", Path(__file__).resolve().parent / "migrations",
+                (VersionRow.__table__, StateRow.__table__, HistoryRow.__table__, PrunedRow.__table__),
+                lock_key=7_312_001, legacy_key="registry.schema_version")
 
 
 class RegistryError(ValueError):

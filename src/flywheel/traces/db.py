@@ -1,8 +1,9 @@
 """Where the trace database lives and which schema it holds.
 
 SQLite (WAL) at ./flywheel-data/traces.db by default, any SQLAlchemy URL otherwise; the
-engine setup is flywheel's one (`flywheel.database.open_engine`). The trace tables are
-created on open and their schema version recorded; a database of another version is refused.
+engine setup is flywheel's one (`flywheel.database.open_engine`). The schema is brought to the
+newest revision on open (traces/migrations, run by `flywheel.migrations`); a database a newer
+flywheel wrote is refused.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ from pathlib import Path
 from sqlalchemy import Connection, Engine
 
 from flywheel import database
-from flywheel.database import writing
-from flywheel.traces.tables import SCHEMA_VERSION, SCHEMA_VERSION_KEY, FeedbackRow, TraceRow
+from flywheel.traces.tables import SCHEMA
 
 DEFAULT_DIR = Path("flywheel-data")
 
@@ -28,10 +28,8 @@ def open_engine(url: str | None = None) -> Engine:
 
 
 def ensure_schema(engine: Engine) -> None:
-    with writing(engine) as conn:
-        database.ensure_schema(conn, [TraceRow.__table__, FeedbackRow.__table__], SCHEMA_VERSION_KEY,
-                               SCHEMA_VERSION, "trace")
+    SCHEMA.upgrade(engine)
 
 
-def schema_version(conn: Connection) -> int:
-    return database.schema_version(conn, SCHEMA_VERSION_KEY)
+def schema_revision(conn: Connection) -> str:
+    return SCHEMA.current(conn) or "none"

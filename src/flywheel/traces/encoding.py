@@ -196,8 +196,9 @@ def _prompt_text(prompt: str | None) -> str | None:
     return None if prompt is None else canonical(prompt)
 
 
-def feedback_row(trace_id: str, feedback: FeedbackIn | dict[str, Any]) -> tuple[FeedbackIn, dict[str, Any]]:
-    """(model, `trace_feedback` row) of one feedback record; raises ValidationError or NotJSON."""
+def feedback_row(trace_id: str, feedback: FeedbackIn | dict[str, Any],
+                 tenant: str) -> tuple[FeedbackIn, dict[str, Any]]:
+    """(model, `trace_feedback` row) of one feedback record of `tenant`'s; raises ValidationError or NotJSON."""
     if isinstance(feedback, FeedbackIn):
         fb, sent = feedback, dump(feedback)
     else:
@@ -216,5 +217,6 @@ def feedback_row(trace_id: str, feedback: FeedbackIn | dict[str, Any]) -> tuple[
         "text": fb.text,
         "verifier_env": fb.verifier.env if fb.verifier else None,
         "verifier_task": Encoded(canonical(fb.verifier.task)) if fb.verifier else None,
+        "tenant": tenant,
     }
 

@@ -116,12 +116,13 @@ class StoredTrace:
     latency_ms: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     feedback: list[StoredFeedback] = field(default_factory=list)
+    tenant: str = "default"  # who stored it (the API key's tenant)
 
 
 @dataclass(frozen=True)
 class TraceStats:
     url: str
-    schema_version: int
+    schema_revision: str  # the Alembic revision of the trace schema
     traces: int
     feedback: int
     traces_with_feedback: int

@@ -13,6 +13,11 @@ content is a no-op that reports the stored id ("duplicate"); by other content, a
 "conflict". The check runs inside the write transaction: on SQLite BEGIN IMMEDIATE
 serialises writers so it is exact; elsewhere a writer that loses a race hits the unique
 index and the whole transaction is retried, when the check sees the winner's rows.
+
+Tenants. Every trace and feedback is written for a tenant (default "default"); idempotency
+keys are the tenant's own. Readers given a `tenant` see only that tenant's traces (a trace
+of another tenant is not found); without one, a reader sees the whole store (the loop's
+and the operator's view).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from flywheel.clock import utc_aware, utc_naive
 from flywheel.closing import Closing
 from flywheel.database import Encoded, writing
 from flywheel.traces.batch import PreparedBatch, prepare_traces
-from flywheel.traces.db import ensure_schema, open_engine, schema_version
+from flywheel.traces.db import ensure_schema, open_engine, schema_revision
 from flywheel.traces.encoding import HASH, ID, JSON_COLUMNS, KEY, TRACE_COLUMNS, NotJSON, feedback_row
 from flywheel.traces.results import (
     IdempotencyConflict,
@@ -46,9 +51,10 @@ from flywheel.traces.results import (
     TraceStoreBusy,
 )
 from flywheel.traces.schema import FeedbackIn, describe
-from flywheel.traces.tables import FeedbackRow, TraceRow
+from flywheel.traces.tables import DEFAULT_TENANT, FeedbackRow, TraceRow
 
 _TRACES = TraceRow.__table__
+INSERT_COLUMNS = (*TRACE_COLUMNS, "tenant")  # a stored row: the prepared row, then its tenant
 _FEEDBACK = FeedbackRow.__table__
 _RACE_RETRIES = 5
 WRITE_WAIT_S = 30.0  # the longest a writer queues behind this process's others (SQLite's busy_timeout too)
@@ -85,33 +91,36 @@ class TraceStore(Closing):
 
     # -- writing -------------------------------------------------------------------------
 
-    def add_traces(self, records: Iterable[Any], *, source: str | None = None) -> IngestResult:
-        """Validate and store a batch; `source` is the default for records that name none."""
-        return self.add_prepared(prepare_traces(records, source or self.default_source))
+    def add_traces(self, records: Iterable[Any], *, source: str | None = None,
+                   tenant: str = DEFAULT_TENANT) -> IngestResult:
+        """Validate and store a batch for `tenant`; `source` is the default for records that name none."""
+        return self.add_prepared(prepare_traces(records, source or self.default_source), tenant=tenant)
 
-    def add_prepared(self, batch: PreparedBatch) -> IngestResult:
-        """Store a batch that `flywheel.traces.batch` prepared (here or in another process)."""
+    def add_prepared(self, batch: PreparedBatch, *, tenant: str = DEFAULT_TENANT) -> IngestResult:
+        """Store for `tenant` a batch that `flywheel.traces.batch` prepared (here or in another process)."""
         results: list[RecordResult | None] = [None] * batch.size
         for refused in batch.invalid:
             results[refused.index] = refused
         if batch.rows:
-            self._retry_races(lambda conn: self._store_traces(conn, batch.rows, results))
+            self._retry_races(lambda conn: self._store_traces(conn, batch.rows, results, tenant))
         return IngestResult(results)  # type: ignore[arg-type]  # every slot is filled by now
 
-    def _store_traces(self, conn, pending: list[tuple[int, tuple]], results: list) -> None:
-        by_key: dict[str, tuple[str, str]] = {}  # key -> (id, content hash), stored or earlier in this batch
-        taken_ids: set[str] = set()
+    def _store_traces(self, conn, pending: list[tuple[int, tuple]], results: list, tenant: str) -> None:
+        by_key: dict[str, tuple[str, str]] = {}  # the tenant's key -> (id, content hash), stored or earlier in this batch
+        taken_ids: set[str] = set()  # ids stored for any tenant
         keys = [row[KEY] for _, row in pending]
         ids = [row[ID] for _, row in pending]
+        t = _TRACES.c
         for key_chunk, id_chunk in zip(_chunks(keys), _chunks(ids)):
             if self._sqlite is not None:
-                found = self._sqlite.taken(conn, key_chunk, id_chunk)
+                found = self._sqlite.taken(conn, tenant, key_chunk, id_chunk)
             else:
                 found = conn.execute(
-                    select(_TRACES.c.id, _TRACES.c.idempotency_key, _TRACES.c.content_hash)
-                    .where(or_(_TRACES.c.idempotency_key.in_(key_chunk), _TRACES.c.id.in_(id_chunk))))
-            for trace_id, key, digest in found:
-                by_key[key] = (trace_id, digest)
+                    select(t.id, t.idempotency_key, t.content_hash, t.tenant)
+                    .where(or_((t.tenant == tenant) & t.idempotency_key.in_(key_chunk), t.id.in_(id_chunk))))
+            for trace_id, key, digest, owner in found:
+                if owner == tenant:
+                    by_key[key] = (trace_id, digest)
                 taken_ids.add(trace_id)
         rows = []
         for index, row in pending:
@@ -126,12 +135,12 @@ class TraceStore(Closing):
                                                   f"{stored_id!r} with different content")
             elif trace_id in taken_ids:
                 results[index] = RecordResult(
-                    index, "conflict", reason=f"id {trace_id!r} already belongs to a trace with another "
-                                              f"idempotency key")
+                    index, "conflict", reason=f"id {trace_id!r} is taken: choose another id, or send none and "
+                                              f"the store assigns one")
             else:
                 by_key[key] = (trace_id, row[HASH])
                 taken_ids.add(trace_id)
-                rows.append(row)
+                rows.append((*row, tenant))
                 results[index] = RecordResult(index, "added", id=trace_id)
         if rows:
             if self._sqlite is not None:
@@ -139,12 +148,14 @@ class TraceStore(Closing):
             else:  # one executemany; Encoded: the JSON serializer passes the text through
                 conn.execute(insert(_TRACES), [
                     {name: Encoded(value) if name in JSON_COLUMNS and value is not None else value
-                     for name, value in zip(TRACE_COLUMNS, row)} for row in rows])
+                     for name, value in zip(INSERT_COLUMNS, row)} for row in rows])
 
-    def add_feedback(self, trace_id: str, feedback: FeedbackIn | dict[str, Any]) -> str:
-        """Store one outcome of a trace and return its id (the stored one for a retry)."""
+    def add_feedback(self, trace_id: str, feedback: FeedbackIn | dict[str, Any], *,
+                     tenant: str = DEFAULT_TENANT) -> str:
+        """Store one outcome of one of `tenant`'s traces and return its id (the stored one for a
+        retry); TraceNotFound when the tenant has no such trace."""
         try:
-            fb, row = feedback_row(trace_id, feedback)
+            fb, row = feedback_row(trace_id, feedback, tenant)
         except ValidationError as e:
             raise InvalidRecord(f"feedback: {describe(e)}") from None
         except NotJSON as e:
@@ -154,11 +165,13 @@ class TraceStore(Closing):
         digest = row["content_hash"]
 
         def store(conn) -> str:
-            if conn.scalar(select(_TRACES.c.seq).where(_TRACES.c.id == trace_id)) is None:
+            if conn.scalar(select(_TRACES.c.seq).where(_TRACES.c.id == trace_id,
+                                                       _TRACES.c.tenant == tenant)) is None:
                 raise TraceNotFound(f"no trace with id {trace_id!r}")
             if fb.idempotency_key is not None:
                 found = conn.execute(select(_FEEDBACK.c.id, _FEEDBACK.c.content_hash)
-                                     .where(_FEEDBACK.c.idempotency_key == fb.idempotency_key)).first()
+                                     .where(_FEEDBACK.c.tenant == tenant,
+                                            _FEEDBACK.c.idempotency_key == fb.idempotency_key)).first()
                 if found is not None:
                     if found.content_hash == digest:
                         return found.id
@@ -188,27 +201,30 @@ class TraceStore(Closing):
 
     # -- reading -------------------------------------------------------------------------
 
-    def get(self, trace_id: str) -> StoredTrace:
+    def get(self, trace_id: str, *, tenant: str | None = None) -> StoredTrace:
+        """The trace (of `tenant`, when given) with its feedback; TraceNotFound otherwise."""
+        where = [_TRACES.c.id == trace_id] + ([] if tenant is None else [_TRACES.c.tenant == tenant])
         with self.engine.connect() as conn:
-            row = conn.execute(select(_TRACES).where(_TRACES.c.id == trace_id)).first()
+            row = conn.execute(select(_TRACES).where(*where)).first()
             if row is None:
                 raise TraceNotFound(f"no trace with id {trace_id!r}")
             return _stored_trace(row, self._feedback_of(conn, [trace_id]).get(trace_id, []))
 
     def iter_traces(self, since: datetime | None = None, source: str | None = None,
                     with_feedback: bool | None = None, batch_size: int = 1000,
-                    include_feedback: bool = True, after_seq: int = 0) -> Iterator[StoredTrace]:
+                    include_feedback: bool = True, after_seq: int = 0,
+                    tenant: str | None = None) -> Iterator[StoredTrace]:
         """Traces in insertion order, `batch_size` rows per query; no transaction stays open between pages.
 
         since: created at or after (naive = UTC). with_feedback: True = only traces that have
         feedback, False = only those without, None = all. after_seq: resume after a trace's
-        `seq` (a reader's cursor). Traces added while iterating are yielded when they sort
+        `seq` (a reader's cursor). tenant: only that tenant's. Traces added while iterating are yielded when they sort
         after the current page. On SQLite seq follows commit order; on PostgreSQL a
         transaction may commit after a later seq was read, so a cursor there can skip it.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        where = _filters(since, source, with_feedback)
+        where = _filters(since, source, with_feedback, tenant)
         last = after_seq
         while True:
             with self.engine.connect() as conn:
@@ -221,18 +237,19 @@ class TraceStore(Closing):
                 return
             last = rows[-1].seq
 
-    def feedback_after(self, after_seq: int = 0, after_trace_seq: int = 0,
-                       batch_size: int = 5000) -> Iterator[tuple[int, StoredFeedback]]:
+    def feedback_after(self, after_seq: int = 0, after_trace_seq: int = 0, batch_size: int = 5000,
+                       tenant: str | None = None) -> Iterator[tuple[int, StoredFeedback]]:
         """(seq, feedback) of the feedback stored after feedback `after_seq`, on traces after
         trace `after_trace_seq`, in insertion order, `batch_size` rows per query: an
-        incremental reader's feed (see loop/failure_counter.py). Same caveat as `iter_traces`'s
+        incremental reader's feed (see loop/failure_counter.py); tenant: only feedback on
+        that tenant's traces. Same caveat as `iter_traces`'s
         cursor on PostgreSQL."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         f, t = _FEEDBACK, _TRACES
         last = after_seq
         while True:
-            query = select(f).where(f.c.seq > last)
+            query = select(f).where(f.c.seq > last, *([] if tenant is None else [f.c.tenant == tenant]))
             if after_trace_seq:  # walks the feedback by seq, one trace lookup (unique id index) per row
                 query = query.join(t, t.c.id == f.c.trace_id).where(t.c.seq > after_trace_seq)
             with self.engine.connect() as conn:
@@ -249,10 +266,10 @@ class TraceStore(Closing):
             return int(conn.scalar(select(func.max(_TRACES.c.seq))) or 0)
 
     def count(self, since: datetime | None = None, source: str | None = None,
-              with_feedback: bool | None = None) -> int:
+              with_feedback: bool | None = None, tenant: str | None = None) -> int:
         with self.engine.connect() as conn:
             return conn.scalar(select(func.count()).select_from(_TRACES)
-                               .where(*_filters(since, source, with_feedback)))
+                               .where(*_filters(since, source, with_feedback, tenant)))
 
     def stats(self) -> TraceStats:
         t, f = _TRACES, _FEEDBACK
@@ -262,7 +279,7 @@ class TraceStore(Closing):
                 func.coalesce(func.sum(t.c.prompt_tokens), 0), func.coalesce(func.sum(t.c.completion_tokens), 0))).one()
             return TraceStats(
                 url=self.url,
-                schema_version=schema_version(conn),
+                schema_revision=schema_revision(conn),
                 traces=n,
                 feedback=conn.scalar(select(func.count()).select_from(f)),
                 traces_with_feedback=conn.scalar(select(func.count(func.distinct(f.c.trace_id)))),
@@ -306,14 +323,14 @@ class _SqliteTraceSQL:
 
     def __init__(self, engine):
         dialect = engine.dialect
-        columns = [c for c in _TRACES.columns if c.key != "seq"]
+        columns = [c for c in _TRACES.columns if c.key != "seq"]  # the table's order: INSERT_COLUMNS
         compiled = insert(_TRACES).compile(dialect=dialect, column_keys=[c.key for c in columns])
         head, _, row = str(compiled).partition(" VALUES ")
         self._insert_head, self._insert_row = head + " VALUES ", row  # "INSERT INTO traces (...)", "(?, ...)"
         self._insert_sql: dict[int, str] = {}  # rows per statement -> its SQL
         order = compiled.positiontup
-        if tuple(order) != TRACE_COLUMNS:  # a row's values go in as they are: the orders must agree
-            raise RuntimeError(f"the traces INSERT takes {order}, prepared rows hold {TRACE_COLUMNS}")
+        if tuple(order) != INSERT_COLUMNS:  # a row's values go in as they are: the orders must agree
+            raise RuntimeError(f"the traces INSERT takes {order}, stored rows hold {INSERT_COLUMNS}")
         self.width = len(order)
         with engine.connect() as conn:
             dbapi = conn.connection.dbapi_connection
@@ -328,12 +345,12 @@ class _SqliteTraceSQL:
                 process = _iso_datetime
             if process is not None and not isinstance(col.type, JSON):
                 self.processed.append((position, process))
-        self.select_sql = ("SELECT id, idempotency_key, content_hash FROM traces "
-                           "WHERE idempotency_key IN ({}) OR id IN ({})")
+        self.select_sql = ("SELECT id, idempotency_key, content_hash, tenant FROM traces "
+                           "WHERE (tenant = ? AND idempotency_key IN ({})) OR id IN ({})")
 
-    def taken(self, conn, keys: list[str], ids: list[str]):
+    def taken(self, conn, tenant: str, keys: list[str], ids: list[str]):
         sql = self.select_sql.format(",".join("?" * len(keys)), ",".join("?" * len(ids)))
-        return conn.exec_driver_sql(sql, (*keys, *ids)).all()
+        return conn.exec_driver_sql(sql, (tenant, *keys, *ids)).all()
 
     def insert(self, conn, rows: list[tuple]) -> None:
         params: list = []
@@ -364,8 +381,9 @@ def _writes_like(process, fast) -> bool:
     return process is not None and all(process(t) == fast(t) for t in samples)
 
 
-def _filters(since: datetime | None, source: str | None, with_feedback: bool | None) -> list:
-    where = []
+def _filters(since: datetime | None, source: str | None, with_feedback: bool | None,
+             tenant: str | None = None) -> list:
+    where = [] if tenant is None else [_TRACES.c.tenant == tenant]
     if since is not None:
         where.append(_TRACES.c.created_at >= utc_naive(since))
     if source is not None:
@@ -389,4 +407,4 @@ def _stored_trace(row, feedback: list[StoredFeedback]) -> StoredTrace:
         source=row.source, messages=[] if isinstance(row.messages, str) else row.messages,
         prompt=row.messages if isinstance(row.messages, str) else None, model=row.model, model_version=row.model_version,
         tools=row.tools, response=row.response, usage=row.usage, latency_ms=row.latency_ms,
-        metadata=row.metadata or {}, feedback=feedback)
+        metadata=row.metadata or {}, feedback=feedback, tenant=row.tenant)
