@@ -38,8 +38,10 @@ system-deps:
 demo: setup
 	OMP_NUM_THREADS=$(THREADS) $(PY) -m flywheel.demo --threads $(THREADS)
 
+# Two pytest workers, a test file each at a time (a module's fixtures are built once).
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Everything, the learning tests included, and the database tests against a PostgreSQL server
 # the test session starts (tests/conftest.py) as well as against SQLite.
@@ -52,6 +54,7 @@ test-all:
 BENCHES := generate sft envs sandbox code_repair serve traces weights async rl_vs_trl demo api
 bench:
 	@$(MAKE) --no-print-directory setup EXTRAS=dev,bench
+	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="bubblewrap wrk"  # wrk: bench/api.py's load generator
 	@mkdir -p bench-work
 	@for b in $(BENCHES); do \
 	  echo "== bench/$$b.py"; \

@@ -4,21 +4,21 @@ server, in one run.
 
 Processes: `flywheel serve --fine-tuning` (the tiny model, its own process), one `flywheel
 worker` (training a long supervised job of the tiny model: the "busy" phase only), and the
-load generator: 2 processes of 25 asyncio clients each (httpx, one keep-alive connection a
-client), each client sending its next request as soon as the last is answered, cycling
-GET /v1/fine_tuning/jobs?limit=20, GET /v1/fine_tuning/jobs/{id}, GET .../events?limit=20.
-Phases alternate idle / busy for `--repeats` rounds of `--seconds` each, after a warm-up;
-latency p50 and p99 are over every request of a phase kind; an error is any non-200 answer
-or a failed request. The goal is p99 <= 50 ms with no errors while a job trains.
+load generator: wrk with 50 keep-alive connections, each sending its next request as soon as
+the last is answered, cycling GET /v1/fine_tuning/jobs?limit=20, GET /v1/fine_tuning/jobs/{id},
+GET .../events?limit=20. Phases alternate idle / busy for `--repeats` rounds of `--seconds`
+each, after a warm-up; each round's p50 and p99 are over its requests, and each figure is the
+median of the rounds with their range; an error is any non-2xx answer or a socket error. The
+goal is p99 <= 50 ms with no errors while a job trains.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import multiprocessing
 import os
+import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -35,59 +35,55 @@ ROWS = [{"messages": [{"role": "user", "content": f"What is {i} + {i}?"}, {"role
         for i in range(200)]
 
 
-def client_process(url: str, job_id: str, clients: int, seconds: float, out) -> None:
-    async def one(http: httpx.AsyncClient, latencies: list[float], errors: list[int], deadline: float):
-        paths = ["/v1/fine_tuning/jobs?limit=20", f"/v1/fine_tuning/jobs/{job_id}",
-                 f"/v1/fine_tuning/jobs/{job_id}/events?limit=20"]
-        i = 0
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            try:
-                r = await http.get(paths[i % 3])
-                ok = r.status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            latencies.append(time.perf_counter() - t0)
-            errors[0] += not ok
-            i += 1
-
-    async def main():
-        latencies, errors = [], [0]
-        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-        async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as http:
-            deadline = time.perf_counter() + seconds
-            await asyncio.gather(*(one(http, latencies, errors, deadline) for _ in range(clients)))
-        return latencies, errors[0]
-
-    out.put(asyncio.run(main()))
+WRK_SCRIPT = """
+local paths, i = {}, 0
+init = function(args) for _, p in ipairs(args) do paths[#paths + 1] = p end end
+request = function() i = i + 1; return wrk.format("GET", paths[i % #paths + 1]) end
+"""
 
 
-def load(url: str, job_id: str, clients: int, processes: int, seconds: float) -> tuple[list[float], int]:
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=client_process, args=(url, job_id, clients // processes, seconds, queue))
-             for _ in range(processes)]
-    for p in procs:
-        p.start()
-    results = [queue.get() for _ in procs]
-    for p in procs:
-        p.join()
-    return [x for lat, _ in results for x in lat], sum(e for _, e in results)
+def load(url: str, job_id: str, clients: int, seconds: float) -> dict[str, float]:
+    """One wrk run of `clients` connections for `seconds`: {"p50_ms", "p99_ms", "rps", "requests", "errors"}.
+
+    wrk (C, one thread, epoll) keeps every connection busy: the next request goes as soon as the
+    last is answered. Latency percentiles are wrk's, over every request of the run; errors are
+    non-2xx answers plus socket errors (connect, read, write, timeout)."""
+    script = common.WORK / "api" / "cycle.lua"
+    script.write_text(WRK_SCRIPT)
+    paths = ["/v1/fine_tuning/jobs?limit=20", f"/v1/fine_tuning/jobs/{job_id}",
+             f"/v1/fine_tuning/jobs/{job_id}/events?limit=20"]
+    out = subprocess.run(["wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "--latency", "--timeout", "10s",
+                          "-s", str(script), url, "--", *paths], capture_output=True, text=True, check=True).stdout
+    return parse_wrk(out)
 
 
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+_UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 6e4}
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    """The figures of wrk's --latency report."""
+    def ms(text: str) -> float:
+        m = re.fullmatch(r"([0-9.]+)(us|ms|s|m)", text)
+        return float(m.group(1)) * _UNIT_MS[m.group(2)]
+
+    pct = {float(p): ms(v) for p, v in re.findall(r"^\s+([0-9.]+)%\s+(\S+)$", out, re.M)}
+    requests = int(re.search(r"^\s+(\d+) requests in", out, re.M).group(1))
+    errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors += int(non2xx.group(1)) if non2xx else 0
+    return {"p50_ms": pct[50.0], "p99_ms": pct[99.0], "rps": float(re.search(r"Requests/sec:\s+([0-9.]+)", out).group(1)),
+            "requests": requests, "errors": errors}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=50)
-    ap.add_argument("--processes", type=int, default=2, help="load generator processes")
     ap.add_argument("--seconds", type=float, default=10.0, help="per phase")
     ap.add_argument("--repeats", type=int, default=3, help="idle / busy rounds")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("bench/api.py needs wrk, the HTTP load generator: apt-get install wrk (make bench installs it)")
     root = common.WORK / "api"
     subprocess.run(["rm", "-rf", str(root)], check=True)
     root.mkdir(parents=True)
@@ -116,10 +112,8 @@ def main() -> None:
             "model": "tiny", "training_file": f["id"],
             "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 50, "batch_size": 1}}}},
         ).json()
-        load(url, job["id"], args.clients, args.processes, 3.0)  # warm-up
-        phases = {"idle": [], "busy": []}
-        errors = {"idle": 0, "busy": 0}
-        rates = {"idle": [], "busy": []}
+        load(url, job["id"], args.clients, 3.0)  # warm-up
+        rounds: dict[str, list[dict[str, float]]] = {"idle": [], "busy": []}
         for rnd in range(args.repeats):
             for phase in ("idle", "busy"):
                 if phase == "busy" and worker is None:
@@ -136,10 +130,7 @@ def main() -> None:
                     worker.wait(60)
                     worker = None
                     httpx.post(f"{url}/v1/fine_tuning/jobs/{job['id']}/resume")
-                lat, err = load(url, job["id"], args.clients, args.processes, args.seconds)
-                phases[phase] += lat
-                errors[phase] += err
-                rates[phase].append(len(lat) / args.seconds)
+                rounds[phase].append(load(url, job["id"], args.clients, args.seconds))
     finally:
         for p in (worker, server):
             if p is not None and p.poll() is None:
@@ -149,21 +140,27 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     p.kill()
 
-    def ms(values, q):
-        return percentile(values, q) * 1e3
+    def fig(phase: str, key: str, digits: int = 1) -> str:
+        values = [r[key] for r in rounds[phase]]
+        return (f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})")
+
+    def med(phase: str, key: str) -> float:
+        return statistics.median(r[key] for r in rounds[phase])
 
     lines = [f"Machine: {common.machine_line(1)} (server 1 torch thread; the worker's training process 1). "
-             f"{args.clients} clients in {args.processes} processes, {args.repeats} rounds of {args.seconds:.0f} s "
-             "per phase after a 3 s warm-up; busy = a supervised job of the tiny model training on the same machine.",
-             "", "| phase | requests | requests/s (median of rounds) | p50 ms | p99 ms | errors |", "|---|---|---|---|---|---|"]
+             f"wrk: {args.clients} connections, 1 thread, {args.repeats} rounds of {args.seconds:.0f} s per phase "
+             "after a 3 s warm-up, cycling GET /v1/fine_tuning/jobs?limit=20, /jobs/{id}, /jobs/{id}/events?limit=20; "
+             "busy = a supervised job of the tiny model training on the same machine. Each figure: the median of "
+             "the rounds (range).",
+             "", "| phase | requests | requests/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|---|"]
     for phase in ("idle", "busy"):
-        lat = phases[phase]
-        lines.append(f"| {phase} | {len(lat)} | {statistics.median(rates[phase]):.0f} | {ms(lat, 0.5):.1f} "
-                     f"| {ms(lat, 0.99):.1f} | {errors[phase]} |")
-    busy = phases["busy"]
-    last = (f"api: p50_ms={ms(busy, 0.5):.1f} p99_ms={ms(busy, 0.99):.1f} errors={errors['busy']} clients={args.clients} "
-            f"idle_p50_ms={ms(phases['idle'], 0.5):.1f} idle_p99_ms={ms(phases['idle'], 0.99):.1f} "
-            f"busy_rps={statistics.median(rates['busy']):.0f} idle_rps={statistics.median(rates['idle']):.0f}")
+        lines.append(f"| {phase} | {sum(r['requests'] for r in rounds[phase]):.0f} | {fig(phase, 'rps', 0)} "
+                     f"| {fig(phase, 'p50_ms')} | {fig(phase, 'p99_ms')} "
+                     f"| {sum(r['errors'] for r in rounds[phase]):.0f} |")
+    errors = sum(r["errors"] for r in rounds["busy"])
+    last = (f"api: p50_ms={med('busy', 'p50_ms'):.1f} p99_ms={med('busy', 'p99_ms'):.1f} errors={errors:.0f} "
+            f"clients={args.clients} idle_p50_ms={med('idle', 'p50_ms'):.1f} idle_p99_ms={med('idle', 'p99_ms'):.1f} "
+            f"busy_rps={med('busy', 'rps'):.0f} idle_rps={med('idle', 'rps'):.0f}")
     common.append_report("bench/api.py: the fine-tuning API under 50 concurrent clients, idle and while a job trains",
                          "\n".join(lines), last, write=not args.no_write)
 

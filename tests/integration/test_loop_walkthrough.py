@@ -77,6 +77,7 @@ def _stop(proc: subprocess.Popen) -> str:
     return out
 
 
+@pytest.mark.slow  # processes killed and restarted, or the whole flow end to end: make test-all
 def test_the_walkthrough_through_the_public_faces(tmp_path, untrained_tiny):
     data = tmp_path / "loop"
     assert "registered v1" in flywheel("registry", "register", str(untrained_tiny), "--data-dir", str(data)).stdout

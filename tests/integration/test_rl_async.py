@@ -61,6 +61,7 @@ def test_one_step_off_policy_trains_in_data_order_with_bounded_staleness(model, 
     assert not (out / "rollout-weights.shm").exists()  # the segment is gone with the run
 
 
+@pytest.mark.slow  # processes killed and restarted, or the whole flow end to end: make test-all
 def test_a_killed_worker_is_restarted_and_its_tasks_regenerated(model, tmp_path):
     out = tmp_path / "run"
     errors = []
@@ -88,6 +89,7 @@ def test_a_killed_worker_is_restarted_and_its_tasks_regenerated(model, tmp_path)
     assert trained_tasks(out) == expected_tasks(8, 2)  # nothing lost, nothing twice
 
 
+@pytest.mark.slow  # processes killed and restarted, or the whole flow end to end: make test-all
 def test_sigkill_of_the_whole_run_then_resume(model, tmp_path, forked_cli):
     """The killed run (`flywheel rl`) is a session of its own, learner and worker; the resume
     runs here."""

@@ -73,6 +73,7 @@ def test_a_worker_samples_with_exactly_the_weights_it_picked_up(model_dir, packe
         transport.close()
 
 
+@pytest.mark.slow  # processes killed and restarted, or the whole flow end to end: make test-all
 def test_a_killed_workers_lease_blocks_nothing_and_its_replacement_gets_a_slot(model_dir):
     learner, _ = load(model_dir)
     transport = rollout_transport(learner, 1)  # 1 slot, 3 buffers

@@ -1,5 +1,6 @@
-"""Tenants of the fine-tuning service cannot reach each other: every route and verb, called by
-tenant B with tenant A's ids, answers as if the object did not exist; keys are hashed at rest,
+"""Tenants of the service cannot reach each other: every route and verb, called by tenant B with
+tenant A's ids, answers as if the object did not exist (files, jobs, checkpoints, models,
+webhooks, traces and their feedback); keys are hashed at rest,
 a missing, unknown or revoked key is a 401, and a key past its rate gets a 429 with Retry-After."""
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from flywheel.service.background import BackgroundServer
 from flywheel.service.core import OpenAIService
 from flywheel.service.finetune import FineTuning
 from flywheel.service.job_worker import JobWorker
+from flywheel.service.traces import TraceStoreSink
+from flywheel.traces import TraceStore
 
 ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
 
@@ -46,8 +49,10 @@ def world(request, tmp_path_factory):
     key_a, _ = keys.create("alpha")
     key_b, _ = keys.create("beta")
     auth = KeyAuth(keys, rate_per_s=1000, burst=1000, cache_s=0)
-    service = OpenAIService(base, name="tiny", default_max_tokens=4)
-    srv = BackgroundServer(create_app(service, fine_tuning=FineTuning(store, {"tiny": base}), tenant_of=auth)).start()
+    traces = TraceStore(url)  # the job store's database: the stores share one
+    service = OpenAIService(base, name="tiny", default_max_tokens=4, trace_sink=TraceStoreSink(traces))
+    srv = BackgroundServer(create_app(service, fine_tuning=FineTuning(store, {"tiny": base}), tenant_of=auth,
+                                      trace_store=traces)).start()
     a = httpx.Client(base_url=srv.url, headers={"authorization": f"Bearer {key_a}"}, timeout=60)
     b = httpx.Client(base_url=srv.url, headers={"authorization": f"Bearer {key_b}"}, timeout=60)
     up = a.post("/v1/files", files={"file": ("t.jsonl", io.BytesIO(json.dumps(ROW).encode() + b"\n"))},
@@ -63,11 +68,12 @@ def world(request, tmp_path_factory):
     checkpoint = a.get(f"/v1/fine_tuning/jobs/{job['id']}/checkpoints").json()["data"][-1]
     yield dict(a=a, b=b, srv=srv, keys=keys, store=store, root=root, file=file_id, job=job["id"],
                model=done["fine_tuned_model"], checkpoint=checkpoint["fine_tuned_model_checkpoint"],
-               key_a=key_a)
+               key_a=key_a, traces=traces, sink=service.trace_sink)
     a.close()
     b.close()
     srv.stop()
     service.close()
+    traces.close()
     store.close()
 
 
@@ -229,3 +235,31 @@ def test_keys_and_file_contents_stay_out_of_the_logs(tmp_path, caplog):
     assert key not in logged and key[3:20] not in logged and marker not in logged
     service.close()
     store.close()
+
+
+def test_traces_and_their_feedback_belong_to_the_caller(world):
+    a, b, traces = world["a"], world["b"], world["traces"]
+    for model in ("tiny", world["model"]):  # the base model and A's fine-tuned one
+        chat = a.post("/v1/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 200, chat.text
+        trace_id = chat.json()["id"]
+        assert world["sink"].flush() and traces.get(trace_id).tenant == "alpha"
+        refused = b.post(f"/v1/traces/{trace_id}/feedback", json={"score": 0.0})
+        assert refused.status_code == 404 and refused.json()["error"]["param"] == "trace_id", refused.text
+        assert a.post(f"/v1/traces/{trace_id}/feedback", json={"score": 1.0}).status_code == 200
+        assert [f.score for f in traces.get(trace_id).feedback] == [1.0]  # B's never landed
+    record = {"messages": [{"role": "user", "content": "q"}], "response": {"role": "assistant", "content": "a"},
+              "idempotency_key": "batch-1"}
+    first = a.post("/v1/traces", json=[record]).json()["results"][0]
+    assert first["status"] == "added"
+    # the same key from B is B's own trace, not a duplicate that would hand B the id of A's
+    other = b.post("/v1/traces", json=[record]).json()["results"][0]
+    assert other["status"] == "added" and other["id"] != first["id"]
+    assert traces.get(other["id"], tenant="beta").tenant == "beta"
+    # an id A holds is refused to B without a word about A's trace
+    taken = b.post("/v1/traces", json=[{**record, "id": first["id"], "idempotency_key": "b-2"}]).json()["results"][0]
+    assert taken["status"] == "conflict" and "batch-1" not in taken["reason"]
+    fb = {"score": 0.5, "idempotency_key": "fb-1"}
+    assert a.post(f"/v1/traces/{first['id']}/feedback", json=fb).status_code == 200
+    assert b.post(f"/v1/traces/{other['id']}/feedback", json=fb).status_code == 200  # B's key space is its own
+    assert [t.id for t in traces.iter_traces(tenant="beta")] == [other["id"]]  # the module's other tests are A's

@@ -149,7 +149,7 @@ def test_sink_never_blocks_on_a_dead_database():
     class Down:
         calls = 0
 
-        def add_traces(self, records, source=None):
+        def add_traces(self, records, source=None, tenant="default"):
             Down.calls += 1
             entered.set()
             release.wait(10)

@@ -173,15 +173,14 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         return JSONResponse(err.body(), status_code=exc.status_code)
 
     if trace_store is not None:
-        app.include_router(ingest_router(trace_store, pool, getattr(service.trace_sink, "wait_written", None),
-                                         curation), dependencies=[Depends(tenant_of)])
+        app.include_router(ingest_router(trace_store, tenant_of, pool,
+                                         getattr(service.trace_sink, "wait_written", None), curation))
     served = ServedModels(service, None if fine_tuning is None else fine_tuning.servable_path,
                           default_max_tokens=service.default_max_tokens)
     if fine_tuning is not None:
         app.include_router(finetune_router(fine_tuning, tenant_of))
 
-    async def model_for(request: Request, body: Any) -> OpenAIService:
-        tenant = tenant_of(request)
+    async def model_for(tenant: str, body: Any) -> OpenAIService:
         name = body.get("model") if isinstance(body, dict) else None
         if fine_tuning is None or name == service.name:
             return service  # the served model: no lookup, no thread hop on the serving path
@@ -228,13 +227,15 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
                                                   stream="ChatCompletionChunk", errors=GENERATION_ERRORS))
     async def chat_completions(request: Request, body: BodyDep):
         """OpenAI's chat completions: the model's chat template, tool calls in the Hermes format."""
-        return _answer(*await (await model_for(request, body)).chat(body))
+        tenant = tenant_of(request)
+        return _answer(*await (await model_for(tenant, body)).chat(body, tenant))
 
     @app.post("/v1/completions", **route_doc(body="CompletionRequest", ok="TextCompletion",
                                              stream="TextCompletionChunk", errors=GENERATION_ERRORS))
     async def completions(request: Request, body: BodyDep):
         """OpenAI's legacy completions: raw prompts (texts or token ids), no chat template."""
-        return _answer(*await (await model_for(request, body)).completions(body))
+        tenant = tenant_of(request)
+        return _answer(*await (await model_for(tenant, body)).completions(body, tenant))
 
     return app
 

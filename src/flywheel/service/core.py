@@ -44,6 +44,7 @@ from flywheel.service import responses as R
 from flywheel.service.errors import OpenAIError, bad
 from flywheel.service.schemas import ChatCompletionRequest, CompletionRequest
 from flywheel.service.traces import TraceEvent, TraceSink
+from flywheel.traces.tables import DEFAULT_TENANT
 from flywheel.traces.schema import describe
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class _Chat:
     prompt: list[int]
     params: SamplingParams
     t0: float
+    tenant: str  # whose request: its traces are the tenant's
 
 
 @dataclass
@@ -68,6 +70,7 @@ class _Completion:
     prompts: list[list[int]]
     params: list[SamplingParams]
     t0: float
+    tenant: str
 
 
 class OpenAIService:
@@ -127,10 +130,11 @@ class OpenAIService:
         return {"object": "list", "data": [{"id": self.name, "object": "model", "created": self.created,
                                             "owned_by": "flywheel", "version": self.version}]}
 
-    async def chat(self, body: Any) -> tuple[dict[str, Any] | "EventStream", ChatCompletionRequest]:
+    async def chat(self, body: Any, tenant: str = DEFAULT_TENANT) -> tuple[dict[str, Any] | "EventStream",
+                                                                           ChatCompletionRequest]:
         """(chat.completion response, parsed request); with `stream` set, an `EventStream`
-        of `chat.completion.chunk` objects instead of the response."""
-        c = self._prepare_chat(body)
+        of `chat.completion.chunk` objects instead of the response. Traced as `tenant`'s."""
+        c = self._prepare_chat(body, tenant)
         if c.req.stream:
             return await self._stream_chat(c), c.req
         result = await self._run(c.prompt, c.params, c.req.seed)
@@ -139,9 +143,11 @@ class OpenAIService:
         self._trace(self._chat_events(c, response, [result]))
         return response, c.req
 
-    async def completions(self, body: Any) -> tuple[dict[str, Any] | "EventStream", CompletionRequest]:
-        """(text_completion response, parsed request); with `stream` set, an `EventStream`."""
-        c = self._prepare_completion(body)
+    async def completions(self, body: Any, tenant: str = DEFAULT_TENANT) -> tuple[dict[str, Any] | "EventStream",
+                                                                                  CompletionRequest]:
+        """(text_completion response, parsed request); with `stream` set, an `EventStream`.
+        Traced as `tenant`'s."""
+        c = self._prepare_completion(body, tenant)
         if c.req.stream:
             return await self._stream_completion(c), c.req
         results = await asyncio.gather(*(self._run(p, sp, c.req.seed) for p, sp in zip(c.prompts, c.params)))
@@ -152,7 +158,7 @@ class OpenAIService:
 
     # ------------------------------------------------------------------ requests and responses
 
-    def _prepare_chat(self, body: Any) -> _Chat:
+    def _prepare_chat(self, body: Any, tenant: str) -> _Chat:
         t0 = time.perf_counter()
         req = _parse(ChatCompletionRequest, body)
         self._check_model(req.model)
@@ -166,7 +172,7 @@ class OpenAIService:
             raise bad("messages", f"cannot render the chat template: {e}") from None
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         params = self._params(req, len(prompt), req.budget, param, clip_default=True)
-        return _Chat(req, messages, tools, prompt, params, t0)
+        return _Chat(req, messages, tools, prompt, params, t0, tenant)
 
     def _chat_choices(self, c: _Chat, result: JobResult) -> list[dict[str, Any]]:
         tok = result.engine.tokenizer
@@ -194,17 +200,17 @@ class OpenAIService:
             trace_id=_trace_id(response["id"], ch["index"]), model=self.name, model_version=result.label,
             messages=c.messages, tools=c.tools, response=ch["message"],
             usage=R.usage(len(c.prompt), len(s.token_ids)), latency_ms=latency_ms,
-            created_at=datetime.now(timezone.utc), finish_reason=ch["finish_reason"], metadata=meta)
+            created_at=datetime.now(timezone.utc), finish_reason=ch["finish_reason"], metadata=meta, tenant=c.tenant)
             for ch, s in zip(response["choices"], result.samples)]
 
-    def _prepare_completion(self, body: Any) -> _Completion:
+    def _prepare_completion(self, body: Any, tenant: str) -> _Completion:
         t0 = time.perf_counter()
         req = _parse(CompletionRequest, body)
         self._check_model(req.model)
         engine = self.engine
         prompts = [self._prompt_ids(engine, p, i) for i, p in enumerate(req.prompts())]
         params = [self._params(req, len(p), req.budget, "max_tokens", clip_default=False) for p in prompts]
-        return _Completion(req, prompts, params, t0)
+        return _Completion(req, prompts, params, t0, tenant)
 
     def _completion_choices(self, c: _Completion, i: int, result: JobResult) -> list[dict[str, Any]]:
         """The choices of prompt i: indices i * n + j."""
@@ -243,7 +249,8 @@ class OpenAIService:
                     messages=None, prompt=prompt_text, tools=None,
                     response={"role": "assistant", "content": ch["text"]},
                     usage=R.usage(len(prompt), len(s.token_ids)), latency_ms=latency_ms, created_at=now,
-                    finish_reason=ch["finish_reason"], metadata=_request_meta(c.req, "completions", c.params[i])))
+                    finish_reason=ch["finish_reason"], metadata=_request_meta(c.req, "completions", c.params[i]),
+                    tenant=c.tenant))
         return events
 
     # ------------------------------------------------------------------ streaming

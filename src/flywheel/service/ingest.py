@@ -68,10 +68,13 @@ TRACE_ID = ("the trace's id: for a response this server returned, the response's
             "(choice i > 0); for a trace sent to POST /v1/traces, the `id` in its result")
 
 
-def ingest_router(store, pool: IngestPool | None = None,
+def ingest_router(store, tenant_of: Callable[[Request], str], pool: IngestPool | None = None,
                   wait_written: Callable[[float], bool] | None = None,
                   curation: CurationConfig | None = None) -> APIRouter:
-    """The routes over `store`; `pool` prepares batch bodies (default: in a thread of the server).
+    """The routes over `store`, each for the caller's tenant (`tenant_of(request)`, which may
+    refuse): traces are stored as the tenant's, feedback goes only to the tenant's own
+    traces (another tenant's trace id is a 404). `pool` prepares batch bodies (default: in a
+    thread of the server).
     wait_written(timeout): waits until the traces of the responses served so far are stored
     (the service's sink); feedback for a trace not found yet waits for it once, so feedback
     sent right after its response is accepted (read-your-writes). Feedback curation could not
@@ -81,9 +84,9 @@ def ingest_router(store, pool: IngestPool | None = None,
     router = APIRouter()
     pool = pool or IngestPool(0)
 
-    def write(batch: PreparedBatch) -> Response:
+    def write(batch: PreparedBatch, tenant: str) -> Response:
         try:
-            result = store.add_prepared(batch)
+            result = store.add_prepared(batch, tenant=tenant)
         except TraceStoreBusy as e:
             raise OpenAIError(str(e), status=503, type="server_busy") from None
         rows = [{"index": r.index, "status": r.status, "id": r.id, "reason": r.reason} for r in result.results]
@@ -94,6 +97,7 @@ def ingest_router(store, pool: IngestPool | None = None,
     async def add_traces(request: Request) -> Response:
         """Store traces from any agent stack, each record judged alone; a retry with the same
         idempotency keys (or ids) is a no-op."""
+        tenant = tenant_of(request)
         raw = await request.body()
         try:
             batch = await pool.prepare(raw, store.default_source, datetime.now(timezone.utc))
@@ -103,7 +107,7 @@ def ingest_router(store, pool: IngestPool | None = None,
             raise OpenAIError(str(e), param="traces") from None
         except IngestWorkerDied as e:
             raise OpenAIError(str(e), status=500, type="server_error") from None
-        return await asyncio.to_thread(write, batch)
+        return await asyncio.to_thread(write, batch, tenant)
 
     @router.post("/v1/traces/{trace_id}/feedback", **FEEDBACK_DOC)
     async def add_feedback(trace_id: Annotated[str, Path(description=TRACE_ID)], request: Request) -> JSONResponse:
@@ -111,6 +115,7 @@ def ingest_router(store, pool: IngestPool | None = None,
         the newest: a failed trace (a low score, a failure label) with a verifier becomes an RL
         task its environment replays and grades; a correction becomes an SFT example. Feedback
         for a response this server just returned waits for its trace to be stored."""
+        tenant = tenant_of(request)
         body = read_json(await request.body())
         if not isinstance(body, dict):
             raise OpenAIError("expected a JSON object with the feedback", param="body")
@@ -121,11 +126,11 @@ def ingest_router(store, pool: IngestPool | None = None,
 
         def add() -> str:
             try:
-                return store.add_feedback(trace_id, body)
+                return store.add_feedback(trace_id, body, tenant=tenant)
             except TraceNotFound:
                 if wait_written is None or not wait_written(FEEDBACK_WAIT_S):
                     raise
-                return store.add_feedback(trace_id, body)  # its response's trace may be stored now
+                return store.add_feedback(trace_id, body, tenant=tenant)  # its response's trace may be stored now
 
         try:
             feedback_id = await asyncio.to_thread(add)

@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any, Callable
 
 from flywheel.traces import TraceStore
+from flywheel.traces.tables import DEFAULT_TENANT
 from flywheel.traces.schema import ToolDef, TraceIn, Usage
 from flywheel.types import Message
 
@@ -43,6 +44,7 @@ class TraceEvent:
     finish_reason: str
     metadata: dict[str, Any] = field(default_factory=dict)
     prompt: str | None = None  # a raw completion's prompt text, as served
+    tenant: str = DEFAULT_TENANT  # whose request (the API key's tenant)
 
     def to_record(self) -> TraceIn:
         """The trace store's `TraceIn` shape."""
@@ -155,10 +157,18 @@ class TraceStoreSink:
                     self._progress.notify_all()
 
     def _write(self, batch: list[TraceEvent]) -> None:
+        by_tenant: dict[str, list[TraceEvent]] = {}
+        for e in batch:
+            by_tenant.setdefault(e.tenant, []).append(e)
+        for tenant, events in by_tenant.items():
+            self._write_tenant(tenant, events)
+        self.stats.flushes += 1
+
+    def _write_tenant(self, tenant: str, batch: list[TraceEvent]) -> None:
         records = [e.to_record() for e in batch]
         for attempt in range(self.retries + 1):
             try:
-                result = self.store.add_traces(records, source="serve")
+                result = self.store.add_traces(records, source="serve", tenant=tenant)
                 break
             except Exception as e:  # noqa: BLE001 - the database is down or locked: retry, then drop
                 if attempt == self.retries:
@@ -166,7 +176,6 @@ class TraceStoreSink:
                     self.stats.dropped += len(batch)
                     return
                 time.sleep(0.05 * 2 ** attempt)
-        self.stats.flushes += 1
         for r in result.rejected:
             log.warning("trace %s refused by the store: %s", batch[r.index].trace_id, r.reason)
         self.stats.rejected += len(result.rejected)
