@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import delete, func, insert, or_, select, update
+from sqlalchemy import Select, bindparam, delete, func, insert, or_, select, update
 
 from flywheel import database
 from flywheel.clock import utc_naive, utc_now
@@ -129,8 +129,9 @@ class JobStore:
 
     def list_files(self, tenant: str, *, purpose: str | None = None, after: str | None = None, limit: int = MAX_LIST,
                    ascending: bool = False) -> tuple[list[dict[str, Any]], bool]:
-        where = [FileRow.tenant == tenant] + ([FileRow.purpose == purpose] if purpose else [])
-        return self._page(FileRow, where, after, limit, ascending)
+        equal = {"tenant": tenant, **({"purpose": purpose} if purpose else {})}
+        with self.engine.connect() as conn:
+            return _page(conn, FileRow, equal, after, limit, ascending)
 
     def delete_file(self, tenant: str, file_id: str) -> None:
         with writing(self.engine) as conn:
@@ -158,19 +159,13 @@ class JobStore:
 
     def get_job(self, tenant: str | None, job_id: str) -> dict[str, Any]:
         """The job (tenant None: whoever owns it, for workers)."""
-        q = select(JobRow.__table__).where(JobRow.id == job_id)
-        if tenant is not None:
-            q = q.where(JobRow.tenant == tenant)
         with self.engine.connect() as conn:
-            row = conn.execute(q).first()
-        if row is None:
-            raise NotFound(f"no fine-tuning job {job_id!r}", "fine_tuning_job_id")
-        return _dict(row)
+            return self._job(conn, tenant, job_id)
 
     def list_jobs(self, tenant: str, *, after: str | None = None, limit: int = 20,
                   metadata: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], bool]:
-        rows, more = self._page(JobRow, [JobRow.tenant == tenant], after, limit if not metadata else MAX_LIST * 10,
-                                False)
+        with self.engine.connect() as conn:
+            rows, more = _page(conn, JobRow, {"tenant": tenant}, after, limit if not metadata else MAX_LIST * 10, False)
         if metadata:  # a JSON filter portable across SQLite and PostgreSQL: done here, on one tenant's jobs
             rows = [r for r in rows if all((r["metadata"] or {}).get(k) == v for k, v in metadata.items())]
             rows, more = rows[:limit], len(rows) > limit or more
@@ -192,7 +187,7 @@ class JobStore:
     def cancel(self, tenant: str, job_id: str) -> dict[str, Any]:
         """Not yet running: cancelled now. Running: its worker stops it within a heartbeat."""
         with writing(self.engine) as conn:
-            job = self._owned(conn, tenant, job_id)
+            job = self._job(conn, tenant, job_id)
             if job["status"] in TERMINAL:
                 raise Conflict(f"job {job_id} has already {job['status']}", "fine_tuning_job_id")
             if job["status"] == "running":
@@ -206,7 +201,7 @@ class JobStore:
 
     def pause(self, tenant: str, job_id: str) -> dict[str, Any]:
         with writing(self.engine) as conn:
-            job = self._owned(conn, tenant, job_id)
+            job = self._job(conn, tenant, job_id)
             if job["status"] == "running":
                 conn.execute(update(JobRow).where(JobRow.id == job_id).values(control="pause"))
                 self._event(conn, job_id, "Pause requested")
@@ -220,7 +215,7 @@ class JobStore:
 
     def resume(self, tenant: str, job_id: str) -> dict[str, Any]:
         with writing(self.engine) as conn:
-            job = self._owned(conn, tenant, job_id)
+            job = self._job(conn, tenant, job_id)
             if job["status"] != "paused":
                 raise Conflict(f"only a paused job can be resumed; job {job_id} is {job['status']}",
                                "fine_tuning_job_id")
@@ -350,8 +345,9 @@ class JobStore:
 
     def list_events(self, tenant: str, job_id: str, *, after: str | None = None,
                     limit: int = 20) -> tuple[list[dict[str, Any]], bool]:
-        self.get_job(tenant, job_id)
-        return self._page(EventRow, [EventRow.job_id == job_id], after, limit, False)
+        with self.engine.connect() as conn:
+            self._job(conn, tenant, job_id)
+            return _page(conn, EventRow, {"job_id": job_id}, after, limit, False)
 
     def add_checkpoint(self, job_id: str, step: int, metrics: dict[str, Any], name: str, path: str) -> dict[str, Any]:
         row = dict(id=new_id("ftckpt"), job_id=job_id, created_at=_now(), step=step, metrics=metrics,
@@ -362,8 +358,9 @@ class JobStore:
 
     def list_checkpoints(self, tenant: str, job_id: str, *, after: str | None = None,
                          limit: int = 10) -> tuple[list[dict[str, Any]], bool]:
-        self.get_job(tenant, job_id)
-        return self._page(CheckpointRow, [CheckpointRow.job_id == job_id], after, limit, False)
+        with self.engine.connect() as conn:
+            self._job(conn, tenant, job_id)
+            return _page(conn, CheckpointRow, {"job_id": job_id}, after, limit, False)
 
     def checkpoint_steps(self, job_id: str) -> set[int]:
         with self.engine.connect() as conn:
@@ -371,8 +368,9 @@ class JobStore:
 
     # ------------------------------------------------------------------ helpers
 
-    def _owned(self, conn, tenant: str, job_id: str) -> dict[str, Any]:
-        row = conn.execute(select(JobRow.__table__).where(JobRow.id == job_id, JobRow.tenant == tenant)).first()
+    @staticmethod
+    def _job(conn, tenant: str | None, job_id: str) -> dict[str, Any]:
+        row = conn.execute(_JOB if tenant is None else _OWNED_JOB, {"id": job_id, "tenant": tenant}).first()
         if row is None:
             raise NotFound(f"no fine-tuning job {job_id!r}", "fine_tuning_job_id")
         return _dict(row)
@@ -382,20 +380,37 @@ class JobStore:
         conn.execute(insert(EventRow).values(id=new_id("ftevent"), job_id=job_id, created_at=_now(), level=level,
                                              type=type, message=message, data=data))
 
-    def _page(self, table, where: list, after: str | None, limit: int,
-              ascending: bool) -> tuple[list[dict[str, Any]], bool]:
-        """Rows in seq order (newest first unless `ascending`), starting after the row `after`
-        (an id of this listing; an unknown one is a 404), and whether more follow."""
-        limit = max(1, min(limit, MAX_LIST * 10))
-        with self.engine.connect() as conn:
-            if after is not None:
-                seq = conn.scalar(select(table.seq).where(table.id == after, *where))
-                if seq is None:
-                    raise NotFound(f"after={after!r} is not an id of this listing", "after")
-                where = [*where, table.seq > seq if ascending else table.seq < seq]
-            order = table.seq.asc() if ascending else table.seq.desc()
-            rows = conn.execute(select(table.__table__).where(*where).order_by(order).limit(limit + 1)).all()
-        return [_dict(r) for r in rows[:limit]], len(rows) > limit
+
+
+# The statements of the read paths the API serves most, built once: building a select and
+# computing its cache key costs SQLAlchemy more than SQLite takes to run it.
+_JOB = select(JobRow.__table__).where(JobRow.id == bindparam("id"))
+_OWNED_JOB = _JOB.where(JobRow.tenant == bindparam("tenant"))
+_PAGES: dict[tuple, tuple[Select, Select, Select]] = {}  # (table, equal columns, ascending) -> statements
+
+
+def _page(conn, table, equal: dict[str, Any], after: str | None, limit: int,
+          ascending: bool) -> tuple[list[dict[str, Any]], bool]:
+    """Rows whose columns equal `equal`, in seq order (newest first unless `ascending`),
+    starting after the row `after` (an id of this listing; an unknown one is a 404), and
+    whether more follow."""
+    key = (table, tuple(sorted(equal)), ascending)
+    if key not in _PAGES:
+        where = [getattr(table, name) == bindparam(name) for name in key[1]]
+        cursor = bindparam("cursor")
+        first = (select(table.__table__).where(*where).order_by(table.seq.asc() if ascending else table.seq.desc())
+                 .limit(bindparam("limit")))
+        _PAGES[key] = (select(table.seq).where(table.id == bindparam("after"), *where), first,
+                       first.where(table.seq > cursor if ascending else table.seq < cursor))
+    find_after, first_page, next_page = _PAGES[key]
+    params = {**equal, "limit": max(1, min(limit, MAX_LIST * 10)) + 1}
+    if after is not None:
+        params["cursor"] = conn.scalar(find_after, {**equal, "after": after})
+        if params["cursor"] is None:
+            raise NotFound(f"after={after!r} is not an id of this listing", "after")
+    rows = conn.execute(first_page if after is None else next_page, params).all()
+    limit = params["limit"] - 1
+    return [_dict(r) for r in rows[:limit]], len(rows) > limit
 
 
 def data_file_url(data_dir: str | Path) -> str:
