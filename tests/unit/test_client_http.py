@@ -66,3 +66,44 @@ def test_settings_read_the_environment(monkeypatch):
     monkeypatch.setenv("FLYWHEEL_API_KEY", "secret")
     assert H.settings(None, None) == ("http://remote:9000", {"authorization": "Bearer secret"})
     assert H.settings("http://x", "k")[0] == "http://x"
+
+
+def test_outcome_of_one_attempt():
+    ok, busy, refused = (httpx.Response(s, headers=h) for s, h in ((200, {}), (429, {"retry-after": "3"}), (404, {})))
+    assert H.outcome(1, 2, "GET /x", ok, None) is ok
+    assert H.outcome(1, 2, "GET /x", busy, None) == 3.0  # the server's Retry-After
+    assert H.outcome(2, 2, "GET /x", None, httpx.ConnectError("down")) == 1.0  # 0.5 s doubling
+    with pytest.raises(FlywheelError, match="GET /x: down"):
+        H.outcome(3, 2, "GET /x", None, httpx.ConnectError("down"))  # no retry left
+    with pytest.raises(FlywheelError):
+        H.outcome(1, 2, "GET /x", refused, None)  # a refusal is final at once
+
+
+def test_the_async_client_retries_a_dropped_connection_with_the_same_key(monkeypatch):
+    import asyncio
+
+    from flywheel.client import AsyncFlywheel
+
+    sleeps, keys = [], []
+
+    async def no_sleep(s):
+        sleeps.append(s)
+
+    def handler(request):
+        keys.append(request.headers["idempotency-key"])
+        if len(keys) == 1:
+            raise httpx.ConnectError("reset")
+        return httpx.Response(200, json={"id": "file-1", "object": "file", "bytes": 1, "created_at": 0,
+                                         "filename": "a.jsonl", "purpose": "fine-tune", "status": "processed"})
+
+    async def main():
+        fw = AsyncFlywheel("http://fw.test/v1", api_key="k-1")
+        fw._http.client = httpx.AsyncClient(base_url="http://fw.test", transport=httpx.MockTransport(handler))
+        try:
+            return await fw.files.upload(b"{\"messages\": []}\n", filename="a.jsonl")
+        finally:
+            await fw.close()
+
+    monkeypatch.setattr(H.asyncio, "sleep", no_sleep)
+    created = asyncio.run(main())
+    assert created.id == "file-1" and len(set(keys)) == 1 and len(keys) == 2 and sleeps == [0.5]

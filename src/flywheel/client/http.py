@@ -5,6 +5,8 @@ second object), retries with backoff on connection errors, 429, 500, 502, 503 an
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
 import time
 import uuid
@@ -61,6 +63,21 @@ def prepare(method: str, headers: dict[str, str] | None) -> dict[str, str]:
     return headers
 
 
+def outcome(attempt: int, max_retries: int, what: str, r: httpx.Response | None,
+            exc: Exception | None) -> httpx.Response | float:
+    """What attempt `attempt` (1-based) of `what` ("GET <url>") came to: the response to
+    return, or the seconds to wait before the next attempt; FlywheelError when it failed and
+    no retry is left, or the server refused for good (an answer of 400 or more outside RETRY_STATUS)."""
+    if exc is not None:
+        if attempt > max_retries:
+            raise FlywheelError(0, f"{what}: {exc}") from None
+    elif r.status_code < 400:
+        return r
+    elif r.status_code not in RETRY_STATUS or attempt > max_retries:
+        raise FlywheelError.from_response(r)
+    return backoff_s(attempt, r)
+
+
 class SyncHTTP:
     def __init__(self, base_url: str | None, api_key: str | None, timeout: float, max_retries: int):
         url, headers = settings(base_url, api_key)
@@ -69,19 +86,16 @@ class SyncHTTP:
 
     def request(self, method: str, path: str, *, headers: dict[str, str] | None = None, **kw: Any) -> httpx.Response:
         headers = prepare(method, headers)
-        for attempt in range(1, self.max_retries + 2):
-            r = None
+        for attempt in itertools.count(1):
+            r = exc = None
             try:
                 r = self.client.request(method, path, headers=headers, **kw)
-            except httpx.TransportError as exc:
-                if attempt > self.max_retries:
-                    raise FlywheelError(0, f"{method} {self.client.base_url}{path}: {exc}") from None
-            else:
-                if r.status_code < 400:
-                    return r
-                if r.status_code not in RETRY_STATUS or attempt > self.max_retries:
-                    raise FlywheelError.from_response(r)
-            time.sleep(backoff_s(attempt, r))
+            except httpx.TransportError as e:
+                exc = e
+            step = outcome(attempt, self.max_retries, f"{method} {self.client.base_url}{path}", r, exc)
+            if isinstance(step, httpx.Response):
+                return step
+            time.sleep(step)
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -96,22 +110,17 @@ class AsyncHTTP:
 
     async def request(self, method: str, path: str, *, headers: dict[str, str] | None = None,
                       **kw: Any) -> httpx.Response:
-        import asyncio
-
         headers = prepare(method, headers)
-        for attempt in range(1, self.max_retries + 2):
-            r = None
+        for attempt in itertools.count(1):
+            r = exc = None
             try:
                 r = await self.client.request(method, path, headers=headers, **kw)
-            except httpx.TransportError as exc:
-                if attempt > self.max_retries:
-                    raise FlywheelError(0, f"{method} {self.client.base_url}{path}: {exc}") from None
-            else:
-                if r.status_code < 400:
-                    return r
-                if r.status_code not in RETRY_STATUS or attempt > self.max_retries:
-                    raise FlywheelError.from_response(r)
-            await asyncio.sleep(backoff_s(attempt, r))
+            except httpx.TransportError as e:
+                exc = e
+            step = outcome(attempt, self.max_retries, f"{method} {self.client.base_url}{path}", r, exc)
+            if isinstance(step, httpx.Response):
+                return step
+            await asyncio.sleep(step)
         raise AssertionError("unreachable")
 
     async def close(self) -> None:
