@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from flywheel.inference.kernels import dense_kernels, fuse, packed_available, packed_kernels
+from flywheel.inference.lora import Layout, RowGroups
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
 # A oneDNN call has a fixed cost over F.linear whatever its size, so below this hidden size the
@@ -145,6 +146,14 @@ class LeanDecoder:
             raise
         self.layers, self.top = kernels
 
+    def layout(self) -> Layout:
+        """The projections' sizes, what a LoRA adapter is laid out for (inference/lora.py)."""
+        att, mlp, _ = self._modules[0]
+        mods = dict(zip(("q_proj", "k_proj", "v_proj"), att["qkv"]), o_proj=att["o"],
+                    **dict(zip(("gate_proj", "up_proj"), mlp["gate_up"])), down_proj=mlp["down"])
+        return Layout(len(self._modules), {k: m.out_features for k, m in mods.items()},
+                      {k: m.in_features for k, m in mods.items()})
+
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         shape = (len(self._inner.layers), 2, batch, self.n_kv, capacity, self.head_dim)
         return KVCache(torch.empty(shape, dtype=self.embed.dtype, device=self.embed.device))
@@ -183,7 +192,7 @@ class LeanDecoder:
     @torch.inference_mode()
     def forward(self, tokens_B_S: torch.Tensor, positions_B_S: torch.Tensor, cache: KVCache,
                 key_valid_B_T: torch.Tensor | None, causal: bool,
-                cache_rows: torch.Tensor | None = None) -> torch.Tensor:
+                cache_rows: torch.Tensor | None = None, lora: RowGroups | None = None) -> torch.Tensor:
         """Run S new tokens per row, writing their keys/values at cache columns
         [cache.length, cache.length + S). Returns the last position's logits (B, V).
 
@@ -191,6 +200,7 @@ class LeanDecoder:
         causal: apply a causal mask among the S new tokens (prefill).
         cache_rows (R,): prefill fan-out into an empty cache of R rows; cache row r gets the
           keys/values of batch row cache_rows[r] (n samples of a prompt share one prefill).
+        lora: the LoRA adapter of each row (inference/lora.py), unmerged; dense kernels only.
         """
         if self.layers is None:
             raise RuntimeError("the decoder has no kernels: rebuilding them after a weight change failed")
@@ -205,10 +215,16 @@ class LeanDecoder:
             is_causal = False
         else:
             is_causal = causal and S > 1
+        if lora and self.packed:
+            raise ValueError("LoRA rows run on the dense kernels: build the decoder with packed=False")
+        lora = lora or None
         rotation = self._rotation(positions_B_S)
         x = F.embedding(tokens_B_S.reshape(B * S), self.embed)  # (N, hidden), N = B S
         for li, L in enumerate(self.layers):
-            qkv = L["qkv"](L["norm_attn"](x))  # (N, (H + 2 KV) D)
+            h = L["norm_attn"](x)
+            qkv = L["qkv"](h)  # (N, (H + 2 KV) D)
+            if lora is not None:
+                lora.add(li, "qkv", h, qkv)
             qk = qkv[:, :(H + KV) * D]
             if L["q_norm"] is not None:  # Qwen3: RMSNorm per head before RoPE
                 qk = qk.view(B * S, H + KV, D)
@@ -226,8 +242,18 @@ class LeanDecoder:
                 cache.kv[li, 1, :, :, :c1] = v.index_select(0, cache_rows)
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                  enable_gqa=KV != H)  # (B, H, S, D)
-            x = L["o_residual"](att.transpose(1, 2).reshape(B * S, H * D), x)  # x + att W_o^T
-            x = L["down_residual"](L["swiglu"](L["norm_mlp"](x)), x)
+            att = att.transpose(1, 2).reshape(B * S, H * D)
+            x = L["o_residual"](att, x)  # x + att W_o^T
+            if lora is None:
+                x = L["down_residual"](L["swiglu"](L["norm_mlp"](x)), x)
+                continue
+            lora.add(li, "o", att, x)
+            h = L["norm_mlp"](x)
+            gu = L["gate_up"](h)
+            lora.add(li, "gate_up", h, gu)
+            m = F.silu(gu[:, :L["ffn"]]) * gu[:, L["ffn"]:]
+            x = L["down_residual"](m, x)
+            lora.add(li, "down", m, x)
         cache.length = c1
         last = x.view(B, S, -1)[:, -1]
         return self.top["lm_head"](self.top["norm_final"](last)).float()

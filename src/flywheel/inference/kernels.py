@@ -2,7 +2,7 @@
 
 Each set gives, per layer: `norm_attn`, `qkv`, `o_residual`, `norm_mlp`, `swiglu`,
 `down_residual` (callables on 2-D activations (N, features)), the Qwen3 `q_norm` / `k_norm`
-weights, and, for the model: `norm_final`, `lm_head`, and whether q/k come out with their
+weights (dense also `gate_up`, the projection before SwiGLU, and `ffn`, for LoRA rows), and, for the model: `norm_final`, `lm_head`, and whether q/k come out with their
 head dimension *interleaved* (RoPE pairs adjacent) or in HF's rotate-half layout.
 
 - dense: `F.linear` on the model's own parameters (any device, any dtype).
@@ -94,7 +94,7 @@ def dense_kernels(layers: list[dict], final_norm: torch.Tensor, lm_head, eps: fl
             norm_attn=_rms(L["ln_in"], eps), norm_mlp=_rms(L["ln_post"], eps),
             qkv=lambda h, w=w_qkv, b=b_qkv: F.linear(h, w, b),
             o_residual=lambda a, x, w=w_o, b=b_o: x + F.linear(a, w, b),
-            swiglu=swiglu,
+            swiglu=swiglu, gate_up=lambda h, w=w_gu, b=b_gu: F.linear(h, w, b), ffn=ffn,  # unfused: LoRA rows
             down_residual=lambda m, x, w=w_down, b=b_down: x + F.linear(m, w, b),
             q_norm=L["q_norm"], k_norm=L["k_norm"]))
     w_head, b_head = lm_head

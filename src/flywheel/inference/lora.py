@@ -1,0 +1,183 @@
+"""LoRA adapters on the lean decoder: unmerged, many at once, each batch row with its own.
+
+An adapter is what peft saves (`adapter_config.json`, `adapter_model.safetensors`): for each
+adapted linear layer, A (r, in) and B (out, r). peft's layer computes
+    y = W x + scaling * B (A x),   scaling = lora_alpha / r   (lora_alpha / sqrt(r) with use_rslora)
+(dropout sits on x before A and is the identity at inference). `read_adapter` loads such a
+folder, refusing with the field named what this runner does not do (DoRA, LoRA biases,
+fan_in_fan_out, modules_to_save, per-module rank or alpha patterns, layers other than the
+seven projections of a Llama-style block); scaling is folded into B once.
+
+`Resident` is an adapter laid out for one decoder: per layer, the pair (A, B) of each fused
+projection the decoder runs. q/k/v and gate/up are fused there, so their A's are stacked,
+(r_q + r_k + r_v, in), and their B's set block-diagonally, (out_q + out_k + out_v, r_q + r_k +
+r_v): one pair of matmuls gives the three deltas in the fused layout. A projection the adapter
+leaves alone contributes rank 0.
+
+Per-row application (`RowGroups`): a forward's rows are grouped by adapter; for each group
+and fused projection, `delta = (x[rows] A^T) B^T` is added into the base output at those rows
+(`index_add_`), the rows without an adapter untouched: what vLLM's punica kernels compute,
+as one small matmul pair per adapter present in the batch. Shapes: x (N, in) and out (N, out)
+with N = B * S tokens, row b's tokens at [b * S, (b + 1) * S).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+TARGETS = ATTENTION + MLP
+FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+         "down": ("down_proj",)}  # the decoder's projections and the model's modules they hold
+_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+
+
+class AdapterError(ValueError):
+    """An adapter folder this runner cannot use; the message names the file and field."""
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One adapter as read: per (layer, module name), (A (r, in), B (out, r) * scaling)."""
+
+    name: str
+    rank: int
+    scaling: float
+    pairs: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    config: dict  # adapter_config.json as saved
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.pairs.values())
+
+
+def read_adapter(folder: str | Path, name: str | None = None) -> Adapter:
+    """The adapter peft saved in `folder` (its config checked, B scaled)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    cfg_path = folder / "adapter_config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AdapterError(f"{folder}: no adapter_config.json (not a peft adapter folder)") from None
+    except json.JSONDecodeError as e:
+        raise AdapterError(f"{cfg_path}: not JSON ({e})") from None
+    _check_config(cfg, cfg_path)
+    rank = int(cfg["r"])
+    scaling = cfg["lora_alpha"] / (math.sqrt(rank) if cfg.get("use_rslora") else rank)
+    weights_path = folder / "adapter_model.safetensors"
+    if not weights_path.exists():
+        raise AdapterError(f"{folder}: no adapter_model.safetensors")
+    found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in load_file(str(weights_path)).items():
+        m = _KEY.match(key)
+        if m is None or m.group(2) not in TARGETS:
+            raise AdapterError(f"{weights_path}: tensor {key!r} is not the lora_A/lora_B of one of {list(TARGETS)}")
+        found.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = tensor
+    pairs = {}
+    for (layer, module), ab in sorted(found.items()):
+        if set(ab) != {"A", "B"}:
+            raise AdapterError(f"{weights_path}: layer {layer} {module} has lora_{''.join(ab)} only")
+        a, b = ab["A"], ab["B"]
+        if a.dim() != 2 or b.dim() != 2 or a.shape[0] != rank or b.shape[1] != rank:
+            raise AdapterError(f"{weights_path}: layer {layer} {module}: A {tuple(a.shape)} and B {tuple(b.shape)} "
+                               f"do not have rank r={rank}")
+        pairs[(layer, module)] = (a.contiguous(), (b * scaling).contiguous())
+    if not pairs:
+        raise AdapterError(f"{weights_path}: no LoRA weights")
+    return Adapter(name or folder.name, rank, scaling, pairs, cfg)
+
+
+def _check_config(cfg: dict, path: Path) -> None:
+    def refuse(field: str, why: str) -> None:
+        raise AdapterError(f"{path}: {field}={cfg.get(field)!r}: {why}")
+
+    if cfg.get("peft_type") != "LORA":
+        refuse("peft_type", "only LoRA adapters are served")
+    for field in ("r", "lora_alpha"):
+        if not isinstance(cfg.get(field), (int, float)) or cfg[field] <= 0:
+            refuse(field, "must be a positive number")
+    if cfg.get("bias", "none") != "none" or cfg.get("lora_bias"):
+        refuse("bias" if cfg.get("bias", "none") != "none" else "lora_bias", "adapters with biases are not served")
+    for field in ("use_dora", "fan_in_fan_out"):
+        if cfg.get(field):
+            refuse(field, "not supported by the engine's LoRA runner")
+    for field in ("modules_to_save", "rank_pattern", "alpha_pattern", "target_parameters"):
+        if cfg.get(field):
+            refuse(field, "not supported by the engine's LoRA runner (one rank and alpha for the seven "
+                          "projections)")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a decoder's fused projections hold: output sizes per module, the input size of
+    each, and the layers."""
+
+    layers: int
+    out: dict[str, int]  # module -> out features
+    inp: dict[str, int]  # module -> in features
+
+
+class Resident:
+    """An adapter laid out for one decoder: `parts[layer][projection]` = (A, B) or None."""
+
+    def __init__(self, adapter: Adapter, layout: Layout, dtype: torch.dtype, device: torch.device):
+        self.name = adapter.name
+        for layer, module in adapter.pairs:
+            a, b = adapter.pairs[(layer, module)]
+            if layer >= layout.layers or a.shape[1] != layout.inp[module] or b.shape[0] != layout.out[module]:
+                raise AdapterError(f"adapter {adapter.name!r}: layer {layer} {module} has A {tuple(a.shape)}, "
+                                   f"B {tuple(b.shape)}; the model's {module} is {layout.inp[module]} -> "
+                                   f"{layout.out[module]} in {layout.layers} layers")
+        self.parts: list[dict[str, tuple[torch.Tensor, torch.Tensor] | None]] = []
+        for layer in range(layout.layers):
+            parts = {}
+            for part, modules in FUSED.items():
+                got = [adapter.pairs.get((layer, m)) for m in modules]
+                if all(g is None for g in got):
+                    parts[part] = None
+                    continue
+                a = torch.cat([g[0] if g else torch.zeros(0, layout.inp[m]) for g, m in zip(got, modules)])
+                b = torch.block_diag(*[g[1] if g else torch.zeros(layout.out[m], 0) for g, m in zip(got, modules)])
+                parts[part] = (a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous())
+            self.parts.append(parts)
+        self.nbytes = sum(t.numel() * t.element_size() for p in self.parts for ab in p.values() if ab for t in ab)
+
+
+class RowGroups:
+    """The tokens of each adapter present in a forward's rows (None: the base model)."""
+
+    def __init__(self, row_adapters: Sequence[Resident | None], tokens_per_row: int, device: torch.device):
+        rows: dict[int, tuple[Resident, list[int]]] = {}
+        for b, adapter in enumerate(row_adapters):
+            if adapter is not None:
+                rows.setdefault(id(adapter), (adapter, []))[1].append(b)
+        S = tokens_per_row
+        self.all_rows = len(rows) == 1 and len(next(iter(rows.values()))[1]) == len(row_adapters)
+        self.groups = [(adapter, None if self.all_rows else
+                        (torch.tensor(bs, device=device)[:, None] * S + torch.arange(S, device=device)).reshape(-1))
+                       for adapter, bs in rows.values()]
+
+    def __bool__(self) -> bool:
+        return bool(self.groups)
+
+    def add(self, layer: int, part: str, x_N_in: torch.Tensor, out_N_out: torch.Tensor) -> None:
+        """out += each group's delta (x A^T) B^T at its tokens, in place."""
+        for adapter, tokens in self.groups:
+            ab = adapter.parts[layer][part]
+            if ab is None:
+                continue
+            a, b = ab
+            if tokens is None:
+                out_N_out.add_((x_N_in @ a.T) @ b.T)
+            else:
+                out_N_out.index_add_(0, tokens, (x_N_in.index_select(0, tokens) @ a.T) @ b.T)

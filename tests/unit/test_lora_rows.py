@@ -1,0 +1,100 @@
+"""LoRA rows on the lean decoder (inference/lora.py): a batch mixing rows of two adapters and
+the bare base gives each row the logits of peft's own forward of its adapter (or the base
+model's), within 1e-4; a row's result does not depend on its neighbours; adapter folders the
+runner cannot serve are refused with the field named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from flywheel.inference.decoder import LeanDecoder
+from flywheel.inference.lora import AdapterError, Resident, RowGroups, read_adapter
+from flywheel.models import TinySpec, build_tiny_model
+
+peft = pytest.importorskip("peft")
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    base = build_tiny_model(root / "base", TinySpec(hidden=32, layers=2, heads=4, kv_heads=2, ffn=64))
+    folders = []
+    for seed, (targets, r, rslora) in enumerate([(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                   "down_proj"], 4, False), (["v_proj", "down_proj"], 2, True)]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(base)
+        cfg = peft.LoraConfig(r=r, lora_alpha=8, target_modules=targets, lora_dropout=0.0, use_rslora=rslora,
+                              init_lora_weights=False)  # random A and B: a delta that shows
+        peft.get_peft_model(model, cfg).save_pretrained(root / f"adapter{seed}")
+        folders.append(root / f"adapter{seed}")
+    return base, folders
+
+
+def peft_logits(base: Path, folder: Path | None, ids: torch.Tensor) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(base)
+    if folder is not None:
+        model = peft.PeftModel.from_pretrained(model, folder)
+    with torch.no_grad():
+        return model(input_ids=ids).logits[:, -1].float()
+
+
+def decoder_logits(decoder: LeanDecoder, ids: torch.Tensor, adapters) -> torch.Tensor:
+    B, S = ids.shape
+    cache = decoder.new_cache(B, S)
+    positions = torch.arange(S)[None].expand(B, S)
+    return decoder.forward(ids, positions, cache, None, True, lora=RowGroups(adapters, S, ids.device))
+
+
+def test_a_mixed_batch_gives_each_row_what_peft_gives_its_adapter(world):
+    base, folders = world
+    decoder = LeanDecoder(AutoModelForCausalLM.from_pretrained(base), packed=False)
+    resident = [Resident(read_adapter(f), decoder.layout(), torch.float32, torch.device("cpu")) for f in folders]
+    torch.manual_seed(0)
+    ids = torch.randint(3, 60, (1, 7))
+    want = {i: peft_logits(base, f, ids) for i, f in enumerate([None, *folders])}
+    assert (want[1] - want[0]).abs().max() > 1e-2  # the adapters change the answer
+    rows = [None, resident[0], resident[1], resident[0], None]
+    got = decoder_logits(decoder, ids.expand(len(rows), -1), rows)
+    for b, adapter in enumerate(rows):
+        expected = want[0 if adapter is None else 1 + resident.index(adapter)][0]
+        assert (got[b] - expected).abs().max() < 1e-4, b
+    alone = decoder_logits(decoder, ids, [resident[1]])  # one adapter for the whole batch: the fast path
+    assert (alone[0] - want[2][0]).abs().max() < 1e-4
+
+
+def test_the_adapter_is_read_with_its_scaling(world):
+    _, folders = world
+    full, small = read_adapter(folders[0]), read_adapter(folders[1])
+    assert full.scaling == 8 / 4 and small.scaling == pytest.approx(8 / 2 ** 0.5)  # alpha / r, alpha / sqrt(r)
+    assert len(full.pairs) == 7 * 2 and sorted({m for _, m in small.pairs}) == ["down_proj", "v_proj"]
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("peft_type", "IA3", "only LoRA adapters"),
+    ("use_dora", True, "not supported"),
+    ("bias", "all", "biases"),
+    ("rank_pattern", {"q_proj": 8}, "one rank and alpha"),
+    ("r", 0, "positive"),
+])
+def test_adapters_the_runner_cannot_serve_are_refused_naming_the_field(world, tmp_path, field, value, words):
+    _, folders = world
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cfg = json.loads((folders[0] / "adapter_config.json").read_text())
+    (bad / "adapter_config.json").write_text(json.dumps({**cfg, field: value}))
+    (bad / "adapter_model.safetensors").write_bytes((folders[0] / "adapter_model.safetensors").read_bytes())
+    with pytest.raises(AdapterError, match=f"{field}=.*{words}"):
+        read_adapter(bad)
+
+
+def test_an_adapter_of_another_model_shape_is_refused(world, tmp_path):
+    _, folders = world
+    other = build_tiny_model(tmp_path / "wide", TinySpec(hidden=48, layers=2, heads=4, kv_heads=2, ffn=64))
+    decoder = LeanDecoder(AutoModelForCausalLM.from_pretrained(other), packed=False)
+    with pytest.raises(AdapterError, match=r"the model's down_proj is 64 -> 48 in 2 layers"):
+        Resident(read_adapter(folders[0]), decoder.layout(), torch.float32, torch.device("cpu"))
