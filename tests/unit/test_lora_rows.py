@@ -98,3 +98,40 @@ def test_an_adapter_of_another_model_shape_is_refused(world, tmp_path):
     decoder = LeanDecoder(AutoModelForCausalLM.from_pretrained(other), packed=False)
     with pytest.raises(AdapterError, match=r"the model's down_proj is 64 -> 48 in 2 layers"):
         Resident(read_adapter(folders[0]), decoder.layout(), torch.float32, torch.device("cpu"))
+
+
+def reference_logprobs(base: Path, folder: Path | None, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """log p(token_i | prompt, tokens_<i) under peft's forward of the adapter (or the base)."""
+    model = AutoModelForCausalLM.from_pretrained(base)
+    if folder is not None:
+        model = peft.PeftModel.from_pretrained(model, folder)
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1:-1].float(), -1)
+    return lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def test_an_engine_decodes_rows_of_different_adapters_in_one_batch(world):
+    from flywheel.inference import LocalEngine, SamplingParams
+    from flywheel.inference.decode import DecodeRequest
+
+    base, folders = world
+    engine = LocalEngine.from_path(str(base), max_adapters=1)
+    for i, folder in enumerate(folders):
+        engine.adapters.register(f"a{i}", folder, load=False)
+    prompt = [5, 9, 13, 21, 8]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    batch = engine.batch()
+    batch.admit([DecodeRequest("base", prompt, params), DecodeRequest("x", prompt, params, adapter="a0")])
+    done = dict(batch.step().finished)
+    batch.admit([DecodeRequest("y", prompt, params, adapter="a1")])  # joins the running batch
+    while batch.live:
+        done.update(batch.step().finished)
+    for key, folder in [("base", None), ("x", folders[0]), ("y", folders[1])]:
+        [sample] = done[key]
+        want = reference_logprobs(base, folder, prompt, sample.token_ids)
+        assert (torch.tensor(sample.logprobs) - want).abs().max() < 1e-4, key
+    assert len({tuple(done[k][0].token_ids) for k in done}) == 3  # three different models answered
+    assert engine.adapters.resident == ["a1"] and engine.adapters.loads == 2  # the bound held
+    with pytest.raises(ValueError, match="request 'z': no adapter 'nope' is registered"):
+        engine.batch().admit([DecodeRequest("z", prompt, params, adapter="nope")])

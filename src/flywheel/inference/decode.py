@@ -20,6 +20,10 @@ between two steps: rows continue on the new weights (the keys and values already
 stay), and `Sample.token_versions` tags each token with the version whose forward produced
 its logits.
 
+LoRA: a request may name an adapter of the engine's AdapterPool (inference/adapters.py);
+its rows decode with it, unmerged, beside rows of other adapters and of the base model in the
+same forwards (inference/lora.py). Rows share a prefill only when prompt and adapter agree.
+
 Seeds: a batch with `seed` draws from a generator of its own seeded with it, so its
 samples depend on the seed and its requests alone; without one it shares the engine's.
 Sampling noise is drawn per batch position and a finished row's place goes to the last
@@ -34,6 +38,7 @@ from typing import Callable, Hashable, Sequence
 import torch
 
 from flywheel.inference.decoder import KVCache, LeanDecoder
+from flywheel.inference.lora import AdapterError, Resident, RowGroups
 from flywheel.inference.logits import Needs, processed_logprobs, reported_logprobs, sample_tokens, top_logprobs, top_pairs
 from flywheel.inference.sampler import Sample, SamplingParams
 
@@ -47,7 +52,7 @@ class DecodeRequest:
     key: Hashable
     prompt: Sequence[int]
     params: SamplingParams
-    adapter: str | None = None  # a LoRA adapter to decode with; LocalEngine has none yet
+    adapter: str | None = None  # the LoRA adapter to decode with (one the engine's AdapterPool has), None: the base
 
 
 @dataclass
@@ -83,10 +88,10 @@ class _Row:
 
 
 class _Request:
-    __slots__ = ("key", "prompt_len", "rows", "left", "version", "aborted")
+    __slots__ = ("key", "prompt_len", "rows", "left", "version", "aborted", "lora")
 
-    def __init__(self, r: DecodeRequest, version: int):
-        self.key, self.prompt_len, self.version = r.key, len(r.prompt), version
+    def __init__(self, r: DecodeRequest, version: int, lora: Resident | None):
+        self.key, self.prompt_len, self.version, self.lora = r.key, len(r.prompt), version, lora
         self.rows: list[_Row] = []
         self.left = r.params.n  # rows still generating
         self.aborted = False
@@ -126,6 +131,7 @@ class DecodeBatch:
         self.k_max = 0  # most alternatives per token any row asks for
         self.any_strings = False
         self.padded = False  # some row cannot see column 0: attention needs a mask
+        self.lora: RowGroups | None = None  # each row's LoRA adapter, grouped (None rows: the base)
 
     # ------------------------------------------------------------------ state
 
@@ -159,9 +165,16 @@ class DecodeBatch:
             raise RuntimeError("this batch takes no request now (HF fallback runner decoding, or a "
                                "weight update waiting on it)")
         engine = self.engine
+        loras: dict[Hashable, Resident] = {}
         for r in requests:
             if r.adapter is not None:
-                raise ValueError(f"request {r.key!r}: adapter {r.adapter!r}, but LocalEngine serves no adapters")
+                if engine.adapters is None:
+                    raise ValueError(f"request {r.key!r}: adapter {r.adapter!r}, but this engine serves no adapters: "
+                                     f"{engine.no_adapters}")
+                try:
+                    loras[r.key] = engine.adapters.get(r.adapter)
+                except AdapterError as e:
+                    raise ValueError(f"request {r.key!r}: {e}") from None
             problem = engine.refusal(r.prompt, r.params)
             if problem is not None:
                 raise ValueError(f"request {r.key!r}{problem}")
@@ -172,29 +185,32 @@ class DecodeBatch:
             self._pinned = True
         try:
             with engine.lock:
-                self._prefill(requests)
+                self._prefill(requests, loras)
         except BaseException:
             if not self.rows:
                 self._release()
             raise
 
-    def _prefill(self, requests: Sequence[DecodeRequest]) -> None:
+    def _prefill(self, requests: Sequence[DecodeRequest], loras: dict[Hashable, Resident]) -> None:
         engine, dev = self.engine, self.dev
-        unique: dict[tuple[int, ...], int] = {}
+        unique: dict[tuple[tuple[int, ...], str | None], int] = {}  # (prompt, adapter): rows sharing a prefill
         for r in requests:
-            unique.setdefault(tuple(r.prompt), len(unique))
-        uniq = list(unique)
+            unique.setdefault((tuple(r.prompt), r.adapter), len(unique))
+        uniq = [prompt for prompt, _ in unique]
+        uniq_lora = [None] * len(unique)
         lens = [len(u) for u in uniq]
         P = max(lens)
         pad = 0 if engine.tokenizer.pad_token_id is None else engine.tokenizer.pad_token_id
         new_rows, rows_uniq, settings = [], [], []
         for r in requests:
-            req = _Request(r, engine.version)
+            req = _Request(r, engine.version, loras.get(r.key))
+            u = unique[(tuple(r.prompt), r.adapter)]
+            uniq_lora[u] = req.lora
             for i in range(r.params.n):
                 row = _Row(req, i, r.params)
                 req.rows.append(row)
                 new_rows.append(row)
-                rows_uniq.append(unique[tuple(r.prompt)])
+                rows_uniq.append(u)
                 settings.append(r.params)
         R, B = len(new_rows), len(self.rows)
         with torch.inference_mode():
@@ -218,7 +234,8 @@ class DecodeBatch:
                     self.buf[:, :, B:B + R, :, :c - P].zero_()
                 target = KVCache(self.buf[:, :, B:B + R, :, c - P:], 0)
             logits = self.runner.forward(tokens_U_P, positions_U_P, target, key_valid_U_P, causal=True,
-                                         cache_rows=row_uniq).index_select(0, row_uniq)
+                                         cache_rows=row_uniq, lora=RowGroups(uniq_lora, P, dev)
+                                         ).index_select(0, row_uniq)
             stops = [sorted(set(sp.stop_token_ids) | (set() if sp.ignore_eos else engine.eos_ids)) for sp in settings]
             width = max(1, max(len(s) for s in stops))
             f32 = torch.float32
@@ -282,6 +299,7 @@ class DecodeBatch:
         self.k_max = max(r.top for r in self.rows)
         self.any_strings = any(r.strings for r in self.rows)
         self.padded = bool((self.start > 0).any())
+        self.lora = RowGroups([r.request.lora for r in self.rows], 1, self.dev)
 
     # ------------------------------------------------------------------ stepping
 
@@ -305,7 +323,7 @@ class DecodeBatch:
                 if self.padded:
                     key_valid = torch.arange(self.cache.length + 1, device=self.dev)[None, :] >= self.start[:, None]
                 self.logits = self.runner.forward(tok[:, None], self.pos_next[:, None], self.cache, key_valid,
-                                                  causal=False)
+                                                  causal=False, lora=self.lora)
                 self.pos_next = self.pos_next + 1
                 self.logits_version = [engine.version] * len(self.rows)
         out.finished = [(r.key, self._samples(r)) for r in finished]

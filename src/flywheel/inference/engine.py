@@ -17,6 +17,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from flywheel.inference.adapters import AdapterPool
 from flywheel.inference.decode import DecodeBatch, DecodeRequest
 from flywheel.inference.decoder import LeanDecoder, unsupported_reason
 from flywheel.inference.hf_runner import HFRunner
@@ -28,11 +29,13 @@ class LocalEngine:
     """A `Sampler` over a Hugging Face causal LM held in this process."""
 
     def __init__(self, model, tokenizer, version: int = 0, lean: bool | None = None,
-                 seed: int | None = None, packed: bool | None = None):
+                 seed: int | None = None, packed: bool | None = None, max_adapters: int = 8):
         """model: a loaded HF causal LM (the engine takes it over: it is put in eval mode and
         its q/k/v and gate/up weights become views of fused tensors). lean: force (True) or
         forbid (False) the lean forward; None picks it when the architecture allows.
-        packed: the lean forward's kernel set (inference/decoder.py; None picks by size)."""
+        packed: the lean forward's kernel set (inference/decoder.py; None picks by size).
+        max_adapters: LoRA adapters kept in memory (`adapters`, inference/adapters.py); they
+        run on the lean decoder's dense kernels, so an engine with packed kernels has none."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.version = version
@@ -41,6 +44,14 @@ class LocalEngine:
         if lean and reason:
             raise ValueError(f"lean forward unavailable: {reason}")
         self.runner = LeanDecoder(model, packed) if (lean is not False and reason is None) else HFRunner(model)
+        self.adapters: AdapterPool | None = None
+        self.no_adapters = "the HF fallback runner has no LoRA rows"  # why `adapters` is None
+        if isinstance(self.runner, LeanDecoder):
+            if self.runner.packed:
+                self.no_adapters = "its lean decoder runs packed kernels (make the engine with packed=False)"
+            else:
+                self.adapters = AdapterPool(self.runner.layout(), self.runner.embed.dtype, self.runner.embed.device,
+                                            max_resident=max_adapters)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
