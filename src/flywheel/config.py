@@ -65,6 +65,20 @@ class SFTDataConfig(Config):
     add_eos: bool = Field(True, description="prompt/completion: end the completion with the eos token")
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSettings(Config):
+    """Train a LoRA adapter (through peft) instead of every weight: per target projection W,
+    W + (alpha / rank) B A with A (rank, in), B (out, rank); the adapter is what is saved."""
+
+    rank: int = Field(16, ge=1, le=1024)
+    alpha: float = Field(32.0, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1, description="on the adapter's input, while training")
+    targets: list[Literal[LORA_TARGETS]] = Field(list(LORA_TARGETS), min_length=1,
+                                                 description="the projections adapted, in every layer")
+
+
 class SFTTrainConfig(Config):
     steps: int | None = Field(None, ge=1, description="optimizer steps; null = derive from epochs")
     epochs: float = Field(1.0, gt=0)
@@ -73,6 +87,7 @@ class SFTTrainConfig(Config):
     seed: int = 0
     dropout: bool = Field(True, description="train with the model's own dropout (its config's rates); "
                                             "false: dropout off, as RL and DPO always train")
+    lora: LoraSettings | None = Field(None, description="train a LoRA adapter; null: every weight")
 
 
 class EvalConfig(Config):

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from flywheel.config import SFTConfig
-from flywheel.models import load
+from flywheel.train.lora import is_adapter_folder, load_trainable, trainable_count
 from flywheel.rollout.data_order import DataOrder
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.forward import set_learner_mode, sft_loss
@@ -62,7 +62,10 @@ class SFTResult:
 def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[str], None] = print) -> SFTResult:
     out = Path(cfg.output_dir)
     ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
-    model, tokenizer = load(ckpt or cfg.model, dtype=cfg.dtype, device=cfg.device)
+    model, tokenizer = load_trainable(ckpt or cfg.model, cfg.train.lora, dtype=cfg.dtype, device=cfg.device)
+    if cfg.train.lora is not None or is_adapter_folder(cfg.model):
+        trained, total = trainable_count(model)
+        log(f"LoRA: training {trained:,} of {total:,} parameters")
     set_learner_mode(model, dropout=cfg.train.dropout)
     evaluator = evaluator or _import_evaluator(cfg.eval.evaluator)
 

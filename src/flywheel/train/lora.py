@@ -1,0 +1,85 @@
+"""LoRA training through peft: the model a recipe trains when `train.lora` is set.
+
+`load_trainable(path, lora, ...)`:
+- `lora` None and `path` a model folder: the model, every weight trained (as before);
+- `lora` set and `path` a model folder: that model with a fresh adapter (peft's init: A
+  random, B zero, so step 0 is the base model exactly); only the adapter trains;
+- `path` an adapter folder (a LoRA checkpoint, or a fine-tuned adapter to continue): its
+  base (adapter_config.json's `base_model_name_or_path`) with that adapter, trainable. The
+  adapter's own rank and targets hold; `lora`, if given, must agree with them.
+
+A PeftModel's `save_pretrained` writes the adapter alone (adapter_config.json,
+adapter_model.safetensors), so checkpoints and the final model of a LoRA run are adapter
+folders: a few MB, loadable by peft onto the base as they are, and by the engine's
+AdapterPool (inference/adapters.py). `merged_folder` writes base + adapter as one plain model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flywheel.config import LoraSettings
+from flywheel.models import load
+
+
+class LoraError(ValueError):
+    pass
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+def adapter_base(path: str | Path) -> str:
+    """The model folder an adapter folder was trained on."""
+    cfg = json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))
+    base = cfg.get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise LoraError(f"{path}/adapter_config.json: base_model_name_or_path={base!r} is not a model folder here")
+    return base
+
+
+def peft_config(lora: LoraSettings):
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.targets),
+                      bias="none")
+
+
+def load_trainable(path: str | Path, lora: LoraSettings | None, *, dtype: str, device: str):
+    """(model, tokenizer) to train: see the module doc."""
+    from peft import PeftModel, get_peft_model
+
+    if not is_adapter_folder(path):
+        model, tokenizer = load(str(path), dtype=dtype, device=device)
+        if lora is None:
+            return model, tokenizer
+        model.name_or_path = str(Path(path).resolve())  # what the adapter's config names as its base
+        return get_peft_model(model, peft_config(lora)), tokenizer
+    base, tokenizer = load(adapter_base(path), dtype=dtype, device=device)
+    model = PeftModel.from_pretrained(base, str(path), is_trainable=True)
+    if lora is not None:
+        saved = model.peft_config["default"]
+        if saved.r != lora.rank or set(saved.target_modules) != set(lora.targets):
+            raise LoraError(f"{path}: the adapter has rank {saved.r} on {sorted(saved.target_modules)}; "
+                            f"train.lora asks rank {lora.rank} on {sorted(lora.targets)}")
+    return model, tokenizer
+
+
+def trainable_count(model) -> tuple[int, int]:
+    """(trained parameters, all parameters)."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
+
+
+def merged_folder(adapter: str | Path, dest: str | Path, *, dtype: str = "float32") -> Path:
+    """Write the adapter's base with the adapter merged in, as a plain model folder."""
+    from peft import PeftModel
+
+    from flywheel.train.checkpoint import save_model_folder
+
+    base, tokenizer = load(adapter_base(adapter), dtype=dtype, device="cpu")
+    merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
+    save_model_folder(merged, tokenizer, Path(dest))
+    return Path(dest)
