@@ -12,7 +12,9 @@ from pathlib import Path
 
 import httpx
 import openai
+import peft
 import pytest
+import torch
 from fastapi import FastAPI, Request
 
 from flywheel.jobs import JobStore
@@ -93,6 +95,9 @@ def test_a_supervised_job_from_upload_to_chat(api):
         reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "What is 3 + 1?"}],
                                                max_tokens=4)
         assert reply.model == model and reply.choices[0].message.content is not None
+    # both are LoRA adapters served by the base model's engine, side by side with it: no model copy
+    pool = srv.server.config.app.state.service.engine.adapters
+    assert {f"default/{job.fine_tuned_model}", f"default/{checkpoints[1].fine_tuned_model_checkpoint}"} <= set(pool.names)
     assert client.fine_tuning.jobs.list(limit=1).data[0].id == job.id
 
 
@@ -314,13 +319,16 @@ def test_the_cli_uploads_creates_follows_and_controls_jobs(api, tmp_path):
     assert made.exit_code == 0 and "succeeded" in made.output and "ft:tiny:default:cli:" in made.output, made.output
     job_id = made.output.split()[0]
     shown = json.loads(run(app, ["jobs", "show", job_id, "--base-url", srv.url]).output)
-    assert shown["hyperparameters"] == {"n_epochs": 1, "batch_size": 2, "learning_rate_multiplier": 1.0}
+    assert shown["hyperparameters"] == {"n_epochs": 1, "batch_size": 2, "learning_rate_multiplier": 1.0,
+                                        "lora": {**shown["hyperparameters"]["lora"], "rank": 16}}  # LoRA by default
     assert "The job has successfully completed" in run(app, ["jobs", "events", job_id, "--base-url", srv.url]).output
     assert "ckpt-step-2" in run(app, ["jobs", "checkpoints", job_id, "--base-url", srv.url]).output
     name = shown["fine_tuned_model"]
     got = run(app, ["jobs", "download", name, "--out", str(tmp_path / "dl"), "--base-url", srv.url])
     assert got.exit_code == 0 and (tmp_path / "dl").is_dir(), got.output
-    assert (Path(got.output.strip()) / "config.json").exists()
+    assert (Path(got.output.strip()) / "adapter_config.json").exists()  # a LoRA fine-tune: its peft adapter
+    merged = run(app, ["jobs", "download", name, "--merged", "--out", str(tmp_path / "dm"), "--base-url", srv.url])
+    assert merged.exit_code == 0 and (Path(merged.output.strip()) / "config.json").exists(), merged.output
     refused = run(app, ["jobs", "pause", job_id, "--base-url", srv.url])
     assert refused.exit_code == 1 and "only a queued or running job can be paused" in refused.output
     bad = run(app, ["jobs", "create", "--model", "nope", "--training-file", file_id, "--base-url", srv.url])
@@ -404,14 +412,22 @@ def test_a_fine_tuned_model_downloads_as_a_folder_and_can_be_deleted(api, tmp_pa
     job = wait(client, client.fine_tuning.jobs.create(model="tiny", training_file=f.id, suffix="gone", method={
         "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 2}}}).id)
     name = job.fine_tuned_model
-    r = httpx.get(f"{srv.url}/v1/models/{name}/content")
-    assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar"
-    (tmp_path / "m.tar").write_bytes(r.content)
-    with tarfile.open(tmp_path / "m.tar") as tar:
-        tar.extractall(tmp_path / "out", filter="data")
-    (folder,) = (tmp_path / "out").iterdir()
-    model, _ = load(folder)  # a Hugging Face folder that loads
-    assert sum(p.numel() for p in model.parameters()) > 0
+    def fetch(query: str, out: str) -> Path:
+        r = httpx.get(f"{srv.url}/v1/models/{name}/content{query}")
+        assert r.status_code == 200 and r.headers["content-type"] == "application/x-tar"
+        (tmp_path / f"{out}.tar").write_bytes(r.content)
+        with tarfile.open(tmp_path / f"{out}.tar") as tar:
+            tar.extractall(tmp_path / out, filter="data")
+        (folder,) = (tmp_path / out).iterdir()
+        return folder
+
+    adapter = fetch("", "out")  # a peft adapter folder that peft loads onto the base as it is
+    base, _ = load(json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"])
+    tuned = peft.PeftModel.from_pretrained(base, adapter)
+    model, _ = load(fetch("?format=merged", "merged"))  # a Hugging Face folder that loads
+    ids = torch.tensor([[5, 9, 13]])
+    with torch.no_grad():
+        assert (model(input_ids=ids).logits - tuned(input_ids=ids).logits).abs().max() < 1e-4
     checkpoint = client.fine_tuning.jobs.checkpoints.list(job.id).data[0].fine_tuned_model_checkpoint
     client.chat.completions.create(model=name, messages=[{"role": "user", "content": "a"}], max_tokens=2)
     deleted = client.models.delete(name)

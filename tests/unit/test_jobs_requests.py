@@ -56,6 +56,12 @@ def test_dpo_and_reinforcement_methods():
     (body(method={"type": "reinforcement", "reinforcement": {}}), "method.reinforcement.grader", "grader"),
     (body(hyperparameters={"n_epochs": 1}, method={"type": "supervised"}), "hyperparameters", "not also"),
     (body(metadata={"k": 1}), "metadata.k", "strings"),
+    (body(method={"type": "supervised", "supervised": {"hyperparameters": {"lora": {"rank": 0}}}}),
+     "method.supervised.hyperparameters.lora.rank", "greater than or equal to 1"),
+    (body(method={"type": "supervised", "supervised": {"hyperparameters": {"lora": {"targets": ["lm_head"]}}}}),
+     "method.supervised.hyperparameters.lora.targets.0", "q_proj"),
+    (body(method={"type": "dpo", "dpo": {"hyperparameters": {"lora": {"rank": 8}}}}),
+     "method.dpo.hyperparameters.lora", "not built yet"),
     (body(integrations=[{"type": "wandb"}]), "integrations", "not supported"),
 ])
 def test_invalid_requests_name_the_field(request_body, param, words):
@@ -69,9 +75,12 @@ def test_auto_rules_worked_by_hand():
     assert [auto_batch_size(n) for n in (10, 64, 1000, 5000)] == [1, 2, 31, 32]
     # epochs: ceil(3000 / n) within [1, 10]
     assert [auto_epochs(n) for n in (100, 301, 1000, 3000, 10_000)] == [10, 10, 3, 1, 1]
+    lora = {"rank": 16, "alpha": 32.0, "dropout": 0.0,
+            "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
     assert resolve("supervised", {"n_epochs": 2}, 1000) == {"n_epochs": 2, "batch_size": 31,
-                                                            "learning_rate_multiplier": 1.0}
-    assert resolve("dpo", {}, 64)["beta"] == 0.1
+                                                            "learning_rate_multiplier": 1.0, "lora": lora}
+    assert resolve("supervised", {"lora": "full"}, 10)["lora"] == "full"
+    assert resolve("dpo", {}, 64)["beta"] == 0.1 and resolve("dpo", {}, 64)["lora"] == "full"  # not built yet
     assert optimizer_steps(10, 4, 3) == 8  # 30 rows seen in batches of 4
     with pytest.raises(ValueError, match="at least one"):
         resolve("supervised", {}, 0)

@@ -16,7 +16,7 @@ from flywheel.service.served_models import ServedModels
 
 class FakeService(SimpleNamespace):
     def __init__(self, name: str):
-        super().__init__(name=name, closed=threading.Event())
+        super().__init__(name=name, closed=threading.Event(), adapter=None)
         self.scheduler = SimpleNamespace(close=self.closed.set)
 
 

@@ -139,7 +139,9 @@ def wait(job_id: str, base_url: str = BASE_URL) -> None:
 @jobs_app.command("download")
 def download(model: str = typer.Argument(..., help="a fine-tuned model or checkpoint name (jobs show / checkpoints)"),
              out: Path = typer.Option(Path("."), "--out", help="the folder to unpack it into"),
+             merged: bool = typer.Option(False, "--merged", help="a LoRA fine-tune merged into its base"),
              base_url: str = BASE_URL) -> None:
-    """Download a fine-tuned model or checkpoint as its Hugging Face folder; prints the folder."""
+    """Download a fine-tuned model or checkpoint (a LoRA fine-tune: its peft adapter folder, or
+    with --merged a plain Hugging Face folder); prints the folder."""
     with client(base_url) as fw:
-        typer.echo(fw.models.download(model, out))
+        typer.echo(fw.models.download(model, out, merged=merged))

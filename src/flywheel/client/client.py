@@ -180,9 +180,12 @@ class Models:
         """Delete one of your fine-tuned models (its job and checkpoints stay)."""
         return self._run(Call("DELETE", f"/v1/models/{model}", parse=lambda r: r.json()["deleted"]))
 
-    def download(self, model: str, out: str | Path):
-        """A fine-tuned model or checkpoint as its Hugging Face folder, unpacked into `out`; the folder."""
-        return self._run(Call("GET", f"/v1/models/{model}/content", parse=lambda r: _unpack(r.content, Path(out))))
+    def download(self, model: str, out: str | Path, *, merged: bool = False):
+        """A fine-tuned model or checkpoint unpacked into `out`; the folder. A LoRA fine-tune is
+        its peft adapter folder, or with `merged` its base with the adapter merged in (a plain
+        Hugging Face folder)."""
+        return self._run(Call("GET", f"/v1/models/{model}/content", _query(format="merged" if merged else None),
+                              parse=lambda r: _unpack(r.content, Path(out))))
 
 
 class Traces:

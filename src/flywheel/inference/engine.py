@@ -144,9 +144,10 @@ class LocalEngine:
 
     # ------------------------------------------------------------------ sampling
 
-    def generate(self, prompts: Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams]) -> list[list[Sample]]:
-        """Admit every prompt into one DecodeBatch and step it until it is empty."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams],
+                 adapters: Sequence[str | None] | None = None) -> list[list[Sample]]:
+        """Admit every prompt into one DecodeBatch and step it until it is empty; adapters:
+        prompt i decodes with LoRA adapter adapters[i] of `self.adapters` (None: the base)."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
@@ -160,7 +161,9 @@ class LocalEngine:
         batch = self.batch()
         results: list[list[Sample]] = [[] for _ in prompts]
         try:
-            batch.admit([DecodeRequest(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params))])
+            adapters = adapters or [None] * len(prompts)
+            batch.admit([DecodeRequest(i, p, sp, adapter=a)
+                         for i, (p, sp, a) in enumerate(zip(prompts, params, adapters))])
             while batch.live:
                 for i, samples in batch.step().finished:
                     for s in samples:

@@ -59,6 +59,22 @@ class Adapter:
         return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.pairs.values())
 
 
+def is_adapter_folder(path: str | Path) -> bool:
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+def adapter_base(path: str | Path) -> str:
+    """The model folder an adapter folder was trained on (its config's base_model_name_or_path)."""
+    cfg_path = Path(path) / "adapter_config.json"
+    try:
+        base = json.loads(cfg_path.read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, json.JSONDecodeError) as e:
+        raise AdapterError(f"{cfg_path}: {e}") from None
+    if not base or not Path(base).is_dir():
+        raise AdapterError(f"{cfg_path}: base_model_name_or_path={base!r} is not a model folder here")
+    return base
+
+
 def read_adapter(folder: str | Path, name: str | None = None) -> Adapter:
     """The adapter peft saved in `folder` (its config checked, B scaled)."""
     from safetensors.torch import load_file

@@ -90,6 +90,7 @@ class _Job:
     on_tokens: TokenCallback | None = None
     future: JobFuture = field(default_factory=JobFuture)
     report_logprobs: bool = False  # on_tokens also gets the tokens' logprobs
+    adapter: str | None = None  # the LoRA adapter of the engine's AdapterPool to decode with
 
 
 class BatchScheduler:
@@ -135,11 +136,13 @@ class BatchScheduler:
             return (self._next or self._current)[1]
 
     def submit(self, prompt: Sequence[int], params: SamplingParams, seed: int | None = None,
-               on_tokens: TokenCallback | None = None, report_logprobs: bool = False) -> JobFuture:
+               on_tokens: TokenCallback | None = None, report_logprobs: bool = False,
+               adapter: str | None = None) -> JobFuture:
         """Queue one prompt; the future resolves to a `JobResult` (or the engine's exception).
         on_tokens: called with the job's new tokens as they are sampled (see the module doc);
-        report_logprobs: with their logprobs too."""
-        job = _Job(list(prompt), params, seed, on_tokens, report_logprobs=report_logprobs)
+        report_logprobs: with their logprobs too. adapter: decode with this LoRA adapter of
+        the engine's (a LocalEngine's AdapterPool); its rows batch with everyone else's."""
+        job = _Job(list(prompt), params, seed, on_tokens, report_logprobs=report_logprobs, adapter=adapter)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
@@ -230,7 +233,7 @@ class BatchScheduler:
             if batch[0].seed is not None:
                 self.stats.seeded += 1
                 _reseed(engine, batch[0].seed)
-            results = engine.generate([j.prompt for j in batch], [j.params for j in batch])
+            results = _generate(engine, batch)
         except BaseException as e:  # noqa: BLE001 - resolved into the futures
             if len(batch) == 1:
                 batch[0].future.set_exception(e)
@@ -246,7 +249,7 @@ class BatchScheduler:
 
     def _execute_alone(self, engine: Sampler, label: str, job: _Job) -> None:
         try:
-            samples = engine.generate([job.prompt], [job.params])[0]
+            samples = _generate(engine, [job])[0]
         except BaseException as e:  # noqa: BLE001
             job.future.set_exception(e)
             return
@@ -335,7 +338,7 @@ class BatchScheduler:
             return 0
         keys = [running.add(job) for job in ok]
         try:
-            running.batch.admit([DecodeRequest(k, j.prompt, j.params) for k, j in zip(keys, ok)])
+            running.batch.admit([DecodeRequest(k, j.prompt, j.params, adapter=j.adapter) for k, j in zip(keys, ok)])
         except BaseException as e:  # noqa: BLE001 - resolved into the futures
             for k in keys:
                 running.jobs.pop(k)
@@ -441,3 +444,13 @@ def _reseed(engine: Sampler, seed: int) -> None:
     if generator is None:
         raise ValueError("this engine does not support per-request seeds")
     generator.manual_seed(int(seed))
+
+
+def _generate(engine: Sampler, jobs: list[_Job]) -> list[list[Sample]]:
+    """Whole-batch generation of `jobs`; adapters only where the engine has them."""
+    adapters = [j.adapter for j in jobs]
+    if any(adapters):
+        if not isinstance(engine, LocalEngine):
+            raise ValueError(f"adapter {next(a for a in adapters if a)!r}: this engine serves no LoRA adapters")
+        return engine.generate([j.prompt for j in jobs], [j.params for j in jobs], adapters=adapters)
+    return engine.generate([j.prompt for j in jobs], [j.params for j in jobs])

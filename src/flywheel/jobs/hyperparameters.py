@@ -7,6 +7,9 @@ written down here so a job records exactly what it trained with).
 - learning_rate_multiplier: 1.0 (times the service's base learning rate for the method).
 - beta (dpo): 0.1. reinforcement: eval_interval 10 steps, eval_samples 1, compute_multiplier
   1.0, reasoning_effort "default".
+- lora (flywheel's extension): a rank-16 adapter (alpha 32, no dropout, all seven
+  projections) for supervised jobs; "full" (every weight) for DPO and reinforcement, whose
+  LoRA training is not built yet.
 Given values pass through unchanged (requests.py has checked their ranges).
 """
 
@@ -15,7 +18,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from flywheel.jobs.requests import HYPERPARAMETERS
+from flywheel.config import LoraSettings
+from flywheel.jobs.requests import HYPERPARAMETERS, LORA_METHODS
 
 EXAMPLES_SEEN = 3000
 MAX_AUTO_EPOCHS = 10
@@ -32,6 +36,10 @@ def auto_epochs(n_rows: int) -> int:
     return min(MAX_AUTO_EPOCHS, max(1, math.ceil(EXAMPLES_SEEN / max(1, n_rows))))
 
 
+def auto_lora(method_type: str) -> dict[str, Any] | str:
+    return LoraSettings().model_dump() if method_type in LORA_METHODS else "full"
+
+
 def resolve(method_type: str, given: dict[str, Any], n_rows: int) -> dict[str, Any]:
     """Every hyperparameter of `method_type`, "auto" (or absent) replaced by its rule above."""
     if n_rows < 1:
@@ -40,8 +48,8 @@ def resolve(method_type: str, given: dict[str, Any], n_rows: int) -> dict[str, A
     for name in HYPERPARAMETERS[method_type]:
         value = given.get(name, "auto")
         if value == "auto":
-            value = {"batch_size": lambda: auto_batch_size(n_rows),
-                     "n_epochs": lambda: auto_epochs(n_rows)}.get(name, lambda: FIXED_AUTO[name])()
+            value = {"batch_size": lambda: auto_batch_size(n_rows), "n_epochs": lambda: auto_epochs(n_rows),
+                     "lora": lambda: auto_lora(method_type)}.get(name, lambda: FIXED_AUTO[name])()
         out[name] = value
     return out
 

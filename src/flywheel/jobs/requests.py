@@ -17,14 +17,15 @@ METHODS = ("supervised", "dpo", "reinforcement")
 # per method: hyperparameter -> (kind, low, high); "auto" is always allowed
 HYPERPARAMETERS: dict[str, dict[str, tuple[type, float, float]]] = {
     "supervised": {"n_epochs": (int, 1, 50), "batch_size": (int, 1, 256),
-                   "learning_rate_multiplier": (float, 1e-3, 100.0)},
+                   "learning_rate_multiplier": (float, 1e-3, 100.0), "lora": (dict, 0, 0)},
     "dpo": {"n_epochs": (int, 1, 50), "batch_size": (int, 1, 256),
-            "learning_rate_multiplier": (float, 1e-3, 100.0), "beta": (float, 1e-3, 10.0)},
+            "learning_rate_multiplier": (float, 1e-3, 100.0), "beta": (float, 1e-3, 10.0), "lora": (dict, 0, 0)},
     "reinforcement": {"n_epochs": (int, 1, 50), "batch_size": (int, 1, 256),
                       "learning_rate_multiplier": (float, 1e-3, 100.0), "eval_interval": (int, 1, 10_000),
                       "eval_samples": (int, 1, 1_000), "compute_multiplier": (float, 1e-3, 100.0),
-                      "reasoning_effort": (str, 0, 0)},
+                      "reasoning_effort": (str, 0, 0), "lora": (dict, 0, 0)},
 }
+LORA_METHODS = ("supervised",)  # the methods whose jobs train LoRA adapters (flywheel's extension)
 TOP_LEVEL = {"model", "training_file", "validation_file", "suffix", "seed", "metadata", "method", "hyperparameters",
              "integrations"}
 SUFFIX_MAX = 64
@@ -140,6 +141,8 @@ def _hyperparameter(kind: str, name: str, value: Any) -> Any:
     if value == "auto":
         return value
     kind_of, low, high = spec
+    if kind_of is dict:
+        return _lora(kind, value, param)
     if kind_of is str:
         if value not in ("low", "medium", "high", "default"):
             raise RequestError(f"{name} must be one of low, medium, high, default or 'auto', got {value!r}", param)
@@ -149,6 +152,27 @@ def _hyperparameter(kind: str, name: str, value: Any) -> Any:
         what = "an integer" if kind_of is int else "a number"
         raise RequestError(f"{name} must be 'auto' or {what} in [{low:g}, {high:g}], got {value!r}", param)
     return kind_of(value)
+
+
+def _lora(kind: str, value: Any, param: str) -> dict[str, Any] | str:
+    """lora: "full" (train every weight), or {rank, alpha, dropout, targets} (a LoRA adapter)."""
+    if value == "full":
+        return value
+    if kind not in LORA_METHODS:
+        raise RequestError(f"LoRA {kind} jobs are not built yet: lora must be 'full' or 'auto' (full)", param)
+    if not isinstance(value, dict):
+        raise RequestError(f"lora must be 'auto', 'full' or an object {{rank, alpha, dropout, targets}}, got {value!r}",
+                           param)
+    from pydantic import ValidationError
+
+    from flywheel.config import LoraSettings
+
+    try:
+        return LoraSettings.model_validate(value).model_dump()
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise RequestError(f"lora.{where}: {first['msg']}, got {first.get('input')!r}", f"{param}.{where}") from None
 
 
 def _metadata(value: Any) -> dict[str, str]:

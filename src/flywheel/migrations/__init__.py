@@ -8,8 +8,8 @@ Alembic's script location for all of them (env.py, script.py.mako).
 `Schema.upgrade(engine)` brings a database, empty or at an older revision, to the newest in one
 write transaction (SQLite: BEGIN IMMEDIATE serialises a server and its workers opening the store
 at once; PostgreSQL: an advisory lock per store does); on SQLite foreign keys are checked at the
-end, not enforced on the way, as Alembic's table-recreating batch migrations need. A database at a revision this flywheel
-does not know (a newer release's) is refused rather than used.
+end, not enforced on the way, as Alembic's table-recreating batch migrations need. A database
+at a revision this flywheel does not know (a newer release's) is refused rather than used.
 
 Stores older than their migrations recorded `<store>.schema_version = 1` in `flywheel_meta`.
 Such a database is stamped at revision 0001, which builds exactly that schema, and upgraded

@@ -24,7 +24,7 @@ import tarfile
 import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,6 +42,8 @@ from flywheel.service.ingest import ingest_router, read_json
 from flywheel.service.ingest_pool import IngestPool
 from flywheel.service.openapi import install as install_openapi, route_doc
 from flywheel.service.served_models import ServedModels
+from flywheel.inference.lora import is_adapter_folder
+from flywheel.train.lora import merged_folder
 
 
 MAX_BODY_BYTES = 64 * 2 ** 20  # a JSON request: a batch of 500 ~2 KB traces is ~1 MB
@@ -212,13 +214,18 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
             return JSONResponse({"id": model, "object": "model", "deleted": True})
 
         @app.get("/v1/models/{model:path}/content", responses={200: {
-            "description": "the model's Hugging Face folder as a tar", "content": {"application/x-tar": {}}}})
-        async def model_content(model: str, request: Request) -> StreamingResponse:
-            """Download one of your fine-tuned models or checkpoints as a tar of its Hugging Face folder."""
+            "description": "the model's folder as a tar", "content": {"application/x-tar": {}}}})
+        async def model_content(model: str, request: Request,
+                                format: Literal["adapter", "merged"] = "adapter") -> StreamingResponse:
+            """Download one of your fine-tuned models or checkpoints as a tar of its folder: a LoRA
+            fine-tune's peft adapter folder, or with `format=merged` its base with the adapter merged
+            in (a plain Hugging Face folder); a full fine-tune's Hugging Face folder either way."""
             path = await asyncio.to_thread(fine_tuning.jobs.fine_tuned_model_path, tenant_of(request), model)
             if path is None:
                 raise OpenAIError(f"no fine-tuned model or checkpoint {model!r}", param="model", status=404,
                                   type="not_found_error")
+            if format == "merged" and is_adapter_folder(path):
+                path = await asyncio.to_thread(merged_copy, Path(path))
             name = model.replace(":", "_").replace("/", "_")
             return StreamingResponse(tar_stream(Path(path), name), media_type="application/x-tar",
                                      headers={"content-disposition": f'attachment; filename="{name}.tar"'})
@@ -238,6 +245,18 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         return _answer(*await (await model_for(tenant, body)).completions(body, tenant))
 
     return app
+
+
+_MERGING = threading.Lock()
+
+
+def merged_copy(adapter: Path) -> Path:
+    """The adapter merged into its base, written once beside the adapter (`<folder>.merged`)."""
+    dest = adapter.with_name(adapter.name + ".merged")
+    with _MERGING:
+        if not (dest / "config.json").is_file():
+            merged_folder(adapter, dest)
+    return dest
 
 
 def tar_stream(folder: Path, name: str, chunk: int = 1 << 20):

@@ -22,6 +22,7 @@ Versions must share a tokenizer: a prompt may be rendered just before a switch.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import threading
 import time
@@ -81,6 +82,8 @@ class OpenAIService:
         chat request that sets none (clipped to the context left). max_batch, window_s,
         continuous: the BatchScheduler's (continuous=False: whole batches run to completion)."""
         engine = self._load(model, **load_kw)
+        self.model_path = Path(model).resolve() if isinstance(model, (str, Path)) else None
+        self.adapter: str | None = None  # a view's LoRA adapter (`with_adapter`)
         self.name = name
         self.default_max_tokens = default_max_tokens
         self.trace_sink = trace_sink
@@ -117,6 +120,15 @@ class OpenAIService:
 
     async def switch_async(self, model, version: str, **load_kw) -> None:
         await asyncio.to_thread(self.switch, model, version, **load_kw)
+
+    def with_adapter(self, name: str, adapter: str) -> "OpenAIService":
+        """A view of this service answering as model `name` with the LoRA adapter `adapter` of
+        its engine (registered in `engine.adapters`). It shares this service's scheduler, so
+        its rows decode in the same batches as the base model's and other adapters'. Close
+        the service, never a view."""
+        view = copy.copy(self)
+        view.name, view.adapter, view.created = name, adapter, int(time.time())
+        return view
 
     def close(self) -> None:
         self.scheduler.close()
@@ -337,7 +349,8 @@ class OpenAIService:
     def _submit(self, prompt: list[int], params: SamplingParams, seed: int | None, on_tokens=None,
                 report_logprobs: bool = False):
         try:
-            return self.scheduler.submit(prompt, params, seed, on_tokens=on_tokens, report_logprobs=report_logprobs)
+            return self.scheduler.submit(prompt, params, seed, on_tokens=on_tokens, report_logprobs=report_logprobs,
+                                         adapter=self.adapter)
         except RuntimeError as e:  # closed: the server is shutting down
             raise OpenAIError(str(e), status=503, type="server_error") from None
 

@@ -1,11 +1,16 @@
 """Which engine answers a request's `model`: the server's own model, or a tenant's fine-tuned
 model (or checkpoint), loaded on first use.
 
-Each fine-tuned model gets an OpenAIService of its own (its own engine and batch scheduler)
-that records traces into the server's sink, as the base model does; at most `max_loaded` are
-kept, the least recently used closed first. (LoRA adapters served side by side on one engine
-replace this one-engine-per-model rule.) A name is looked up per tenant, so one tenant cannot
-reach another's model.
+- A LoRA adapter over the server's own model is served side by side with it: the adapter is
+  registered with the base engine's AdapterPool and requests go to a view of the base service
+  (`OpenAIService.with_adapter`), so its rows decode in the same batches as everyone's and
+  100 fine-tuned models cost 100 adapters, not 100 model copies.
+- A full model (or an adapter over another base) gets an OpenAIService of its own (its own
+  engine and batch scheduler) recording traces into the server's sink; at most `max_loaded`
+  are kept, the least recently used closed first.
+
+A name is looked up per tenant, so one tenant cannot reach another's model; an adapter is
+registered under "<tenant>/<name>".
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Callable
 
+from flywheel.inference.lora import AdapterError, adapter_base, is_adapter_folder
 from flywheel.service.core import OpenAIService
 from flywheel.service.errors import OpenAIError
 
@@ -31,7 +37,8 @@ class ServedModels:
         self.resolve = resolve
         self.max_loaded = max_loaded
         self.service_kw = service_kw
-        self._loaded: OrderedDict[tuple[str, str], OpenAIService] = OrderedDict()
+        self._loaded: OrderedDict[tuple[str, str], OpenAIService] = OrderedDict()  # full models, LRU-bounded
+        self._views: dict[tuple[str, str], OpenAIService] = {}  # adapters on the base (their pool bounds memory)
         self._loading: dict[tuple[str, str], Future] = {}  # what is loading now, for whoever asks meanwhile
         self._lock = threading.Lock()
 
@@ -43,6 +50,8 @@ class ServedModels:
             return self.base  # it refuses a wrong name itself, with the field named
         key = (tenant, name)
         with self._lock:
+            if key in self._views:
+                return self._views[key]
             if key in self._loaded:
                 self._loaded.move_to_end(key)
                 return self._loaded[key]
@@ -61,8 +70,12 @@ class ServedModels:
             raise
         with self._lock:
             del self._loading[key]
-            self._loaded[key] = svc
-            evicted = [self._loaded.popitem(last=False)[1] for _ in range(len(self._loaded) - self.max_loaded)]
+            evicted = []
+            if svc.adapter is not None:
+                self._views[key] = svc
+            else:
+                self._loaded[key] = svc
+                evicted = [self._loaded.popitem(last=False)[1] for _ in range(len(self._loaded) - self.max_loaded)]
         for old in evicted:
             old.scheduler.close()  # not old.close(): the trace sink is the server's
         loading.set_result(svc)
@@ -72,13 +85,34 @@ class ServedModels:
         path = self.resolve(tenant, name)
         if path is None:
             raise OpenAIError(f"model: unknown model {name!r}", param="model", code="model_not_found")
-        return OpenAIService(Path(path), version=Path(path).name, name=name, trace_sink=self.base.trace_sink,
-                             **self.service_kw)
+        path = Path(path)
+        if is_adapter_folder(path) and self._on_base(path):
+            pool_name = f"{tenant}/{name}"
+            try:
+                self.base.engine.adapters.register(pool_name, path)
+            except AdapterError as e:
+                raise OpenAIError(f"model {name!r} cannot be served: {e}", param="model", status=500,
+                                  type="server_error") from None
+            return self.base.with_adapter(name, pool_name)
+        return OpenAIService(path, version=path.name, name=name, trace_sink=self.base.trace_sink, **self.service_kw)
+
+    def _on_base(self, adapter: Path) -> bool:
+        """Whether the adapter is over the server's own model and its engine serves adapters."""
+        engine = self.base.engine
+        if getattr(engine, "adapters", None) is None or self.base.model_path is None:
+            return False
+        try:
+            return Path(adapter_base(adapter)).resolve() == self.base.model_path
+        except AdapterError:
+            return False
 
     def forget(self, tenant: str, name: str) -> None:
         """Stop serving a model (it was deleted): its engine closes, a later request is a 404."""
         with self._lock:
+            view = self._views.pop((tenant, name), None)
             svc = self._loaded.pop((tenant, name), None)
+        if view is not None:
+            view.engine.adapters.unregister(view.adapter)  # rows decoding with it finish on its tensors
         if svc is not None:
             svc.scheduler.close()
 
@@ -87,3 +121,4 @@ class ServedModels:
             for svc in self._loaded.values():
                 svc.scheduler.close()
             self._loaded.clear()
+            self._views.clear()

@@ -106,7 +106,7 @@ class TraceStore(Closing):
         return IngestResult(results)  # type: ignore[arg-type]  # every slot is filled by now
 
     def _store_traces(self, conn, pending: list[tuple[int, tuple]], results: list, tenant: str) -> None:
-        by_key: dict[str, tuple[str, str]] = {}  # the tenant's key -> (id, content hash), stored or earlier in this batch
+        by_key: dict[str, tuple[str, str]] = {}  # the tenant's key -> (id, hash), stored or earlier in the batch
         taken_ids: set[str] = set()  # ids stored for any tenant
         keys = [row[KEY] for _, row in pending]
         ids = [row[ID] for _, row in pending]

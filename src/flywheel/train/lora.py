@@ -16,28 +16,14 @@ AdapterPool (inference/adapters.py). `merged_folder` writes base + adapter as on
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from flywheel.config import LoraSettings
+from flywheel.inference.lora import AdapterError as LoraError, adapter_base, is_adapter_folder
 from flywheel.models import load
 
-
-class LoraError(ValueError):
-    pass
-
-
-def is_adapter_folder(path: str | Path) -> bool:
-    return (Path(path) / "adapter_config.json").is_file()
-
-
-def adapter_base(path: str | Path) -> str:
-    """The model folder an adapter folder was trained on."""
-    cfg = json.loads((Path(path) / "adapter_config.json").read_text(encoding="utf-8"))
-    base = cfg.get("base_model_name_or_path")
-    if not base or not Path(base).is_dir():
-        raise LoraError(f"{path}/adapter_config.json: base_model_name_or_path={base!r} is not a model folder here")
-    return base
+__all__ = ["LoraError", "adapter_base", "is_adapter_folder", "load_trainable", "merged_folder", "peft_config",
+           "trainable_count"]
 
 
 def peft_config(lora: LoraSettings):
