@@ -234,7 +234,7 @@ class DecodeBatch:
                     self.buf[:, :, B:B + R, :, :c - P].zero_()
                 target = KVCache(self.buf[:, :, B:B + R, :, c - P:], 0)
             logits = self.runner.forward(tokens_U_P, positions_U_P, target, key_valid_U_P, causal=True,
-                                         cache_rows=row_uniq, lora=RowGroups(uniq_lora, P, dev)
+                                         cache_rows=row_uniq, **_lora(RowGroups(uniq_lora, P, dev))
                                          ).index_select(0, row_uniq)
             stops = [sorted(set(sp.stop_token_ids) | (set() if sp.ignore_eos else engine.eos_ids)) for sp in settings]
             width = max(1, max(len(s) for s in stops))
@@ -323,7 +323,7 @@ class DecodeBatch:
                 if self.padded:
                     key_valid = torch.arange(self.cache.length + 1, device=self.dev)[None, :] >= self.start[:, None]
                 self.logits = self.runner.forward(tok[:, None], self.pos_next[:, None], self.cache, key_valid,
-                                                  causal=False, lora=self.lora)
+                                                  causal=False, **_lora(self.lora))
                 self.pos_next = self.pos_next + 1
                 self.logits_version = [engine.version] * len(self.rows)
         out.finished = [(r.key, self._samples(r)) for r in finished]
@@ -450,3 +450,9 @@ def _cat_padded(old: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
         old = torch.nn.functional.pad(old, (0, width - old.shape[1]), value=-1)
         new = torch.nn.functional.pad(new, (0, width - new.shape[1]), value=-1)
     return torch.cat([old, new])
+
+
+def _lora(groups: RowGroups | None) -> dict:
+    """The runner's `lora` argument when some row has an adapter (runners without LoRA rows
+    need not take it)."""
+    return {"lora": groups} if groups else {}
