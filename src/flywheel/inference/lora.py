@@ -14,11 +14,12 @@ projection the decoder runs. q/k/v and gate/up are fused there, so their A's are
 r_v): one pair of matmuls gives the three deltas in the fused layout. A projection the adapter
 leaves alone contributes rank 0.
 
-Per-row application (`RowGroups`): a forward's rows are grouped by adapter; for each group
-and fused projection, `delta = (x[rows] A^T) B^T` is added into the base output at those rows
-(`index_add_`), the rows without an adapter untouched: what vLLM's punica kernels compute,
-as one small matmul pair per adapter present in the batch. Shapes: x (N, in) and out (N, out)
-with N = B * S tokens, row b's tokens at [b * S, (b + 1) * S).
+Per-row application (`RowGroups`): each token gets `delta = (x A^T) B^T` of its row's adapter
+added into the base output, rows without an adapter untouched: what vLLM's punica kernels
+compute. With several adapters in a batch their A's and B's are stacked and a mask keeps each
+token to its own adapter's columns, so a projection costs two matmuls however many adapters
+the batch mixes. Shapes: x (N, in) and out (N, out) with N = B * S tokens, row b's tokens at
+[b * S, (b + 1) * S).
 """
 
 from __future__ import annotations
@@ -170,30 +171,90 @@ class Resident:
 
 
 class RowGroups:
-    """The tokens of each adapter present in a forward's rows (None: the base model)."""
+    """Each row's adapter in one forward (None: the base model), ready to add the deltas.
+
+    One adapter for every row: out += (x A^T) B^T. Several, in a decode step (one token a row):
+    the present adapters' A's are stacked, (C, in) with C the sum of their ranks, and their B's
+    side by side, (out, C); then
+        out += ((x A_all^T) * M) B_all^T,   M[n, c] = 1 if column c belongs to token n's adapter,
+    two matmuls whatever the number of adapters (a base row's mask is all zero). The stacks
+    of a set of adapters are built once and kept for the next steps (`_STACKS`): a decode
+    batch's set changes only when a request joins or leaves. Several in a prefill (many
+    tokens a row, a set seen once): per adapter, its tokens' delta is added at their rows
+    (`index_add_`), with no stack to build."""
 
     def __init__(self, row_adapters: Sequence[Resident | None], tokens_per_row: int, device: torch.device):
-        rows: dict[int, tuple[Resident, list[int]]] = {}
-        for b, adapter in enumerate(row_adapters):
+        present: dict[int, Resident] = {}
+        for adapter in row_adapters:
             if adapter is not None:
-                rows.setdefault(id(adapter), (adapter, []))[1].append(b)
+                present.setdefault(id(adapter), adapter)
+        self.adapters = list(present.values())
+        self.single = self.adapters[0] if len(self.adapters) == 1 and all(row_adapters) else None
+        self.stack = None
+        self.groups: list[tuple[Resident, torch.Tensor]] = []  # prefill: (adapter, its tokens)
+        self._masks: dict[tuple, torch.Tensor] = {}
+        if not self.adapters or self.single is not None:
+            return
+        if tokens_per_row == 1:
+            self.stack = _stack(tuple(self.adapters))
+            index = {id(a): g for g, a in enumerate(self.adapters)}
+            self.owner_of_token = torch.tensor([-1 if a is None else index[id(a)] for a in row_adapters],
+                                               device=device)  # (N,)
+            return
         S = tokens_per_row
-        self.all_rows = len(rows) == 1 and len(next(iter(rows.values()))[1]) == len(row_adapters)
-        self.groups = [(adapter, None if self.all_rows else
-                        (torch.tensor(bs, device=device)[:, None] * S + torch.arange(S, device=device)).reshape(-1))
-                       for adapter, bs in rows.values()]
+        for adapter in self.adapters:
+            rows = torch.tensor([b for b, a in enumerate(row_adapters) if a is adapter], device=device)
+            self.groups.append((adapter, (rows[:, None] * S + torch.arange(S, device=device)).reshape(-1)))
 
     def __bool__(self) -> bool:
-        return bool(self.groups)
+        return bool(self.adapters)
 
     def add(self, layer: int, part: str, x_N_in: torch.Tensor, out_N_out: torch.Tensor) -> None:
-        """out += each group's delta (x A^T) B^T at its tokens, in place."""
-        for adapter, tokens in self.groups:
-            ab = adapter.parts[layer][part]
-            if ab is None:
+        """out += each token's adapter delta (x A^T) B^T, in place."""
+        if self.single is not None:
+            ab = self.single.parts[layer][part]
+            if ab is not None:
+                out_N_out.addmm_(x_N_in @ ab[0].T, ab[1].T)
+            return
+        if self.stack is None:
+            for adapter, tokens in self.groups:
+                ab = adapter.parts[layer][part]
+                if ab is not None:
+                    out_N_out.index_add_(0, tokens, (x_N_in.index_select(0, tokens) @ ab[0].T) @ ab[1].T)
+            return
+        stacked = self.stack[layer][part]
+        if stacked is None:
+            return
+        a, b, owners = stacked
+        mask = self._masks.get(owners)
+        if mask is None:
+            columns = torch.tensor(owners, device=x_N_in.device)
+            mask = self._masks[owners] = (self.owner_of_token[:, None] == columns[None, :]).to(x_N_in.dtype)
+        out_N_out.addmm_((x_N_in @ a.T).mul_(mask), b.T)
+
+
+# the stacks of the adapter sets seen last: (A_all, B_all, column owners) per layer and projection
+_STACKS: dict[tuple, list[dict[str, tuple[torch.Tensor, torch.Tensor, tuple[int, ...]] | None]]] = {}
+_STACKS_KEPT = 2  # each holds a copy of its adapters' weights
+
+
+def _stack(adapters: tuple[Resident, ...]):
+    key = tuple(id(a) for a in adapters)
+    hit = _STACKS.get(key)
+    if hit is not None and all(x is y for x, y in zip(hit[0], adapters)):
+        return hit[1]
+    layers = []
+    for layer in range(len(adapters[0].parts)):
+        parts = {}
+        for part in FUSED:
+            pairs = [(g, a.parts[layer][part]) for g, a in enumerate(adapters) if a.parts[layer][part] is not None]
+            if not pairs:
+                parts[part] = None
                 continue
-            a, b = ab
-            if tokens is None:
-                out_N_out.add_((x_N_in @ a.T) @ b.T)
-            else:
-                out_N_out.index_add_(0, tokens, (x_N_in.index_select(0, tokens) @ a.T) @ b.T)
+            owners = tuple(g for g, (a, _) in pairs for _ in range(a.shape[0]))
+            parts[part] = (torch.cat([a for _, (a, _) in pairs]), torch.cat([b for _, (_, b) in pairs], 1), owners)
+        layers.append(parts)
+    while len(_STACKS) >= _STACKS_KEPT:
+        _STACKS.pop(next(iter(_STACKS)))
+    _STACKS[key] = (adapters, layers)  # the adapters themselves: an id reused after one is freed never matches
+    return layers
