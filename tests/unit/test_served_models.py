@@ -72,3 +72,36 @@ def test_models_are_per_tenant_and_the_least_recently_used_is_closed():
     c = models.get("t1", "other")
     assert b.closed.is_set() and not a.closed.is_set() and not c.closed.is_set()
     assert models.get("t1", "base") is models.base
+
+
+def test_an_adapter_the_base_engine_cannot_take_gets_an_engine_of_its_own(tmp_path):
+    import asyncio
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from flywheel.inference.kernels import packed_available
+    from flywheel.models import TinySpec, build_tiny_model
+    from flywheel.service.core import OpenAIService
+
+    base_dir = build_tiny_model(tmp_path / "base", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    model.name_or_path = str(base_dir.resolve())
+    get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])).save_pretrained(
+        tmp_path / "adapter")
+    packed = packed_available(torch.zeros(1))
+    base = OpenAIService(base_dir, name="base", default_max_tokens=2, packed=packed, lean=True)
+    models = ServedModels(base, lambda tenant, name: tmp_path / "adapter" if name == "ft" else None)
+    try:
+        served = models.get("t", "ft")
+        on_base = base.engine.adapters is not None
+        assert (served.scheduler is base.scheduler) == on_base  # packed base: an engine of its own
+        assert served.engine.adapters.names == ["t/ft"]
+        reply, _ = asyncio.run(served.chat({"model": "ft", "messages": [{"role": "user", "content": "hi"}]}))
+        assert reply["model"] == "ft"
+        models.forget("t", "ft")
+        assert served.engine.adapters is None or "t/ft" not in served.engine.adapters.names or not on_base
+    finally:
+        models.close()
+        base.close()

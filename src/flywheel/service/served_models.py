@@ -5,8 +5,9 @@ model (or checkpoint), loaded on first use.
   registered with the base engine's AdapterPool and requests go to a view of the base service
   (`OpenAIService.with_adapter`), so its rows decode in the same batches as everyone's and
   100 fine-tuned models cost 100 adapters, not 100 model copies.
-- A full model (or an adapter over another base) gets an OpenAIService of its own (its own
-  engine and batch scheduler) recording traces into the server's sink; at most `max_loaded`
+- A full model, or an adapter the base engine cannot take (over another base, or a base on
+  packed kernels), gets an OpenAIService of its own (its own engine and batch scheduler; an
+  adapter's on dense kernels) recording traces into the server's sink; at most `max_loaded`
   are kept, the least recently used closed first.
 
 A name is looked up per tenant, so one tenant cannot reach another's model; an adapter is
@@ -71,7 +72,7 @@ class ServedModels:
         with self._lock:
             del self._loading[key]
             evicted = []
-            if svc.adapter is not None:
+            if svc.adapter is not None and svc.scheduler is self.base.scheduler:
                 self._views[key] = svc
             else:
                 self._loaded[key] = svc
@@ -86,15 +87,22 @@ class ServedModels:
         if path is None:
             raise OpenAIError(f"model: unknown model {name!r}", param="model", code="model_not_found")
         path = Path(path)
-        if is_adapter_folder(path) and self._on_base(path):
-            pool_name = f"{tenant}/{name}"
-            try:
-                self.base.engine.adapters.register(pool_name, path)
-            except AdapterError as e:
-                raise OpenAIError(f"model {name!r} cannot be served: {e}", param="model", status=500,
-                                  type="server_error") from None
-            return self.base.with_adapter(name, pool_name)
-        return OpenAIService(path, version=path.name, name=name, trace_sink=self.base.trace_sink, **self.service_kw)
+        if not is_adapter_folder(path):
+            return OpenAIService(path, version=path.name, name=name, trace_sink=self.base.trace_sink,
+                                 **self.service_kw)
+        pool_name = f"{tenant}/{name}"
+        try:
+            if self._on_base(path):
+                host = self.base
+            else:  # an adapter over another model, or a base on packed kernels: an engine of its own
+                base = Path(adapter_base(path))
+                host = OpenAIService(base, version=path.name, name=name, trace_sink=self.base.trace_sink,
+                                     packed=False, **self.service_kw)
+            host.engine.adapters.register(pool_name, path)
+        except AdapterError as e:
+            raise OpenAIError(f"model {name!r} cannot be served: {e}", param="model", status=500,
+                              type="server_error") from None
+        return host.with_adapter(name, pool_name)
 
     def _on_base(self, adapter: Path) -> bool:
         """Whether the adapter is over the server's own model and its engine serves adapters."""
