@@ -315,12 +315,12 @@ def test_the_cli_uploads_creates_follows_and_controls_jobs(api, tmp_path):
     file_id = up.output.split()[0]
     assert file_id in run(app, ["files", "list", "--base-url", srv.url]).output
     made = run(app, ["jobs", "create", "--model", "tiny", "--training-file", file_id, "--set", "n_epochs=1",
-                     "--set", "batch_size=2", "--suffix", "cli", "--wait", "--base-url", srv.url])
+                     "--set", "batch_size=2", "--lora-rank", "4", "--suffix", "cli", "--wait", "--base-url", srv.url])
     assert made.exit_code == 0 and "succeeded" in made.output and "ft:tiny:default:cli:" in made.output, made.output
     job_id = made.output.split()[0]
     shown = json.loads(run(app, ["jobs", "show", job_id, "--base-url", srv.url]).output)
     assert shown["hyperparameters"] == {"n_epochs": 1, "batch_size": 2, "learning_rate_multiplier": 1.0,
-                                        "lora": {**shown["hyperparameters"]["lora"], "rank": 16}}  # LoRA by default
+                                        "lora": {**shown["hyperparameters"]["lora"], "rank": 4, "alpha": 8.0}}
     assert "The job has successfully completed" in run(app, ["jobs", "events", job_id, "--base-url", srv.url]).output
     assert "ckpt-step-2" in run(app, ["jobs", "checkpoints", job_id, "--base-url", srv.url]).output
     name = shown["fine_tuned_model"]

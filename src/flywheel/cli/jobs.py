@@ -58,10 +58,20 @@ def create(model: str = typer.Option(..., help="a base model the server offers, 
            validation_file: str = typer.Option(None), suffix: str = typer.Option(None),
            seed: int = typer.Option(None),
            hyper: list[str] = typer.Option([], "--set", help="a hyperparameter, NAME=VALUE (n_epochs=3, beta=0.1)"),
+           lora_rank: int = typer.Option(None, "--lora-rank", min=1, help="train a LoRA adapter of this rank "
+                                                                           "(alpha twice the rank)"),
+           full: bool = typer.Option(False, "--full", help="train every weight (no LoRA adapter)"),
            wait: bool = typer.Option(False, help="follow the job with a progress bar until it ends"),
            base_url: str = BASE_URL) -> None:
     """Create a job; prints its id and status (with --wait, its end)."""
-    hyperparameters = {}
+    if lora_rank is not None and full:
+        print("error: --lora-rank and --full: choose one", file=sys.stderr)
+        raise typer.Exit(2)
+    hyperparameters: dict = {}
+    if lora_rank is not None:
+        hyperparameters["lora"] = {"rank": lora_rank, "alpha": 2 * lora_rank}
+    elif full:
+        hyperparameters["lora"] = "full"
     for item in hyper:
         name, sep, value = item.partition("=")
         if not sep:
