@@ -97,7 +97,8 @@ def test_a_supervised_job_from_upload_to_chat(api):
         assert reply.model == model and reply.choices[0].message.content is not None
     # both are LoRA adapters served by the base model's engine, side by side with it: no model copy
     pool = srv.server.config.app.state.service.engine.adapters
-    assert {f"default/{job.fine_tuned_model}", f"default/{checkpoints[1].fine_tuned_model_checkpoint}"} <= set(pool.names)
+    served = {f"default/{job.fine_tuned_model}", f"default/{checkpoints[1].fine_tuned_model_checkpoint}"}
+    assert served <= set(pool.names)
     assert client.fine_tuning.jobs.list(limit=1).data[0].id == job.id
 
 
