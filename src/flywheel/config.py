@@ -139,6 +139,8 @@ class DPOTrainConfig(Config):
     epochs: float = Field(1.0, gt=0)
     batch_size: int = Field(16, ge=1, description="preference pairs per optimizer step")
     seed: int = 0
+    lora: LoraSettings | None = Field(None, description="train a LoRA adapter (the reference: the model with "
+                                                        "its adapter off); null: every weight")
 
 
 class DPOConfig(Config):

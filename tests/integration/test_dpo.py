@@ -63,3 +63,24 @@ def test_bad_pairs_name_file_and_line(model, tmp_path, row, message):
     result = run_dpo(cfg(model, data, tmp_path / "y", train={"steps": 1, "batch_size": 1},
                          data={"train": [str(data)], "on_error": "skip"}), log=warnings.append)
     assert result.steps == 1 and any("bad.jsonl:2" in w for w in warnings)
+
+
+def test_lora_dpo_starts_at_log_2_and_saves_an_adapter(model, tmp_path):
+    """With train.lora the reference is the trained model with its adapter off: at the first
+    step the policy is the reference exactly (peft's B starts at zero), so the loss is log 2;
+    the saved model is an adapter folder, and continuing it keeps it as its own reference."""
+    from flywheel.train.metrics import read_metrics
+
+    rows = [pair(f"{a}+{b}?", str(a + b), str(a + b + 1)) for a in range(4) for b in range(4)]
+    data = write(tmp_path / "pairs.jsonl", rows)
+    lora = {"steps": 6, "batch_size": 8, "lora": {"rank": 4, "alpha": 8}}
+    result = run_dpo(cfg(model, data, tmp_path / "run", train=lora), log=lambda m: None)
+    first = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "loss" in r][0]
+    assert abs(first["loss"] - math.log(2)) < 1e-5
+    assert result.last["loss"] < math.log(2)  # the adapter moved
+    assert (result.final_model / "adapter_config.json").is_file()
+    again = run_dpo(cfg(result.final_model, data, tmp_path / "more", train={"steps": 2, "batch_size": 8}),
+                    log=lambda m: None)
+    assert (again.final_model / "adapter_config.json").is_file()
+    first = [r for r in read_metrics(tmp_path / "more" / "metrics.jsonl") if "loss" in r][0]
+    assert abs(first["loss"] - math.log(2)) < 1e-5  # its reference: the adapter it started from

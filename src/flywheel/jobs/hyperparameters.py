@@ -8,7 +8,7 @@ written down here so a job records exactly what it trained with).
 - beta (dpo): 0.1. reinforcement: eval_interval 10 steps, eval_samples 1, compute_multiplier
   1.0, reasoning_effort "default".
 - lora (flywheel's extension): a rank-16 adapter (alpha 32, no dropout, all seven
-  projections) for supervised jobs; "full" (every weight) for DPO and reinforcement, whose
+  projections) for supervised and DPO jobs; "full" (every weight) for reinforcement, whose
   LoRA training is not built yet.
 Given values pass through unchanged (requests.py has checked their ranges).
 """

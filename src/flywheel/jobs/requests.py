@@ -25,7 +25,7 @@ HYPERPARAMETERS: dict[str, dict[str, tuple[type, float, float]]] = {
                       "eval_samples": (int, 1, 1_000), "compute_multiplier": (float, 1e-3, 100.0),
                       "reasoning_effort": (str, 0, 0), "lora": (dict, 0, 0)},
 }
-LORA_METHODS = ("supervised",)  # the methods whose jobs train LoRA adapters (flywheel's extension)
+LORA_METHODS = ("supervised", "dpo")  # the methods whose jobs train LoRA adapters (flywheel's extension)
 TOP_LEVEL = {"model", "training_file", "validation_file", "suffix", "seed", "metadata", "method", "hyperparameters",
              "integrations"}
 SUFFIX_MAX = 64

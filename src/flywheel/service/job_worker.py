@@ -91,7 +91,8 @@ def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | N
                   "optim": {"lr": lr}}
     else:
         config = {**common, "data": {"train": [train_file], "val": [val_file] if val_file else []},
-                  "train": {"epochs": hp["n_epochs"], "batch_size": hp["batch_size"], "seed": job["seed"]},
+                  "train": {"epochs": hp["n_epochs"], "batch_size": hp["batch_size"], "seed": job["seed"],
+                            "lora": None if lora == "full" else lora},
                   "beta": hp["beta"], "optim": {"lr": lr}}
     return {"kind": STAGES[kind], "config": config}
 

@@ -1,4 +1,5 @@
-"""DPO recipe: preference pairs, a frozen reference (the starting model), the sigmoid or
+"""DPO recipe: preference pairs, a frozen reference (the starting model; with `train.lora`, the
+trained model with its adapter switched off), the sigmoid or
 IPO loss of train/losses.py on summed response log-probabilities.
 
 Per step: `batch_size` pairs -> one forward of the policy over chosen and rejected
@@ -8,6 +9,7 @@ warm-up + cosine schedule. Checkpoints and resume as in SFT.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -17,11 +19,11 @@ from typing import Callable
 import torch
 
 from flywheel.config import DPOConfig
-from flywheel.models import load
 from flywheel.rollout.data_order import DataOrder
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.dpo_data import load_pairs
 from flywheel.train.forward import set_learner_mode
+from flywheel.train.lora import is_adapter_folder, load_trainable
 from flywheel.train.losses import dpo_loss
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.padding import pad_batch
@@ -59,15 +61,20 @@ def sequence_logprobs(model, pairs, pad_id: int, device) -> tuple[torch.Tensor, 
 def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
     out = Path(cfg.output_dir)
     ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
-    model, tokenizer = load(ckpt or cfg.model, device=cfg.device)
-    reference, _ = load(cfg.model, device=cfg.device)
-    reference.requires_grad_(False)
+    model, tokenizer = load_trainable(ckpt or cfg.model, cfg.train.lora, dtype="float32", device=cfg.device)
+    # the reference is the starting model: with a fresh adapter, the trained model with its
+    # adapter switched off (no second copy); else a frozen copy of cfg.model
+    adapter_off = cfg.train.lora is not None and not is_adapter_folder(cfg.model)
+    reference = None
+    if not adapter_off:
+        reference, _ = load_trainable(cfg.model, None, dtype="float32", device=cfg.device)
+        reference.requires_grad_(False)
     pairs, skipped = load_pairs(cfg.data.train, tokenizer, cfg.data, log)
     log(f"train data: {len(pairs)} pairs" + (f", {skipped} lines skipped" if skipped else ""))
     val = load_pairs(cfg.data.val, tokenizer, cfg.data, log)[0] if cfg.data.val else []
     total = cfg.train.steps or max(1, math.ceil(cfg.train.epochs * len(pairs) / cfg.train.batch_size))
     oc = cfg.optim
-    opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, oc.warmup_steps, total, oc.min_lr_ratio))
     order = DataOrder(len(pairs), cfg.train.seed)
     step = 0
@@ -79,8 +86,8 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
     last: dict = {}
 
     def losses_on(batch, train: bool):
-        with torch.no_grad():
-            rc, rr = sequence_logprobs(reference, batch, pad, cfg.device)
+        with torch.no_grad(), (model.disable_adapter() if adapter_off else contextlib.nullcontext()):
+            rc, rr = sequence_logprobs(model if adapter_off else reference, batch, pad, cfg.device)
         with torch.set_grad_enabled(train):
             pc, pr = sequence_logprobs(model, batch, pad, cfg.device)
             return dpo_loss(pc, pr, rc, rr, beta=cfg.beta, loss_type=cfg.loss_type)
