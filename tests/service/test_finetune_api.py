@@ -102,6 +102,23 @@ def test_a_supervised_job_from_upload_to_chat(api):
     assert client.fine_tuning.jobs.list(limit=1).data[0].id == job.id
 
 
+@pytest.mark.slow  # two more jobs; make test stays under four minutes
+def test_a_lora_checkpoint_continues_as_a_new_job_and_serves_on_the_base(api):
+    client, srv, _ = api
+    f = upload(client, [chat_row(f"{i} + 2?", str(i + 2)) for i in range(4)])
+    first = wait(client, client.fine_tuning.jobs.create(model="tiny", training_file=f.id, suffix="one", method={
+        "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 2}}}).id)
+    checkpoint = client.fine_tuning.jobs.checkpoints.list(first.id).data[-1].fine_tuned_model_checkpoint
+    second = wait(client, client.fine_tuning.jobs.create(model=checkpoint, training_file=f.id, suffix="two", method={
+        "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 2}}}).id)
+    assert second.status == "succeeded", second.error
+    reply = client.chat.completions.create(model=second.fine_tuned_model, max_tokens=2,
+                                           messages=[{"role": "user", "content": "1 + 2?"}])
+    assert reply.model == second.fine_tuned_model
+    pool = srv.server.config.app.state.service.engine.adapters
+    assert f"default/{second.fine_tuned_model}" in pool.names  # the continued adapter, on the base's engine
+
+
 def test_a_dpo_job_succeeds(api):
     client, _, _ = api
     pair = {"input": {"messages": [{"role": "user", "content": "Say hi"}]},
