@@ -18,7 +18,8 @@ from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.inference.decode import DecodeRequest
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.train.checkpoint import list_checkpoints
-from flywheel.train.lora import LoraError, merged_folder
+from flywheel.inference.lora import AdapterError
+from flywheel.train.lora import merged_folder
 from flywheel.train.metrics import read_metrics
 from flywheel.train.sft import run_sft
 
@@ -101,5 +102,5 @@ def test_an_adapter_continues_as_it_is_and_refuses_another_shape(setup, tmp_path
     first = run_sft(config(model, data, tmp_path / "a", steps=4), log=lambda m: None).final_model
     again = run_sft(config(first, data, tmp_path / "b", steps=4), log=lambda m: None)  # from_checkpoint
     assert json.loads((again.final_model / "adapter_config.json").read_text())["r"] == 4
-    with pytest.raises(LoraError, match="the adapter has rank 4"):
+    with pytest.raises(AdapterError, match="the adapter has rank 4"):
         run_sft(config(first, data, tmp_path / "c", steps=4, lora={"rank": 8}), log=lambda m: None)

@@ -21,7 +21,7 @@ class FakeService(SimpleNamespace):
 
 
 def served(max_loaded: int = 2):
-    models = ServedModels(SimpleNamespace(name="base", trace_sink=None),
+    models = ServedModels(SimpleNamespace(name="base", trace_sink=None, scheduler=object()),
                           lambda tenant, name: None if name == "missing" else Path(f"/models/{name}"),
                           max_loaded=max_loaded)
     gates = {"slow": threading.Event()}

@@ -32,9 +32,7 @@ class HFRunner:
     @torch.inference_mode()
     def forward(self, tokens_B_S: torch.Tensor, positions_B_S: torch.Tensor, cache: HFCache,
                 key_valid_B_T: torch.Tensor | None, causal: bool,
-                cache_rows: torch.Tensor | None = None, lora=None) -> torch.Tensor:
-        if lora:
-            raise ValueError("LoRA rows run on the lean decoder only")
+                cache_rows: torch.Tensor | None = None) -> torch.Tensor:
         B, S = tokens_B_S.shape
         if key_valid_B_T is None:
             key_valid_B_T = torch.ones(B, cache.length + S, dtype=torch.bool, device=self.device)

@@ -31,6 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from flywheel.inference.lora import is_adapter_folder
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.service import responses as R
 from flywheel.service.body_limit import BodyLimit
@@ -42,8 +43,7 @@ from flywheel.service.ingest import ingest_router, read_json
 from flywheel.service.ingest_pool import IngestPool
 from flywheel.service.openapi import install as install_openapi, route_doc
 from flywheel.service.served_models import ServedModels
-from flywheel.inference.lora import is_adapter_folder
-from flywheel.train.lora import merged_folder
+from flywheel.train.lora import merged_copy
 
 
 MAX_BODY_BYTES = 64 * 2 ** 20  # a JSON request: a batch of 500 ~2 KB traces is ~1 MB
@@ -245,18 +245,6 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         return _answer(*await (await model_for(tenant, body)).completions(body, tenant))
 
     return app
-
-
-_MERGING = threading.Lock()
-
-
-def merged_copy(adapter: Path) -> Path:
-    """The adapter merged into its base, written once beside the adapter (`<folder>.merged`)."""
-    dest = adapter.with_name(adapter.name + ".merged")
-    with _MERGING:
-        if not (dest / "config.json").is_file():
-            merged_folder(adapter, dest)
-    return dest
 
 
 def tar_stream(folder: Path, name: str, chunk: int = 1 << 20):

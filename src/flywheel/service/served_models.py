@@ -72,7 +72,7 @@ class ServedModels:
         with self._lock:
             del self._loading[key]
             evicted = []
-            if svc.adapter is not None and svc.scheduler is self.base.scheduler:
+            if svc.scheduler is self.base.scheduler:  # an adapter on the base's engine
                 self._views[key] = svc
             else:
                 self._loaded[key] = svc
@@ -91,28 +91,21 @@ class ServedModels:
             return OpenAIService(path, version=path.name, name=name, trace_sink=self.base.trace_sink,
                                  **self.service_kw)
         pool_name = f"{tenant}/{name}"
+        host = None
         try:
-            if self._on_base(path):
+            base = Path(adapter_base(path)).resolve()
+            if base == self.base.model_path and getattr(self.base.engine, "adapters", None) is not None:
                 host = self.base
             else:  # an adapter over another model, or a base on packed kernels: an engine of its own
-                base = Path(adapter_base(path))
                 host = OpenAIService(base, version=path.name, name=name, trace_sink=self.base.trace_sink,
                                      packed=False, **self.service_kw)
             host.engine.adapters.register(pool_name, path)
         except AdapterError as e:
+            if host is not None and host is not self.base:
+                host.scheduler.close()
             raise OpenAIError(f"model {name!r} cannot be served: {e}", param="model", status=500,
                               type="server_error") from None
         return host.with_adapter(name, pool_name)
-
-    def _on_base(self, adapter: Path) -> bool:
-        """Whether the adapter is over the server's own model and its engine serves adapters."""
-        engine = self.base.engine
-        if getattr(engine, "adapters", None) is None or self.base.model_path is None:
-            return False
-        try:
-            return Path(adapter_base(adapter)).resolve() == self.base.model_path
-        except AdapterError:
-            return False
 
     def forget(self, tenant: str, name: str) -> None:
         """Stop serving a model (it was deleted): its engine closes, a later request is a 404."""

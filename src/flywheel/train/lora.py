@@ -16,14 +16,14 @@ AdapterPool (inference/adapters.py). `merged_folder` writes base + adapter as on
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from flywheel.config import LoraSettings
-from flywheel.inference.lora import AdapterError as LoraError, adapter_base, is_adapter_folder
+from flywheel.inference.lora import AdapterError, adapter_base, is_adapter_folder
 from flywheel.models import load
 
-__all__ = ["LoraError", "adapter_base", "is_adapter_folder", "load_trainable", "merged_folder", "peft_config",
-           "trainable_count"]
+_MERGING = threading.Lock()
 
 
 def peft_config(lora: LoraSettings):
@@ -48,7 +48,7 @@ def load_trainable(path: str | Path, lora: LoraSettings | None, *, dtype: str, d
     if lora is not None:
         saved = model.peft_config["default"]
         if saved.r != lora.rank or set(saved.target_modules) != set(lora.targets):
-            raise LoraError(f"{path}: the adapter has rank {saved.r} on {sorted(saved.target_modules)}; "
+            raise AdapterError(f"{path}: the adapter has rank {saved.r} on {sorted(saved.target_modules)}; "
                             f"train.lora asks rank {lora.rank} on {sorted(lora.targets)}")
     return model, tokenizer
 
@@ -69,3 +69,13 @@ def merged_folder(adapter: str | Path, dest: str | Path, *, dtype: str = "float3
     merged = PeftModel.from_pretrained(base, str(adapter)).merge_and_unload()
     save_model_folder(merged, tokenizer, Path(dest))
     return Path(dest)
+
+
+def merged_copy(adapter: str | Path) -> Path:
+    """`merged_folder` of the adapter, written once beside it (`<folder>.merged`) and reused."""
+    adapter = Path(adapter)
+    dest = adapter.with_name(adapter.name + ".merged")
+    with _MERGING:
+        if not (dest / "config.json").is_file():
+            merged_folder(adapter, dest)
+    return dest

@@ -6,10 +6,8 @@ Revises:
 
 from alembic import op
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
-# flywheel.database.json_column() as it was when this migration was written: JSONB on PostgreSQL
-JSON = sa.JSON(none_as_null=True).with_variant(postgresql.JSONB(none_as_null=True), "postgresql")
+from flywheel.migrations.types import JSON_V1 as JSON  # json_column() as it was: JSONB on PostgreSQL
 
 revision = '0001'
 down_revision = None
