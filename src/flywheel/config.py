@@ -194,6 +194,9 @@ class RLTrainConfig(Config):
         "optimizer updates per step, each on groups_per_step / minibatches whole groups "
         "(PPO minibatches; more updates per sample)"))
     seed: int = 0
+    lora: LoraSettings | None = Field(None, description=(
+        "train a LoRA adapter (rollout engines run it merged; the KL reference: the model with its "
+        "adapter off); null: every weight"))
 
     @model_validator(mode="after")
     def _minibatches_fit(self):

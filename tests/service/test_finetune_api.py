@@ -363,6 +363,7 @@ def test_a_reinforcement_job_with_a_grader(api):
         "type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": {
             "n_epochs": 1, "batch_size": 2, "eval_interval": 2}}})
     assert job.status == "queued" and job.method.reinforcement.hyperparameters.compute_multiplier == 1.0
+    assert job.method.reinforcement.hyperparameters.lora["rank"] == 16  # LoRA RL by default
     job = wait(client, job.id)
     assert job.status == "succeeded", job.error
     metrics = [e.data for e in client.fine_tuning.jobs.list_events(job.id, limit=100) if e.type == "metrics"]
@@ -370,6 +371,8 @@ def test_a_reinforcement_job_with_a_grader(api):
     reply = client.chat.completions.create(model=job.fine_tuned_model, max_tokens=2,
                                            messages=[{"role": "user", "content": "Say 3"}])
     assert reply.model == job.fine_tuned_model
+    pool = srv.server.config.app.state.service.engine.adapters
+    assert f"default/{job.fine_tuned_model}" in pool.names  # an adapter on the base's engine
 
 
 def test_the_grader_routes_validate_and_run_like_a_job(api):

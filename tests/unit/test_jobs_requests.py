@@ -60,8 +60,8 @@ def test_dpo_and_reinforcement_methods():
      "method.supervised.hyperparameters.lora.rank", "greater than or equal to 1"),
     (body(method={"type": "supervised", "supervised": {"hyperparameters": {"lora": {"targets": ["lm_head"]}}}}),
      "method.supervised.hyperparameters.lora.targets.0", "q_proj"),
-    (body(method={"type": "reinforcement", "reinforcement": {"hyperparameters": {"lora": {"rank": 8}}}}),
-     "method.reinforcement.hyperparameters.lora", "not built yet"),
+    (body(method={"type": "reinforcement", "reinforcement": {"hyperparameters": {"lora": {"alpha": -1}}}}),
+     "method.reinforcement.hyperparameters.lora.alpha", "greater than 0"),
     (body(integrations=[{"type": "wandb"}]), "integrations", "not supported"),
 ])
 def test_invalid_requests_name_the_field(request_body, param, words):
@@ -81,7 +81,7 @@ def test_auto_rules_worked_by_hand():
                                                             "learning_rate_multiplier": 1.0, "lora": lora}
     assert resolve("supervised", {"lora": "full"}, 10)["lora"] == "full"
     assert resolve("dpo", {}, 64)["beta"] == 0.1 and resolve("dpo", {}, 64)["lora"] == lora
-    assert resolve("reinforcement", {}, 64)["lora"] == "full"  # not built yet
+    assert resolve("reinforcement", {}, 64)["lora"] == lora
     assert optimizer_steps(10, 4, 3) == 8  # 30 rows seen in batches of 4
     with pytest.raises(ValueError, match="at least one"):
         resolve("supervised", {}, 0)

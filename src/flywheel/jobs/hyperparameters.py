@@ -8,8 +8,7 @@ written down here so a job records exactly what it trained with).
 - beta (dpo): 0.1. reinforcement: eval_interval 10 steps, eval_samples 1, compute_multiplier
   1.0, reasoning_effort "default".
 - lora (flywheel's extension): a rank-16 adapter (alpha 32, no dropout, all seven
-  projections) for supervised and DPO jobs; "full" (every weight) for reinforcement, whose
-  LoRA training is not built yet.
+  projections), for every method.
 Given values pass through unchanged (requests.py has checked their ranges).
 """
 
@@ -19,7 +18,7 @@ import math
 from typing import Any
 
 from flywheel.config import LoraSettings
-from flywheel.jobs.requests import HYPERPARAMETERS, LORA_METHODS
+from flywheel.jobs.requests import HYPERPARAMETERS
 
 EXAMPLES_SEEN = 3000
 MAX_AUTO_EPOCHS = 10
@@ -36,8 +35,8 @@ def auto_epochs(n_rows: int) -> int:
     return min(MAX_AUTO_EPOCHS, max(1, math.ceil(EXAMPLES_SEEN / max(1, n_rows))))
 
 
-def auto_lora(method_type: str) -> dict[str, Any] | str:
-    return LoraSettings().model_dump() if method_type in LORA_METHODS else "full"
+def auto_lora() -> dict[str, Any]:
+    return LoraSettings().model_dump()
 
 
 def resolve(method_type: str, given: dict[str, Any], n_rows: int) -> dict[str, Any]:
@@ -49,7 +48,7 @@ def resolve(method_type: str, given: dict[str, Any], n_rows: int) -> dict[str, A
         value = given.get(name, "auto")
         if value == "auto":
             value = {"batch_size": lambda: auto_batch_size(n_rows), "n_epochs": lambda: auto_epochs(n_rows),
-                     "lora": lambda: auto_lora(method_type)}.get(name, lambda: FIXED_AUTO[name])()
+                     "lora": auto_lora}.get(name, lambda: FIXED_AUTO[name])()
         out[name] = value
     return out
 

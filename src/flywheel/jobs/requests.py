@@ -25,7 +25,6 @@ HYPERPARAMETERS: dict[str, dict[str, tuple[type, float, float]]] = {
                       "eval_samples": (int, 1, 1_000), "compute_multiplier": (float, 1e-3, 100.0),
                       "reasoning_effort": (str, 0, 0), "lora": (dict, 0, 0)},
 }
-LORA_METHODS = ("supervised", "dpo")  # the methods whose jobs train LoRA adapters (flywheel's extension)
 TOP_LEVEL = {"model", "training_file", "validation_file", "suffix", "seed", "metadata", "method", "hyperparameters",
              "integrations"}
 SUFFIX_MAX = 64
@@ -158,8 +157,6 @@ def _lora(kind: str, value: Any, param: str) -> dict[str, Any] | str:
     """lora: "full" (train every weight), or {rank, alpha, dropout, targets} (a LoRA adapter)."""
     if value == "full":
         return value
-    if kind not in LORA_METHODS:
-        raise RequestError(f"LoRA {kind} jobs are not built yet: lora must be 'full' or 'auto' (full)", param)
     if not isinstance(value, dict):
         raise RequestError(f"lora must be 'auto', 'full' or an object {{rank, alpha, dropout, targets}}, got {value!r}",
                            param)

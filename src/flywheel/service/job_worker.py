@@ -80,7 +80,8 @@ def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | N
                                                     "models": grader_models or None}}
         config = {**common, "checkpoint": {"every": per_epoch, "keep": 2}, "env": env,
                   "train": {"steps": steps, "groups_per_step": hp["batch_size"], "seed": job["seed"],
-                            "group_size": max(2, round(RL_GROUP * hp["compute_multiplier"]))},
+                            "group_size": max(2, round(RL_GROUP * hp["compute_multiplier"])),
+                            "lora": None if lora == "full" else lora},
                   "sampling": {"temperature": 1.0, "max_tokens": RL_MAX_TOKENS},
                   "eval": {"every": hp["eval_interval"], "tasks": 200}, "optim": {"lr": lr}}
     elif kind == "supervised":

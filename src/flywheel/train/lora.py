@@ -12,12 +12,18 @@ A PeftModel's `save_pretrained` writes the adapter alone (adapter_config.json,
 adapter_model.safetensors), so checkpoints and the final model of a LoRA run are adapter
 folders: a few MB, loadable by peft onto the base as they are, and by the engine's
 AdapterPool (inference/adapters.py). `merged_folder` writes base + adapter as one plain model.
+
+RL's rollout engines run the learner's current policy as plain weights: `MergedWeights` keeps
+W + scaling * B A per adapted projection, refreshed at each publish, under the plain model's
+names (the learner trains the adapter; the engines never see peft).
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
+
+import torch
 
 from flywheel.config import LoraSettings
 from flywheel.inference.lora import AdapterError, adapter_base, is_adapter_folder
@@ -79,3 +85,53 @@ def merged_copy(adapter: str | Path) -> Path:
         if not (dest / "config.json").is_file():
             merged_folder(adapter, dest)
     return dest
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+class MergedWeights:
+    """What a rollout engine runs for a LoRA learner: the plain model's parameter names ->
+    tensors, each adapted projection W + scaling * B A in a buffer of its own, every other
+    weight the learner's tensor as it is (not copied). `refresh()` recomputes the buffers from
+    the adapter's current values (no grad) and returns the dict, whose keys and shapes are
+    those of `load(base).named_parameters()`, so the weight transports and engines take it as
+    they take a full learner's parameters."""
+
+    def __init__(self, peft_model, adapter: str = "default"):
+        from peft.tuners.lora import LoraLayer
+
+        self.adapter = adapter
+        inner = peft_model.get_base_model()  # the transformers model, LoRA layers injected
+        self._adapted: list[tuple[torch.Tensor, object]] = []  # (buffer, LoRA layer)
+        self.weights: dict[str, torch.Tensor] = {}
+        lora_layers = {f"{name}.base_layer.weight": m for name, m in inner.named_modules() if isinstance(m, LoraLayer)}
+        for name, param in inner.named_parameters():
+            if ".lora_" in name:
+                continue
+            plain = name.replace(".base_layer.", ".")
+            layer = lora_layers.get(name)
+            if layer is None:
+                self.weights[plain] = param
+                continue
+            if layer.use_dora.get(adapter) or getattr(layer, "fan_in_fan_out", False):
+                raise AdapterError(f"{plain}: DoRA / fan_in_fan_out adapters are not merged for rollouts")
+            buffer = torch.empty_like(param, requires_grad=False)
+            self._adapted.append((buffer, layer))
+            self.weights[plain] = buffer
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> dict[str, torch.Tensor]:
+        for buffer, layer in self._adapted:
+            a, b = layer.lora_A[self.adapter].weight, layer.lora_B[self.adapter].weight  # (r, in), (out, r)
+            buffer.copy_(layer.base_layer.weight).addmm_(b, a, alpha=layer.scaling[self.adapter])
+        return self.weights
+
+
+def merged_model(peft_model):
+    """A plain model (own copy) with the adapter merged in: what an engine is built on."""
+    import copy
+
+    return copy.deepcopy(peft_model).merge_and_unload()

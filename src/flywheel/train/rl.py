@@ -13,10 +13,13 @@ refused before training, a set wholly made of them is warned about. Checkpoints 
 model, optimizer, scheduler, step (= policy version), RNG, data order and the tasks drawn but
 not yet trained; `resume=true` continues from the newest.
 `rollouts.jsonl` records, per step, the tasks trained, their rewards and staleness.
+With `train.lora` the learner trains an adapter (train/lora.py); the engines get the merged
+weights at each publish, checkpoints and the final model are adapter folders.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -34,7 +37,9 @@ from flywheel.config import RLConfig
 from flywheel.envs.splits import eval_overlap
 from flywheel.rollout.data_order import DataOrder
 from flywheel.rollout.evaluate import evaluate
+from flywheel.inference.lora import adapter_base, is_adapter_folder
 from flywheel.train.checkpoint import load_state, save_checkpoint, save_model_folder
+from flywheel.train.lora import MergedWeights, is_peft, load_trainable, merged_model, trainable_count
 from flywheel.train.metrics import MetricsWriter, drop_rows_after
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import RLStepConfig, rl_step
@@ -150,29 +155,44 @@ def _shared_memory_name(out: Path, log: Callable[[str], None]) -> str:
     return name
 
 
-def _rollout_source(cfg: RLConfig, model, tokenizer, env, renderer, n_workers: int, ckpt: Path | None,
+def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_workers: int, worker_model: str,
                     stack: ExitStack, log: Callable[[str], None]):
-    """The rollout source and the engine used for evaluation."""
+    """The rollout source and the engine used for evaluation. engine_model: a plain model the
+    evaluation engine owns (the learner's policy); worker_model: the folder workers load before
+    the first weights arrive."""
     from flywheel.inference import LocalEngine
     from flywheel.orchestrate.pool import InProcessRollouts, ProcessRollouts, rollout_transport
     from flywheel.orchestrate.worker import WorkerSpec
 
-    engine = LocalEngine(copy.deepcopy(model), tokenizer, seed=cfg.train.seed)
+    engine = LocalEngine(engine_model, tokenizer, seed=cfg.train.seed)
     if n_workers == 0:
         return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer,
                                  threads=cfg.rollout.threads), engine
     out = Path(cfg.output_dir)
-    transport = rollout_transport(model, n_workers, name=_shared_memory_name(out, log))  # a reader slot each
+    transport = rollout_transport(engine_model, n_workers, name=_shared_memory_name(out, log))  # a reader slot each
     stack.callback(transport.close)
     stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
     threads = _worker_threads(cfg)
-    spec = WorkerSpec(model=str(ckpt or cfg.model), env_name=cfg.env.name, env_settings=cfg.env.settings,
+    spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings,
                       transport_name=transport.name, group_size=cfg.train.group_size, threads=threads,
                       seed=cfg.train.seed, device=cfg.device,
                       sampling=_sampling(cfg))
     source = ProcessRollouts(spec, n_workers, cfg.rollout.max_restarts, log)
     stack.callback(source.close)
     return source, engine
+
+
+def _reference(cfg: RLConfig, model, learner):
+    """(reference model, the context it runs under) for the KL term: the starting model. A
+    fresh adapter's is the learner with its adapter off; else a frozen copy of cfg.model (an
+    adapter folder: its base with that adapter)."""
+    if not cfg.algo.kl_beta:
+        return None, contextlib.nullcontext
+    if is_peft(model) and not is_adapter_folder(cfg.model):
+        return learner, model.disable_adapter
+    reference, _ = load_trainable(cfg.model, None, dtype="float32", device=cfg.device)
+    reference.requires_grad_(False)
+    return (reference.get_base_model() if is_peft(reference) else reference), contextlib.nullcontext
 
 
 def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
@@ -182,7 +202,7 @@ def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
 
 def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResult:
     from flywheel.envs import load_env
-    from flywheel.models import ChatRenderer, load
+    from flywheel.models import ChatRenderer
     from flywheel.orchestrate.feeder import RolloutFeeder
 
     n_workers = _workers(cfg)
@@ -191,13 +211,16 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     env = load_env(cfg.env.name, **cfg.env.settings)
     tasks = env.tasks("train", seed=cfg.train.seed)
     _check_held_out(env, tasks, cfg, log)
-    model, tokenizer = load(ckpt or cfg.model, device=cfg.device)
-    ref_model = None
-    if cfg.algo.kl_beta:
-        ref_model, _ = load(cfg.model, device=cfg.device)
+    model, tokenizer = load_trainable(ckpt or cfg.model, cfg.train.lora, dtype="float32", device=cfg.device)
+    lora = is_peft(model)
+    learner = model.get_base_model() if lora else model  # LoRA layers injected: the forward rl_step runs
+    if lora:
+        trained, total = trainable_count(model)
+        log(f"LoRA: training {trained:,} of {total:,} parameters")
+    ref_model, ref_context = _reference(cfg, model, learner)
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
     oc = cfg.optim
-    opt = torch.optim.AdamW(model.parameters(), lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay,
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay,
                             fused=True)  # one kernel for all parameters: ~20 % of a tiny-model step otherwise
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: warmup_cosine(s, oc.warmup_steps, cfg.train.steps, oc.min_lr_ratio))
@@ -207,7 +230,15 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     if ckpt is not None:
         step = restore_trainer_state(ckpt, opt, sched, order, log)
         feeder_state = load_state(ckpt).get("feeder", {})
-    source, eval_engine = _rollout_source(cfg, model, tokenizer, env, renderer, n_workers, ckpt, stack, log)
+    if lora:
+        policy = MergedWeights(model).refresh  # () -> the plain model's names -> current weights
+    else:
+        params = dict(model.named_parameters())
+        policy = lambda: params  # noqa: E731
+    start = ckpt or cfg.model
+    source, eval_engine = _rollout_source(cfg, merged_model(model) if lora else copy.deepcopy(model), tokenizer, env,
+                                          renderer, n_workers, adapter_base(start) if is_adapter_folder(start)
+                                          else str(start), stack, log)
     feeder = RolloutFeeder(source, tasks, order, cfg.train.groups_per_step, cfg.max_off_policy_steps,
                            items_per_step=max(1, n_workers))
     feeder.load_state_dict(feeder_state)
@@ -218,8 +249,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     drop_rows_after(out / "rollouts.jsonl", step)
     rollouts_log = stack.enter_context(open(out / "rollouts.jsonl", "a", encoding="utf-8"))
     evals: list[dict] = []
-    params = dict(model.named_parameters())
-    source.publish(params, step)
+    source.publish(policy(), step)
 
     def save() -> Path:
         state = {**trainer_state(step, opt, sched, order, cfg), "feeder": feeder.state_dict()}
@@ -228,7 +258,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     def run_eval() -> None:
         if eval_engine.version != step:
             with torch.no_grad():
-                eval_engine.update_weights(params, step)
+                eval_engine.update_weights(policy(), step)
         record = _eval_record(env, eval_engine, renderer, cfg)
         evals.append({"step": step, **record})
         metrics_out.log(step, **record)
@@ -249,7 +279,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             lr = sched.get_last_lr()[0]
             staleness = [step - g.oldest_version for g in groups]
             rewards = [t.reward for g in groups for t in g.trajectories]  # before dynamic sampling drops any
-            m = rl_step(model, opt, groups, algo, tokenizer.pad_token_id, ref_model)
+            m = rl_step(learner, opt, groups, algo, tokenizer.pad_token_id, ref_model, ref_context)
             tokens_trained += int(m.get("trained_tokens", 0))
             tokens_generated += int(roll.work.get("tokens", 0))
             rollout_seconds += t1 - t0
@@ -262,7 +292,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
                 raise TrainError(f"step {step + 1}: {skipped_in_row} updates in a row had a non-finite loss or "
                                  "gradient; stopping (see metrics.jsonl)")
             step += 1
-            source.publish(params, step)
+            source.publish(policy(), step)
             t3 = time.perf_counter()
             samples = len(rewards)
             tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)

@@ -16,6 +16,7 @@ asynchronous training — so a later minibatch's drift from the sampler is what 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -158,14 +159,16 @@ def split_groups(groups: list, parts: int) -> list[list]:
 
 
 def rl_step(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int,
-            ref_model=None) -> dict[str, float]:
-    """Advantages, then per minibatch: loss, backward, clip and optimizer step. Returns metrics
+            ref_model=None, ref_context=contextlib.nullcontext) -> dict[str, float]:
+    """Advantages, then per minibatch: loss, backward, clip and optimizer step. `ref_model`
+    runs under `ref_context()` (a LoRA learner is its own reference with its adapter off:
+    ref_model = model, ref_context = peft's disable_adapter). Returns metrics
     (means over the minibatches; groups and trained_tokens summed); a non-finite loss or
     gradient skips that update, and metrics["skipped"] = 1 when every update was skipped."""
     groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
     if not groups:
         return {"skipped": 1.0, "groups": 0.0}
-    parts = [update(model, optimizer, chunk, cfg, pad_id, ref_model)
+    parts = [update(model, optimizer, chunk, cfg, pad_id, ref_model, ref_context)
              for chunk in split_groups(groups, cfg.minibatches)]
     done = [m for m in parts if not m["skipped"]]
     if not done:
@@ -179,7 +182,7 @@ def rl_step(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, 
 
 
 def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int,
-           ref_model=None) -> dict[str, float]:
+           ref_model=None, ref_context=contextlib.nullcontext) -> dict[str, float]:
     """One optimizer update on groups whose advantages are assigned; its loss and gradient
     metrics (the step's groups and rewards are rl_step's)."""
     device = next(model.parameters()).device
@@ -203,7 +206,7 @@ def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, p
     logp = torch.zeros_like(batch["mask"]).masked_scatter(keep, logp_N)
     ref = None
     if use_ref:
-        with torch.no_grad():
+        with torch.no_grad(), ref_context():
             ref_N, _ = loss_position_logprobs(ref_model, plan, cfg.autocast_bf16, cfg.temperature)
         ref = torch.zeros_like(batch["mask"]).masked_scatter(keep, ref_N)
     loss, metrics = policy_loss(logp, logp.detach(), batch["advantages"], batch["mask"],
