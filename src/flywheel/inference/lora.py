@@ -33,6 +33,8 @@ from typing import Sequence
 
 import torch
 
+from flywheel.models.loading import is_adapter_folder  # noqa: F401 - part of this module's API
+
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 TARGETS = ATTENTION + MLP
@@ -58,10 +60,6 @@ class Adapter:
     @property
     def nbytes(self) -> int:
         return sum(a.numel() * a.element_size() + b.numel() * b.element_size() for a, b in self.pairs.values())
-
-
-def is_adapter_folder(path: str | Path) -> bool:
-    return (Path(path) / "adapter_config.json").is_file()
 
 
 def adapter_base(path: str | Path) -> str:

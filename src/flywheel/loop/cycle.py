@@ -50,6 +50,7 @@ from flywheel.loop.paired import Outcomes
 from flywheel.loop.loop_config import LoopConfig, stage_config
 from flywheel.loop.retention import after_cycle, after_stage
 from flywheel.registry.registry import Registry
+from flywheel.traces.scope import ScopedTraces, TraceScope
 from flywheel.traces.store import TraceStore
 from flywheel.train.dpo import run_dpo
 from flywheel.train.rl import run_rl
@@ -111,9 +112,11 @@ WINDOW_FILE = "production-window.json"  # {"version", "cursor"}: LoopStores.obse
 
 
 class LoopStores(Closing):
-    """The loop's state stores, opened from a LoopConfig: traces, registry, ledger, cycles."""
+    """The loop's state stores, opened from a LoopConfig: traces, registry, ledger, cycles.
+    `scope`: the traces the loop sees (a managed flywheel's: one tenant's, of its model
+    names); None, every trace of the store (the single-tenant daemon)."""
 
-    def __init__(self, cfg: LoopConfig):
+    def __init__(self, cfg: LoopConfig, scope: TraceScope | None = None):
 
         # read once, when the loop opens: a bad anchor file fails here, not in every cycle
         self.anchor = read_anchor_rows(cfg.train.anchor_data) if cfg.train.anchor_rows else []
@@ -122,8 +125,9 @@ class LoopStores(Closing):
         self.cycles_dir = self.root / "cycles"
         self.cycles_dir.mkdir(parents=True, exist_ok=True)
         self._stack = ExitStack()
-        self.traces = TraceStore(cfg.trace_url)
-        self._stack.callback(self.traces.close)
+        store = TraceStore(cfg.trace_url)
+        self.traces = store if scope is None else ScopedTraces(store, scope)
+        self._stack.callback(store.close)
         self.registry = Registry(self.root / "registry")
         self._stack.callback(self.registry.close)
         self.ledger = Ledger(self.root / "ledger.jsonl")

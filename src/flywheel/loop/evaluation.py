@@ -97,18 +97,32 @@ def format_warnings(suites: list[Suite], production: dict[str, int]) -> list[str
             f"traces): set eval.suites.{s.name}.format" for s in suites if s.formats - served]
 
 
+def _engine(model_dir: str | Path, seed: int):
+    """An engine on the model, a LoRA adapter merged into its base first (the merge is what
+    the adapter computes; scoring it on the packed kernels is scoring the same function)."""
+    import tempfile
+
+    from flywheel.inference import LocalEngine
+    from flywheel.models.loading import is_adapter_folder
+    from flywheel.train.lora import merged_folder
+
+    if not is_adapter_folder(model_dir):
+        return LocalEngine.from_path(str(model_dir), seed=seed)
+    with tempfile.TemporaryDirectory(prefix="flywheel-merged-") as tmp:
+        return LocalEngine.from_path(str(merged_folder(model_dir, Path(tmp) / "model")), seed=seed)
+
+
 def evaluate_model(model_dir: str | Path, suites: list[Suite], *, seed: int = 0, chunk: int = 64,
                    stop: Callable[[], bool] = lambda: False) -> SuiteScores | None:
     """Greedy accuracy of the model at `model_dir` on each suite (an empty suite is skipped).
     Tasks are played `chunk` at a time and `stop()` is asked between chunks, so a stop
     request waits for one chunk at most: None when it said stop."""
     # here, not at the top: loop_config imports SuiteConfig and must not load torch
-    from flywheel.inference import LocalEngine
     from flywheel.models import ChatRenderer
     from flywheel.rollout.evaluate import evaluate
 
     t0 = time.perf_counter()
-    engine = LocalEngine.from_path(str(model_dir), seed=seed)
+    engine = _engine(model_dir, seed)
     renderer = ChatRenderer(engine.tokenizer) if engine.tokenizer.chat_template else None
     scores, counts, outcomes, ids, generated = {}, {}, {}, {}, 0
     for suite in suites:

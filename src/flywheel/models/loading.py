@@ -67,6 +67,29 @@ def check_model_folder(path: str | Path) -> dict:
     return config
 
 
+def is_adapter_folder(path: str | Path) -> bool:
+    """A peft adapter folder (adapter_config.json), not a whole model."""
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+def check_servable_folder(path: str | Path) -> None:
+    """A model folder (`check_model_folder`), or an adapter folder whose config names a base
+    model folder that exists here and that has its weights; ModelLoadError otherwise."""
+    if not is_adapter_folder(path):
+        check_model_folder(path)
+        return
+    config_file = Path(path) / "adapter_config.json"
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{config_file}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    base = config.get("base_model_name_or_path") if isinstance(config, dict) else None
+    if not base or not Path(base).is_dir():
+        raise ModelLoadError(f"{config_file}: base_model_name_or_path={base!r} is not a model folder here")
+    if not any(Path(path).glob("adapter_model.*")):
+        raise ModelLoadError(f"{str(path)!r} has an adapter config but no adapter weights (adapter_model.*)")
+
+
 def load_tokenizer(path: str | Path):
     """The folder's tokenizer. A folder whose tokenizer_config.json names a generic fast
     tokenizer gets exactly its tokenizer.json pipeline: transformers 5's AutoTokenizer

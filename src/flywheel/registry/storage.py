@@ -10,7 +10,8 @@ their rows stay. It is a table of its own (registry/migrations/0002), so a regis
 before it existed gets it when opened. Times are naive UTC in the database and timezone-aware UTC in the
 records.
 
-Model folders are checked by flywheel's one rule (`models.loading.check_model_folder`), then
+Model folders, and LoRA adapter folders over one, are checked by flywheel's one rule
+(`models.loading.check_servable_folder`), then
 copied or hard-linked file by file with each file's size and SHA-256 recorded, and flushed
 to disk before the caller renames the folder into place.
 """
@@ -33,7 +34,7 @@ from flywheel.clock import utc_aware
 from flywheel.database import Base, json_column
 from flywheel.files import fsync_dir
 from flywheel.migrations import Schema
-from flywheel.models.loading import ModelLoadError, check_model_folder
+from flywheel.models.loading import ModelLoadError, check_servable_folder
 
 Status = Literal["candidate", "production", "archived", "rejected"]
 Action = Literal["promote", "rollback", "reject"]
@@ -202,9 +203,10 @@ class ProductionMarker(NamedTuple):
 
 
 def model_folder(model_dir: str | Path) -> Path:
-    """The resolved folder, if it holds a model (`check_model_folder`); else InvalidModelFolder."""
+    """The resolved folder, if it holds a model or a LoRA adapter over one
+    (`check_servable_folder`); else InvalidModelFolder."""
     try:
-        check_model_folder(model_dir)
+        check_servable_folder(model_dir)
     except ModelLoadError as e:
         raise InvalidModelFolder(str(e)) from None
     return Path(model_dir).expanduser().resolve()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -213,18 +213,19 @@ class TraceStore(Closing):
     def iter_traces(self, since: datetime | None = None, source: str | None = None,
                     with_feedback: bool | None = None, batch_size: int = 1000,
                     include_feedback: bool = True, after_seq: int = 0,
-                    tenant: str | None = None) -> Iterator[StoredTrace]:
+                    tenant: str | None = None, models: Sequence[str] | None = None) -> Iterator[StoredTrace]:
         """Traces in insertion order, `batch_size` rows per query; no transaction stays open between pages.
 
         since: created at or after (naive = UTC). with_feedback: True = only traces that have
         feedback, False = only those without, None = all. after_seq: resume after a trace's
-        `seq` (a reader's cursor). tenant: only that tenant's. Traces added while iterating are yielded when they sort
+        `seq` (a reader's cursor). tenant: only that tenant's; models: only those served as
+        (or posted naming) one of these model names. Traces added while iterating are yielded when they sort
         after the current page. On SQLite seq follows commit order; on PostgreSQL a
         transaction may commit after a later seq was read, so a cursor there can skip it.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        where = _filters(since, source, with_feedback, tenant)
+        where = _filters(since, source, with_feedback, tenant, models)
         last = after_seq
         while True:
             with self.engine.connect() as conn:
@@ -238,11 +239,12 @@ class TraceStore(Closing):
             last = rows[-1].seq
 
     def feedback_after(self, after_seq: int = 0, after_trace_seq: int = 0, batch_size: int = 5000,
-                       tenant: str | None = None) -> Iterator[tuple[int, StoredFeedback]]:
+                       tenant: str | None = None, models: Sequence[str] | None = None
+                       ) -> Iterator[tuple[int, StoredFeedback]]:
         """(seq, feedback) of the feedback stored after feedback `after_seq`, on traces after
         trace `after_trace_seq`, in insertion order, `batch_size` rows per query: an
         incremental reader's feed (see loop/failure_counter.py); tenant: only feedback on
-        that tenant's traces. Same caveat as `iter_traces`'s
+        that tenant's traces; models: only on traces of these model names. Same caveat as `iter_traces`'s
         cursor on PostgreSQL."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -250,8 +252,10 @@ class TraceStore(Closing):
         last = after_seq
         while True:
             query = select(f).where(f.c.seq > last, *([] if tenant is None else [f.c.tenant == tenant]))
-            if after_trace_seq:  # walks the feedback by seq, one trace lookup (unique id index) per row
+            if after_trace_seq or models is not None:  # walks the feedback by seq, one trace lookup per row
                 query = query.join(t, t.c.id == f.c.trace_id).where(t.c.seq > after_trace_seq)
+                if models is not None:
+                    query = query.where(t.c.model.in_(list(models)))
             with self.engine.connect() as conn:
                 rows = conn.execute(query.order_by(f.c.seq).limit(batch_size)).all()
             for row in rows:
@@ -266,10 +270,11 @@ class TraceStore(Closing):
             return int(conn.scalar(select(func.max(_TRACES.c.seq))) or 0)
 
     def count(self, since: datetime | None = None, source: str | None = None,
-              with_feedback: bool | None = None, tenant: str | None = None) -> int:
+              with_feedback: bool | None = None, tenant: str | None = None,
+              models: Sequence[str] | None = None) -> int:
         with self.engine.connect() as conn:
             return conn.scalar(select(func.count()).select_from(_TRACES)
-                               .where(*_filters(since, source, with_feedback, tenant)))
+                               .where(*_filters(since, source, with_feedback, tenant, models)))
 
     def stats(self) -> TraceStats:
         t, f = _TRACES, _FEEDBACK
@@ -382,8 +387,10 @@ def _writes_like(process, fast) -> bool:
 
 
 def _filters(since: datetime | None, source: str | None, with_feedback: bool | None,
-             tenant: str | None = None) -> list:
+             tenant: str | None = None, models: Sequence[str] | None = None) -> list:
     where = [] if tenant is None else [_TRACES.c.tenant == tenant]
+    if models is not None:
+        where.append(_TRACES.c.model.in_(list(models)))
     if since is not None:
         where.append(_TRACES.c.created_at >= utc_naive(since))
     if source is not None:
