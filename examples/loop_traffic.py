@@ -63,12 +63,12 @@ def expression_called(text: str) -> str | None:
 
 
 def episode(client: OpenAI, question: str, max_tokens: int = 120,
-            max_turns: int = 3) -> tuple[list[str], str, str | None]:
+            max_turns: int = 3, model: str = "flywheel") -> tuple[list[str], str, str | None]:
     """(response ids, one per turn; the final answer text; the first expression called)."""
     messages = [{"role": "user", "content": question}]
     ids, called, text = [], None, ""
     for _ in range(max_turns):
-        r = client.chat.completions.create(model="flywheel", messages=messages, max_tokens=max_tokens, temperature=0)
+        r = client.chat.completions.create(model=model, messages=messages, max_tokens=max_tokens, temperature=0)
         ids.append(r.id)
         text = r.choices[0].message.content or ""
         expression = expression_called(text)
@@ -91,21 +91,23 @@ def main() -> None:
     p.add_argument("--correction-rate", type=float, default=0.5)
     p.add_argument("--max-tokens", type=int, default=120, help="new tokens per reply")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="flywheel", help="the model to call, e.g. a managed flywheel's production alias")
+    p.add_argument("--api-key", default="unused")
     args = p.parse_args()
     rng = random.Random(args.seed)
-    client = OpenAI(base_url=args.url, api_key="unused")
+    client = OpenAI(base_url=args.url, api_key=args.api_key)
     ops = args.ops.split(",")
     unknown = [op for op in ops if op not in OPS]
     if unknown:
         p.error(f"--ops: unknown {unknown[0]!r} (valid: {', '.join(OPS)})")
     solved = {op: [0, 0] for op in ops}
-    with httpx.Client(base_url=args.url, timeout=60) as http:
+    with httpx.Client(base_url=args.url, timeout=60, headers={"authorization": f"Bearer {args.api_key}"}) as http:
         for i in range(args.episodes):
             op = ops[i % len(ops)]
             symbol, fn, question = OPS[op]
             a, b = rng.randrange(10, 1000), rng.randrange(10, 1000)
             answer = str(fn(a, b))
-            ids, text, called = episode(client, question.format(a=a, b=b), args.max_tokens)
+            ids, text, called = episode(client, question.format(a=a, b=b), args.max_tokens, model=args.model)
             numbers = re.findall(r"-?\d+", text)
             ok = bool(numbers) and numbers[-1] == answer
             solved[op][0] += ok

@@ -20,6 +20,8 @@ from typing import Any
 from flywheel.config import LoraSettings
 from flywheel.jobs.requests import HYPERPARAMETERS
 
+BASE_LR = {"supervised": 1e-4, "dpo": 5e-6, "reinforcement": 1e-5}  # times the job's learning_rate_multiplier
+LORA_LR_FACTOR = 10.0  # a LoRA adapter trains best at about ten times full fine-tuning's rate
 EXAMPLES_SEEN = 3000
 MAX_AUTO_EPOCHS = 10
 MAX_AUTO_BATCH = 32
@@ -57,3 +59,8 @@ def optimizer_steps(n_rows: int, batch_size: int, n_epochs: int) -> int:
     """Steps of a job: every epoch sees every row once, the last batch of an epoch may be short
     of rows only in the sense that the data order wraps (train/sft.py's DataOrder)."""
     return max(1, math.ceil(n_epochs * n_rows / batch_size))
+
+
+def micro_batch(batch_size: int, most: int = 8) -> int:
+    """The largest divisor of batch_size that is at most `most` (examples per forward)."""
+    return max(d for d in range(1, min(batch_size, most) + 1) if batch_size % d == 0)

@@ -58,3 +58,36 @@ def fine_tuned_model_name(base: str, tenant: str, suffix: str | None, job_id: st
     models (`ft:gpt-4o-mini:org:suffix:id`); a checkpoint's adds `:ckpt-step-<step>`."""
     name = f"ft:{base}:{tenant}:{suffix or ''}:{job_id.removeprefix('ftjob-')}"
     return name if step is None else f"{name}:ckpt-step-{step}"
+
+
+def production_alias(model: str, tenant: str, suffix: str) -> str:
+    """The model name a managed flywheel's clients call: `ft:<model>:<tenant>:<suffix>:production`,
+    whichever version serves it now."""
+    return f"ft:{model}:{tenant}:{suffix}:production"
+
+
+def flywheel_object(row: dict[str, Any]) -> dict[str, Any]:
+    """A managed flywheel (flywheel's extension), in the fine-tuning objects' style."""
+    spec = row["spec"]
+    return {"id": row["id"], "object": "flywheel", "created_at": unix(row["created_at"]), "model": row["model"],
+            "suffix": row["suffix"], "status": row["status"], "organization_id": row["tenant"],
+            "production_model": row["alias"],
+            "production": {"model": row["production_model"], "version": row["production_version"],
+                           "generation": row["generation"]},
+            "traces": {"models": spec["trace_models"], "failures_after_seq": row["cursor"]},
+            **{k: spec[k] for k in ("training", "curation", "eval", "gate", "trigger", "budget_usd")},
+            "metadata": row["metadata"] or None}
+
+
+def flywheel_cycle_object(row: dict[str, Any]) -> dict[str, Any]:
+    """One cycle: its job, why it started, and (once decided) the gate's decision with its
+    reasons, both models' scores, what it cost and what it registered."""
+    decision = row["decision"] or {}
+    return {"id": row["id"], "object": "flywheel.cycle", "flywheel_id": row["flywheel_id"], "number": row["number"],
+            "fine_tuning_job_id": row["job_id"], "status": row["job_status"], "reason": row["reason"],
+            "outcome": row["outcome"], "promoted": bool(decision.get("promote")) and row["outcome"] == "promoted",
+            "decision": decision or None, "scores": row["scores"], "new_failures": row["new_failures"],
+            "trace_cursor": row["trace_cursor"], "version": row["version"],
+            "fine_tuned_model": row["fine_tuned_model"], "error": row["job_error"],
+            "estimated_cost": row["estimated_cost"] if row["estimated_cost"] is not None else row["usd"],
+            "created_at": unix(row["created_at"]), "finished_at": unix(row["finished_at"])}

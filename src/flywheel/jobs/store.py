@@ -30,7 +30,7 @@ from flywheel import database
 from flywheel.clock import utc_naive, utc_now
 from flywheel.database import writing
 from flywheel.files import atomic_write
-from flywheel.jobs.tables import SCHEMA, CheckpointRow, EventRow, FileRow, JobRow
+from flywheel.jobs.tables import SCHEMA, CheckpointRow, EventRow, FileRow, FlywheelRow, JobRow
 
 ACTIVE = ("validating_files", "queued", "running", "paused")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -88,9 +88,9 @@ class JobStore:
     # ------------------------------------------------------------------ files
 
     def find(self, kind: str, tenant: str, idempotency_key: str, request_hash: str) -> dict[str, Any] | None:
-        """The file or job (`kind`) an earlier request with this key made, or None; Conflict when
+        """The file, job or flywheel (`kind`) an earlier request with this key made, or None; Conflict when
         the key came with another request."""
-        table = {"file": FileRow, "job": JobRow}[kind]
+        table = {"file": FileRow, "job": JobRow, "flywheel": FlywheelRow}[kind]
         with self.engine.connect() as conn:
             row = conn.execute(select(table.__table__).where(table.tenant == tenant,
                                                              table.idempotency_key == idempotency_key)).first()

@@ -1,5 +1,6 @@
 """The fine-tuning service's tables (SQLAlchemy 2 ORM, typed `Mapped[...]`): uploaded files,
-jobs, their events and their checkpoints, each owned by a tenant.
+jobs, their events and their checkpoints, managed flywheels and their cycles, each owned by a
+tenant.
 
 `seq` is an integer primary key in insertion order (keyset pagination: `after=<id>` pages by
 the seq of that id); `id` is the public, OpenAI-shaped identifier (`file-…`, `ftjob-…`,
@@ -51,7 +52,7 @@ class JobRow(Base):
     tenant: Mapped[str] = mapped_column(String(200), index=True)
     model: Mapped[str] = mapped_column(String(300))
     method: Mapped[dict[str, Any]] = mapped_column(json_column(), nullable=False)  # {"type", "<type>": {...}}
-    training_file: Mapped[str] = mapped_column(String(64))
+    training_file: Mapped[str | None] = mapped_column(String(64))  # None: a flywheel cycle (it curates its own)
     validation_file: Mapped[str | None] = mapped_column(String(64))
     suffix: Mapped[str | None] = mapped_column(String(64))
     seed: Mapped[int] = mapped_column(Integer)
@@ -131,6 +132,61 @@ class WebhookRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime)
 
 
+class FlywheelRow(Base):
+    """A tenant's managed flywheel (service/flywheels.py): its checked request (`spec`), where
+    its loop state lives (`data_dir`: registry, cycles, ledger) and where its traces do
+    (`traces_url`), and what its production alias serves now. `generation` grows at every
+    change of production (a promotion, a rollback), so a server polling it switches once per
+    change; `cursor` is the trace seq after which failures count towards the next trigger."""
+
+    __tablename__ = "ft_flywheels"
+    __table_args__ = (UniqueConstraint("tenant", "idempotency_key"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    tenant: Mapped[str] = mapped_column(String(200), index=True)
+    model: Mapped[str] = mapped_column(String(400))  # the model it started from
+    suffix: Mapped[str] = mapped_column(String(64))
+    alias: Mapped[str] = mapped_column(String(500), unique=True)  # ft:<model>:<tenant>:<suffix>:production
+    spec: Mapped[dict[str, Any]] = mapped_column(json_column(), nullable=False)
+    data_dir: Mapped[str] = mapped_column(Text)
+    traces_url: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16))  # active | paused
+    production_model: Mapped[str] = mapped_column(String(400))  # the model name the alias serves now
+    production_version: Mapped[str] = mapped_column(String(32))  # its version in the flywheel's registry
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    cursor: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", json_column())
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_hash: Mapped[str | None] = mapped_column(String(64))
+
+
+class FlywheelCycleRow(Base):
+    """One cycle of a managed flywheel, run as the fine-tuning job `job_id`: why it started,
+    and once decided the gate's decision, the models' scores, its cost and the version it
+    registered."""
+
+    __tablename__ = "ft_flywheel_cycles"
+    __table_args__ = (UniqueConstraint("flywheel_id", "number"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(64), unique=True)
+    flywheel_id: Mapped[str] = mapped_column(ForeignKey("ft_flywheels.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    job_id: Mapped[str] = mapped_column(ForeignKey("ft_jobs.id", ondelete="CASCADE"), index=True)
+    reason: Mapped[str] = mapped_column(Text)
+    outcome: Mapped[str | None] = mapped_column(String(64))  # promoted | rejected | waiting ... (None: not decided)
+    decision: Mapped[dict[str, Any] | None] = mapped_column(json_column())
+    scores: Mapped[dict[str, Any] | None] = mapped_column(json_column())
+    new_failures: Mapped[int | None] = mapped_column(Integer)
+    trace_cursor: Mapped[int | None] = mapped_column(Integer)
+    usd: Mapped[float | None] = mapped_column()
+    version: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime)
+
+
 TABLES = [FileRow.__table__, JobRow.__table__, EventRow.__table__, CheckpointRow.__table__, KeyRow.__table__,
-          WebhookRow.__table__]
+          WebhookRow.__table__, FlywheelRow.__table__, FlywheelCycleRow.__table__]
 SCHEMA = Schema("jobs", Path(__file__).resolve().parent / "migrations", tuple(TABLES), lock_key=7_311_999)

@@ -523,6 +523,19 @@ def pending_cycle(fw: LoopStores) -> CycleState | None:
     return states[-1] if states and not states[-1].done else None
 
 
+def abandon_cycle(fw: LoopStores, outcome: str, reason: str) -> CycleState | None:
+    """Finish the unfinished cycle as it stands, as `outcome` (a cancelled or failed managed
+    cycle): the next run_cycle starts a new one instead of resuming it. Nothing is registered."""
+    st = pending_cycle(fw)
+    if st is None:
+        return None
+    st.stage, st.outcome = "finished", outcome
+    st.decision = {**st.decision, "promote": False, "reasons": [*st.decision.get("reasons", []), reason]}
+    st.finished_at = utc_now().isoformat(timespec="seconds")
+    fw.save(st)
+    return st
+
+
 def run_cycle(fw: LoopStores, log: Callable[[str], None] = print) -> CycleState:
     """Resume the unfinished cycle if there is one, else start one; run it to the end, or
     until a stop is requested (train.run_state.request_stop: the state on disk is resumable).

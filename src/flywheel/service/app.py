@@ -2,7 +2,8 @@
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, and
 with a trace store POST /v1/traces and POST /v1/traces/{id}/feedback (service/ingest.py);
-with the fine-tuning API /v1/files and /v1/fine_tuning/jobs (service/finetune_routes.py);
+with the fine-tuning API /v1/files and /v1/fine_tuning/jobs (service/finetune_routes.py), and
+with both managed flywheels, /v1/flywheels (service/flywheel_routes.py);
 GET /openapi.json describes each one's body and answers (service/openapi.py).
 Every error, including unknown routes and bodies that are not JSON, has OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`. A streamed request is answered with
@@ -39,6 +40,10 @@ from flywheel.service.core import EventStream, OpenAIService
 from flywheel.service.errors import OpenAIError
 from flywheel.service.finetune import FineTuning
 from flywheel.service.finetune_routes import finetune_router
+from flywheel.service.aliases import ProductionAliases
+from flywheel.service.flywheel_routes import flywheel_router
+from flywheel.service.flywheel_trigger import FlywheelTrigger
+from flywheel.service.flywheels import ManagedFlywheels
 from flywheel.service.ingest import ingest_router, read_json
 from flywheel.service.ingest_pool import IngestPool
 from flywheel.service.openapi import install as install_openapi, route_doc
@@ -112,7 +117,7 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
                ingest_pool: IngestPool | None = None, freeze_gc: bool = True,
                fine_tuning: FineTuning | None = None,
                tenant_of: Callable[[Request], str] = single_tenant,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = MAX_BODY_BYTES, flywheel_poll_s: float = 2.0) -> FastAPI:
     """`trace_store` (a flywheel.loop.TraceStore) enables POST /v1/traces and feedback
     (flywheel.service.ingest), feedback judged by `curation`'s rules (default: the defaults);
     `ingest_pool` prepares its batches (default: a thread of the server does; `IngestPool(n)`:
@@ -124,6 +129,9 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     caller's tenant, or raises the refusal (service/auth.py's KeyAuth: API keys, rate limits);
     every route but /health asks it. A body over `max_body_bytes` (an upload: over the
     fine-tuning limits' max_file_bytes) is a 413 before it is read (service/body_limit.py).
+    With both the fine-tuning API and a trace store, managed flywheels too
+    (service/flywheel_routes.py): the app polls their triggers every `flywheel_poll_s` and
+    their production aliases every quarter of it.
 
     freeze_gc: at startup (the model is loaded by then), collect once and move every live
     object to the garbage collector's permanent generation (`gc.freeze`). A server process
@@ -132,15 +140,27 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     ordinary request garbage (a batch of traces makes tens of thousands of containers) sets
     one off. Frozen, they are skipped; what requests allocate is still collected."""
     pool = (ingest_pool or IngestPool(0)) if trace_store is not None else None
+    managed = aliases = trigger = None
+    if fine_tuning is not None and trace_store is not None:
+        managed = ManagedFlywheels(fine_tuning, trace_store)
+        aliases = ProductionAliases(managed.store, lambda tenant, model: served.get(tenant, model),
+                                    poll_s=flywheel_poll_s / 4)
+        trigger = FlywheelTrigger(managed.store, trace_store, poll_s=flywheel_poll_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         if pool is not None:
             pool.start()
+        for poller in (aliases, trigger):
+            if poller is not None:
+                poller.start()
         if freeze_gc:
             gc.collect()
             gc.freeze()
         yield
+        for poller in (trigger, aliases):
+            if poller is not None:
+                poller.close()
         if pool is not None:
             pool.close()
         served.close()
@@ -177,10 +197,12 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     if trace_store is not None:
         app.include_router(ingest_router(trace_store, tenant_of, pool,
                                          getattr(service.trace_sink, "wait_written", None), curation))
-    served = ServedModels(service, None if fine_tuning is None else fine_tuning.servable_path,
+    served = ServedModels(service, None if fine_tuning is None else fine_tuning.servable_path, aliases=aliases,
                           default_max_tokens=service.default_max_tokens)
     if fine_tuning is not None:
         app.include_router(finetune_router(fine_tuning, tenant_of))
+    if managed is not None:
+        app.include_router(flywheel_router(managed, tenant_of))
 
     async def model_for(tenant: str, body: Any) -> OpenAIService:
         name = body.get("model") if isinstance(body, dict) else None

@@ -84,6 +84,7 @@ class OpenAIService:
         engine = self._load(model, **load_kw)
         self.model_path = Path(model).resolve() if isinstance(model, (str, Path)) else None
         self.adapter: str | None = None  # a view's LoRA adapter (`with_adapter`)
+        self.label: str | None = None  # a view's version label (`with_adapter`, `renamed`); None: the scheduler's
         self.name = name
         self.default_max_tokens = default_max_tokens
         self.trace_sink = trace_sink
@@ -121,14 +122,25 @@ class OpenAIService:
     async def switch_async(self, model, version: str, **load_kw) -> None:
         await asyncio.to_thread(self.switch, model, version, **load_kw)
 
-    def with_adapter(self, name: str, adapter: str) -> "OpenAIService":
+    def with_adapter(self, name: str, adapter: str, label: str | None = None) -> "OpenAIService":
         """A view of this service answering as model `name` with the LoRA adapter `adapter` of
-        its engine (registered in `engine.adapters`). It shares this service's scheduler, so
-        its rows decode in the same batches as the base model's and other adapters'. Close
-        the service, never a view."""
+        its engine (registered in `engine.adapters`), its responses' version `label` (default:
+        the base's). It shares this service's scheduler, so its rows decode in the same
+        batches as the base model's and other adapters'. Close the service, never a view."""
         view = copy.copy(self)
-        view.name, view.adapter, view.created = name, adapter, int(time.time())
+        view.name, view.adapter, view.label, view.created = name, adapter, label, int(time.time())
         return view
+
+    def renamed(self, name: str, label: str) -> "OpenAIService":
+        """A view answering as model `name` (an alias) what this service answers, its version
+        `label` (the model the alias serves now), its traces recorded under `name`."""
+        view = copy.copy(self)
+        view.name, view.label = name, label
+        return view
+
+    def _label(self, scheduler_label: str) -> str:
+        """The version a response and its traces name: a view's own label, else the scheduler's."""
+        return self.label or scheduler_label
 
     def close(self) -> None:
         self.scheduler.close()
@@ -200,7 +212,7 @@ class OpenAIService:
                        results: list[JobResult]) -> dict[str, Any]:
         [result] = results
         return {"id": rid, "object": "chat.completion", "created": created, "model": self.name,
-                "system_fingerprint": result.label, "choices": choices,
+                "system_fingerprint": self._label(result.label), "choices": choices,
                 "usage": R.usage(len(c.prompt), sum(len(s.token_ids) for s in result.samples))}
 
     def _chat_events(self, c: _Chat, response: dict[str, Any], results: list[JobResult]) -> list[TraceEvent]:
@@ -209,7 +221,8 @@ class OpenAIService:
         latency_ms = (time.perf_counter() - c.t0) * 1000
         meta = _request_meta(c.req, "chat.completions", c.params)
         return [TraceEvent(
-            trace_id=_trace_id(response["id"], ch["index"]), model=self.name, model_version=result.label,
+            trace_id=_trace_id(response["id"], ch["index"]), model=self.name,
+            model_version=self._label(result.label),
             messages=c.messages, tools=c.tools, response=ch["message"],
             usage=R.usage(len(c.prompt), len(s.token_ids)), latency_ms=latency_ms,
             created_at=datetime.now(timezone.utc), finish_reason=ch["finish_reason"], metadata=meta, tenant=c.tenant)
@@ -239,7 +252,7 @@ class OpenAIService:
         """(results: one per prompt; `None` for a job of a stream cut short that never ran)"""
         ran = [(i, r) for i, r in enumerate(results) if r is not None]
         return {"id": rid, "object": "text_completion", "created": created, "model": self.name,
-                "system_fingerprint": ran[0][1].label, "choices": choices,
+                "system_fingerprint": self._label(ran[0][1].label), "choices": choices,
                 "usage": R.usage(sum(len(c.prompts[i]) for i, _ in ran),
                                  sum(len(s.token_ids) for _, r in ran for s in r.samples))}
 
@@ -257,7 +270,8 @@ class OpenAIService:
             for j, s in enumerate(result.samples):
                 ch = by_index[i * c.req.n + j]
                 events.append(TraceEvent(
-                    trace_id=_trace_id(response["id"], ch["index"]), model=self.name, model_version=result.label,
+                    trace_id=_trace_id(response["id"], ch["index"]), model=self.name,
+            model_version=self._label(result.label),
                     messages=None, prompt=prompt_text, tools=None,
                     response={"role": "assistant", "content": ch["text"]},
                     usage=R.usage(len(prompt), len(s.token_ids)), latency_ms=latency_ms, created_at=now,
@@ -480,9 +494,9 @@ class EventStream:
                         raise _generation_error(job.future.exception())
                 for job in self.jobs:
                     if job.reports and self.label is None:
-                        self.label = job.reports[0][0]
+                        self.label = self.service._label(job.reports[0][0])
                     elif job.future.done() and self.label is None:
-                        self.label = job.future.result().label
+                        self.label = self.service._label(job.future.result().label)
                 if self.label is not None:
                     return
                 await self._event.wait()

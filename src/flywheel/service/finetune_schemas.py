@@ -64,7 +64,7 @@ class FineTuningJob(_Out):
     organization_id: str = Field(description="the tenant that owns the job")
     result_files: list[str]
     status: Status
-    training_file: str
+    training_file: str | None = Field(description="null for a managed flywheel's cycle: it curates its own data")
     validation_file: str | None
     hyperparameters: dict[str, Any] = Field(description="as resolved: 'auto' replaced by the value used")
     trained_tokens: int | None
@@ -236,3 +236,80 @@ class JobCreateRequest(BaseModel):
     metadata: dict[str, str] | None = None
     method: Method | None = None
     hyperparameters: Hyperparameters | None = Field(None, description="deprecated: method.supervised.hyperparameters")
+
+
+# ---------------------------------------------------------------- managed flywheels (extension)
+
+
+class FlywheelProduction(_Out):
+    model: str = Field(description="the model name the production alias serves now")
+    version: str = Field(description="its version in the flywheel's registry")
+    generation: int = Field(description="grows at every promotion and rollback")
+
+
+class FlywheelTraces(_Out):
+    models: list[str] = Field(description="model names whose traces feed the flywheel (its alias first)")
+    failures_after_seq: int = Field(description="failures of traces after this seq count towards the trigger")
+
+
+class Flywheel(_Out):
+    id: str
+    object: Literal["flywheel"]
+    created_at: int
+    model: str = Field(description="the model the flywheel started from")
+    suffix: str
+    status: Literal["active", "paused"]
+    organization_id: str
+    production_model: str = Field(description="the alias clients call: ft:<model>:<tenant>:<suffix>:production")
+    production: FlywheelProduction
+    traces: FlywheelTraces
+    training: dict[str, Any]
+    curation: dict[str, Any]
+    eval: dict[str, Any]
+    gate: dict[str, Any]
+    trigger: dict[str, Any]
+    budget_usd: float | None
+    metadata: dict[str, str] | None
+
+
+class FlywheelList(_Out):
+    object: Literal["list"]
+    data: list[Flywheel]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class FlywheelCycle(_Out):
+    id: str
+    object: Literal["flywheel.cycle"]
+    flywheel_id: str
+    number: int
+    fine_tuning_job_id: str = Field(description="the fine-tuning job that runs the cycle (its events show each stage)")
+    status: Status = Field(description="the job's status")
+    reason: str = Field(description="why the cycle started")
+    outcome: str | None = Field(description="promoted, rejected, waiting for more traffic, nothing to train, "
+                                            "cancelled or failed; null until decided")
+    promoted: bool
+    decision: dict[str, Any] | None = Field(description="the gate's decision: promote, reasons, deltas, bounds")
+    scores: dict[str, Any] | None = Field(description="incumbent and candidate accuracy per suite")
+    new_failures: int | None
+    trace_cursor: int | None
+    version: str | None = Field(description="the registry version the cycle registered")
+    fine_tuned_model: str | None = Field(description="the promoted model's name (null unless promoted)")
+    error: JobError | None
+    estimated_cost: float | None = Field(description="US dollars the cycle spent")
+    created_at: int
+    finished_at: int | None
+
+
+class FlywheelCycleList(_Out):
+    object: Literal["list"]
+    data: list[FlywheelCycle]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class FlywheelRollbackRequest(BaseModel):
+    to: str | None = Field(None, description="a version that was in production; default: the one before")

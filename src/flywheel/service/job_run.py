@@ -4,7 +4,11 @@ JOB_DIR`, started by a worker (service/job_worker.py).
 Reads JOB_DIR/run.json (`{"kind": "sft" | "dpo" | "rl", "config": {...}}`: a flywheel run config),
 trains with flywheel's recipe, resuming from the newest checkpoint in the config's
 output_dir, and writes JOB_DIR/result.json: `{"final_model", "steps", "tokens_trained",
-"interrupted"}`, or `{"error": message}` with exit status 1 when the run failed. SIGTERM asks
+"interrupted"}`, or `{"error": message}` with exit status 1 when the run failed.
+A managed flywheel's cycle is `{"kind": "cycle", "config": a LoopConfig, "scope": its
+TraceScope}`: it runs (or resumes) one cycle and writes `{"cycle": the cycle's state,
+"production": {"version", "path"}, "cursor": where the production version's new failures
+start}`. SIGTERM asks
 the run to stop after its step (it checkpoints, `interrupted: true`): how the worker cancels
 and pauses. The process dies with its worker (PR_SET_PDEATHSIG).
 """
@@ -27,6 +31,8 @@ RECIPES = {"sft": SFTConfig, "dpo": DPOConfig, "rl": RLConfig}
 def run(job_dir: Path) -> int:
     spec = json.loads((job_dir / "run.json").read_text(encoding="utf-8"))
     kind = spec["kind"]
+    if kind == "cycle":
+        return _cycle(job_dir, spec)
     try:
         cfg = validate(spec["config"], RECIPES[kind])
         if kind == "sft":
@@ -41,6 +47,27 @@ def run(job_dir: Path) -> int:
         return 1
     _write(job_dir, {"final_model": str(result.final_model) if result.final_model else None, "steps": result.steps,
                      "tokens_trained": result.tokens_trained, "interrupted": result.interrupted})
+    return 0
+
+
+def _cycle(job_dir: Path, spec: dict) -> int:
+    from dataclasses import asdict
+
+    from flywheel.loop.cycle import CycleError, LoopStores, run_cycle
+    from flywheel.loop.loop_config import LoopConfig
+    from flywheel.traces.scope import TraceScope
+
+    try:
+        cfg = validate(spec["config"], LoopConfig)
+        with LoopStores(cfg, TraceScope.from_dict(spec["scope"])) as fw:
+            st = run_cycle(fw, log=lambda m: print(m, flush=True))
+            prod = fw.registry.production()
+            window = fw.production_window()
+    except (ConfigError, CycleError, ValueError, RuntimeError, OSError) as exc:
+        _write(job_dir, {"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    _write(job_dir, {"cycle": asdict(st), "production": {"version": prod.id, "path": str(prod.path)},
+                     "cursor": window[1] if window is not None else None})
     return 0
 
 

@@ -33,22 +33,18 @@ from typing import Any, Callable
 
 from flywheel.economics.ledger import Ledger
 from flywheel.jobs import JobStore, LeaseLost
+from flywheel.jobs.hyperparameters import BASE_LR, LORA_LR_FACTOR, micro_batch
+from flywheel.jobs.flywheels import CYCLE_METHOD, Flywheels
 from flywheel.jobs.objects import fine_tuned_model_name
+from flywheel.clock import utc_naive, utc_now
 from flywheel.jobs.store import worker_name
 from flywheel.jobs.webhooks import Webhooks, deliver
 from flywheel.service.finetune import ENV_GRADER, FineTuning
 
-BASE_LR = {"supervised": 1e-4, "dpo": 5e-6, "reinforcement": 1e-5}  # times the job's learning_rate_multiplier
-LORA_LR_FACTOR = 10.0  # a LoRA adapter trains best at about ten times full fine-tuning's rate
 STAGES = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl"}
 RL_GROUP = 4  # samples per prompt of a reinforcement job, times its compute_multiplier (at least 2)
 RL_MAX_TOKENS = 128  # new tokens per sampled answer
 GRADED_ENV = "flywheel.envs.graded:load"
-
-
-def micro_batch(batch_size: int, most: int = 8) -> int:
-    """The largest divisor of batch_size that is at most `most` (examples per forward)."""
-    return max(d for d in range(1, min(batch_size, most) + 1) if batch_size % d == 0)
 
 
 def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | None, n_rows: int, out: str,
@@ -171,6 +167,8 @@ class JobWorker:
     # ------------------------------------------------------------------ one job
 
     def _train(self, job: dict[str, Any]) -> None:
+        if job["method"]["type"] == CYCLE_METHOD:
+            return self._cycle(job)
         job_dir = self.work_dir / job["id"]
         job_dir.mkdir(parents=True, exist_ok=True)
         tenant = job["tenant"]
@@ -187,6 +185,31 @@ class JobWorker:
         progress = _Progress(self.store, job, job_dir, math.ceil(hp["n_epochs"] * n_rows / hp["batch_size"]),
                              self.metrics_every)
         t0 = time.perf_counter()
+        returncode, asked = self._run_child(job, job_dir, progress.publish)
+        seconds = time.perf_counter() - t0
+        result = _read_result(job_dir)
+        self._record_cost(job, seconds, progress)
+        step = progress.last_step
+        if asked == "cancel":
+            self._finish(job, "cancelled", f"Fine-tuning job cancelled at step {step}")
+        elif asked == "pause":
+            self._finish(job, "paused", f"Fine-tuning job paused at step {step}; resume continues from its checkpoint")
+        elif asked == "release":
+            self.store.release(job["id"], self.name, f"Worker {self.name} stopped; the job is queued again and "
+                                                     f"resumes from step {step}")
+        elif returncode != 0 or not result.get("final_model"):
+            message = result.get("error") or f"the training process exited with status {returncode} " \
+                                             f"(log: {job_dir / 'train.log'})"
+            self._finish(job, "failed", f"Fine-tuning job failed: {message}",
+                         error={"code": "training_failed", "message": message, "param": None})
+        else:
+            name = fine_tuned_model_name(job["model"], job["tenant"], job["suffix"], job["id"])
+            self._finish(job, "succeeded", f"The job has successfully completed: {name}", fine_tuned_model=name,
+                         model_path=result["final_model"])
+
+    def _run_child(self, job: dict[str, Any], job_dir: Path, publish: Callable[[], None]) -> tuple[int, str | None]:
+        """Run job_dir's run.json in a child process while holding the job's lease; returns
+        (its exit status, what was asked of it: "cancel" | "pause" | "release" | None)."""
         with open(job_dir / "train.log", "ab") as out:
             child = subprocess.Popen([sys.executable, "-m", "flywheel.service.job_run", str(job_dir)],
                                      stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -201,36 +224,79 @@ class JobWorker:
                 if asked is None and (control in ("cancel", "pause") or self.stopping.is_set()):
                     asked = control or "release"
                     child.send_signal(signal.SIGTERM)
-                progress.publish()
+                publish()
         except BaseException:
             child.kill()
             child.wait()
             raise
-        progress.publish()
-        seconds = time.perf_counter() - t0
-        result = _read_result(job_dir)
-        self._record_cost(job, seconds, progress)
-        step = progress.last_step
-        if asked == "cancel":
-            self._finish(job, "cancelled", f"Fine-tuning job cancelled at step {step}")
-        elif asked == "pause":
-            self._finish(job, "paused", f"Fine-tuning job paused at step {step}; resume continues from its checkpoint")
-        elif asked == "release":
-            self.store.release(job["id"], self.name, f"Worker {self.name} stopped; the job is queued again and "
-                                                     f"resumes from step {step}")
-        elif child.returncode != 0 or not result.get("final_model"):
-            message = result.get("error") or f"the training process exited with status {child.returncode} " \
-                                             f"(log: {job_dir / 'train.log'})"
-            self._finish(job, "failed", f"Fine-tuning job failed: {message}",
-                         error={"code": "training_failed", "message": message, "param": None})
-        else:
-            name = fine_tuned_model_name(job["model"], job["tenant"], job["suffix"], job["id"])
-            self._finish(job, "succeeded", f"The job has successfully completed: {name}", fine_tuned_model=name,
-                         model_path=result["final_model"])
+        publish()
+        return child.returncode, asked
 
-    def _finish(self, job: dict[str, Any], status: str, message: str, **fields: Any) -> None:
+    def _cycle(self, job: dict[str, Any]) -> None:
+        """A managed flywheel's cycle (service/flywheels.py): curate its tenant's traces, train,
+        gate and promote in the flywheel's own registry, in a child process; each stage reached
+        becomes an event, the gate's decision and cost land on the cycle's row, and a promotion
+        names the job's model and points the flywheel's production alias at it."""
+        from flywheel.loop.cycle import LoopStores, abandon_cycle
+        from flywheel.loop.managed import managed_config
+        from flywheel.traces.scope import TraceScope
+
+        flywheels = Flywheels(self.store.engine)
+        cycle = flywheels.cycle_of_job(job["id"])
+        fw = flywheels.get(None, cycle["flywheel_id"])
+        job_dir = self.work_dir / job["id"]
+        job_dir.mkdir(parents=True, exist_ok=True)
+        cfg = managed_config(fw["spec"], data_dir=fw["data_dir"], traces_url=fw["traces_url"], hardware=self.hardware)
+        scope = TraceScope(fw["tenant"], tuple(dict.fromkeys([fw["alias"], *fw["spec"]["traces"]["models"]])))
+        spec = {"kind": "cycle", "config": cfg.model_dump(mode="json"), "scope": scope.to_dict()}
+        (job_dir / "run.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
+        (job_dir / "result.json").unlink(missing_ok=True)
+        stages = _CycleStages(self.store, job["id"], cfg.root / "cycles")
+        returncode, asked = self._run_child(job, job_dir, stages.publish)
+        result = _read_result(job_dir)
+        st = result.get("cycle")
+
+        def abandon(outcome: str, reason: str) -> None:
+            with LoopStores(cfg, scope) as stores:
+                left = abandon_cycle(stores, outcome, reason)
+            flywheels.record_cycle(cycle["id"], outcome=outcome, finished_at=utc_naive(utc_now()),
+                                   decision=left.decision if left else {"promote": False, "reasons": [reason]})
+
+        if asked == "cancel":
+            abandon("cancelled", "the cycle's job was cancelled")
+            self._finish(job, "cancelled", f"Flywheel cycle {cycle['number']} cancelled")
+        elif asked == "pause":
+            self._finish(job, "paused", f"Flywheel cycle {cycle['number']} paused; resume continues it")
+        elif asked == "release":
+            self.store.release(job["id"], self.name, f"Worker {self.name} stopped; the cycle is queued again")
+        elif returncode != 0 or st is None or st["stage"] != "finished":
+            message = result.get("error") or f"the cycle's process exited with status {returncode} " \
+                                             f"(log: {job_dir / 'train.log'})"
+            abandon("failed", message)
+            self._finish(job, "failed", f"Flywheel cycle failed: {message}",
+                         error={"code": "cycle_failed", "message": message, "param": None})
+        else:
+            decision = st["decision"]
+            flywheels.record_cycle(cycle["id"], outcome=st["outcome"], decision=decision, scores=st["scores"] or None,
+                                   new_failures=st["new_failures"], trace_cursor=st["trace_cursor"], usd=st["usd"],
+                                   version=st["version"], finished_at=utc_naive(utc_now()))
+            summary = "; ".join(decision.get("reasons", []))
+            if st["outcome"] == "promoted":
+                name = fine_tuned_model_name(job["model"], job["tenant"], job["suffix"], job["id"])
+                self._finish(job, "succeeded", f"Flywheel cycle {cycle['number']} promoted {st['version']}: {summary}",
+                             cost=st["usd"], fine_tuned_model=name, model_path=result["production"]["path"])
+                flywheels.set_production(fw["id"], name, st["version"], result["cursor"] or st["trace_cursor"])
+            else:
+                self._finish(job, "succeeded", f"Flywheel cycle {cycle['number']}: {st['outcome']}: {summary}",
+                             cost=st["usd"])
+                flywheels.set_cursor(fw["id"], st["trace_cursor"])
+
+    def _finish(self, job: dict[str, Any], status: str, message: str, *, cost: float | None = None,
+                **fields: Any) -> None:
+        """cost: the job's estimated_cost; None: the sum of its attempts in the worker's ledger."""
         tokens = _trained_tokens(self.work_dir / job["id"] / "train" / "metrics.jsonl")
-        cost = sum(r.usd for r in self.ledger.read(skip_corrupt=True) if r.run == job["id"])
+        if cost is None:
+            cost = sum(r.usd for r in self.ledger.read(skip_corrupt=True) if r.run == job["id"])
         self.store.finish(job["id"], self.name, status, message, trained_tokens=tokens or None,
                           estimated_cost=cost or None, **fields)
         self.log(f"{job['id']}: {status}")
@@ -254,6 +320,34 @@ class JobWorker:
         self.ledger.record(stage, hardware=self.hardware, seconds=seconds, run=job["id"],
                            key=f"{job['id']}:attempt-{job['attempts']}:{self.name}",
                            extra={"tenant": job["tenant"], "to_step": progress.last_step})
+
+
+class _CycleStages:
+    """A running cycle's stages, published as job events as its state file reaches them."""
+
+    def __init__(self, store: JobStore, job_id: str, cycles_dir: Path):
+        self.store, self.job_id, self.cycles_dir = store, job_id, cycles_dir
+        self.seen: set[tuple[str, str]] = set()
+
+    def publish(self) -> None:
+        from flywheel.loop.cycle import CycleError, read_states
+
+        try:
+            states = read_states(self.cycles_dir)
+        except CycleError:  # a state file being replaced: read it at the next heartbeat
+            return
+        if not states:
+            return
+        st = states[-1]
+        if (st.id, st.stage) in self.seen:
+            return
+        self.seen.add((st.id, st.stage))
+        data = {"cycle": st.id, "stage": st.stage, "usd": st.usd}
+        if st.stage == "curated":
+            data["new_failures"] = st.new_failures
+        if st.decision:
+            data["decision"] = st.decision
+        self.store.add_event(self.job_id, f"Cycle {st.id}: {st.stage}", type="message", data=data)
 
 
 class _Progress:

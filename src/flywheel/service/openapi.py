@@ -23,6 +23,7 @@ from typing_extensions import TypedDict
 
 from flywheel.envs.base import TASK_FIELDS
 from flywheel.envs.registry import list_envs
+from flywheel.jobs.flywheel_request import FlywheelRequest
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.feedback_check import trusted_env
 from flywheel.service import finetune_schemas as ft
@@ -51,11 +52,13 @@ COMPONENTS: dict[str, tuple[Any, Mode]] = {
         "ChatCompletion", "TextCompletion", "ChatCompletionChunk", "TextCompletionChunk", "ModelList", "Health",
         "TraceIngestResult", "FeedbackResult", "ErrorResponse")},
     **{name: (getattr(ft, name), "validation") for name in (
-        "JobCreateRequest", "GraderValidateRequest", "GraderRunRequest", "WebhookCreateRequest")},
+        "JobCreateRequest", "GraderValidateRequest", "GraderRunRequest", "WebhookCreateRequest",
+        "FlywheelRollbackRequest")},
+    "FlywheelCreateRequest": (FlywheelRequest, "validation"),
     **{name: (getattr(ft, name), "serialization") for name in (
         "FileObject", "FileList", "FileDeleted", "FineTuningJob", "JobList", "JobEventList", "JobCheckpointList",
         "GraderValidated", "GraderRunResult", "ModelDeleted", "WebhookEndpoint", "WebhookList",
-        "WebhookDeleted")},
+        "WebhookDeleted", "Flywheel", "FlywheelList", "FlywheelCycle", "FlywheelCycleList")},
 }
 
 SSE = ("with `stream: true`, server-sent events: one `data: {chunk}` line per event as tokens are generated "

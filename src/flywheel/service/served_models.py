@@ -11,7 +11,8 @@ model (or checkpoint), loaded on first use.
   are kept, the least recently used closed first.
 
 A name is looked up per tenant, so one tenant cannot reach another's model; an adapter is
-registered under "<tenant>/<name>".
+registered under "<tenant>/<name>". A managed flywheel's production alias (`aliases`,
+service/aliases.py) answers as the alias with the service of the model it stands for now.
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ from flywheel.service.errors import OpenAIError
 
 # (tenant, model name) -> the model's folder, or None when the tenant has no such model
 Resolve = Callable[[str, str], Path | None]
+# (tenant, model name) -> the model name it is an alias of now, or None when it is no alias
+Aliases = Callable[[str, str], str | None]
 
 
 class ServedModels:
     def __init__(self, base: OpenAIService, resolve: Resolve | None = None, *, max_loaded: int = 2,
-                 **service_kw: Any):
+                 aliases: Aliases | None = None, **service_kw: Any):
         """service_kw: OpenAIService options of the fine-tuned models (default_max_tokens, ...)."""
         self.base = base
         self.resolve = resolve
+        self.aliases = aliases
         self.max_loaded = max_loaded
         self.service_kw = service_kw
         self._loaded: OrderedDict[tuple[str, str], OpenAIService] = OrderedDict()  # full models, LRU-bounded
@@ -49,6 +53,9 @@ class ServedModels:
         for the one loading wait for that one load."""
         if name == self.base.name or self.resolve is None or not isinstance(name, str):
             return self.base  # it refuses a wrong name itself, with the field named
+        target = self.aliases(tenant, name) if self.aliases is not None else None
+        if target is not None:
+            return self.get(tenant, target).renamed(name, label=target)
         key = (tenant, name)
         with self._lock:
             if key in self._views:

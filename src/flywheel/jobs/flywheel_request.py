@@ -1,0 +1,128 @@
+"""`POST /v1/flywheels`, checked: what a tenant may set of its managed flywheel.
+
+The body names the model to start from, which traces feed it, how traces are judged and
+curated, what a cycle trains (stages, LoRA, steps, learning rates, a dollar budget), the
+frozen suites and the gate, and the trigger. It is deliberately narrower than a loop config
+(loop/loop_config.py): no server paths, only built-in environments, so one tenant's request
+can read nothing of the server's but its own traces. `FlywheelRequest.parse` raises
+RequestError naming the field (`param`, as the API reports it) and what was wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from flywheel.config import Config, LoraSettings
+from flywheel.jobs.requests import SUFFIX_MAX, RequestError
+
+BUILTIN_ENVS = ("arithmetic", "calculator", "code_repair", "reasoning_gym")  # envs/registry.py's, less replay (files)
+
+
+class StageSettings(Config):
+    """One training stage of a cycle. batch_size: examples (sft), pairs (dpo) or prompts (rl)
+    per step; learning_rate null: the service's default for the stage (LoRA or full)."""
+
+    steps: int = Field(20, ge=1, le=100_000)
+    batch_size: int = Field(8, ge=1, le=512)
+    learning_rate: float | None = Field(None, gt=0, le=1)
+    group_size: int = Field(4, ge=2, le=64, description="rl: samples per prompt")
+    max_tokens: int = Field(64, ge=1, le=8192, description="rl: new tokens per sample")
+    beta: float = Field(0.1, gt=0, le=10, description="dpo")
+
+
+class TrainingSpec(Config):
+    order: list[Literal["sft", "rl", "dpo"]] = Field(["sft"], min_length=1)
+    lora: Literal["auto", "full"] | LoraSettings = "auto"
+    sft: StageSettings = StageSettings()
+    rl: StageSettings = StageSettings()
+    dpo: StageSettings = StageSettings()
+    min_examples: int = Field(4, ge=1, description="a stage with fewer curated items is skipped")
+    replay_ratio: float = Field(1.0, ge=0, le=100)
+    min_replay: int = Field(0, ge=0)
+
+
+class CurationSpec(Config):
+    heldout_fraction: float = Field(0.25, ge=0, le=1)
+    fail_below: float = 0.5
+    pass_at: float = 1.0
+    failure_labels: list[str] | None = None
+    success_labels: list[str] | None = None
+
+
+class SuiteSpec(Config):
+    env: str
+    settings: dict[str, Any] = Field(default_factory=dict)
+    tasks: int = Field(100, ge=1, le=10_000)
+    max_tokens: int = Field(16, ge=1, le=8192)
+    format: Literal["chat", "completion"] | None = None
+
+    @field_validator("env")
+    @classmethod
+    def _builtin(cls, env: str) -> str:
+        if env not in BUILTIN_ENVS:
+            raise ValueError(f"suites play built-in environments only ({', '.join(BUILTIN_ENVS)}), got {env!r}")
+        return env
+
+    @field_validator("settings")
+    @classmethod
+    def _plain(cls, settings: dict[str, Any]) -> dict[str, Any]:
+        for key, value in settings.items():  # no paths: a tenant's settings open no server file
+            if not (isinstance(value, (int, float, bool)) or (isinstance(value, str) and "/" not in value
+                                                                and "\\" not in value and len(value) <= 100)):
+                raise ValueError(f"settings.{key}: numbers, booleans and short names only, got {value!r}")
+        return settings
+
+
+class EvalSpec(Config):
+    suites: dict[str, SuiteSpec] = Field(default_factory=dict, description="frozen regression suites by name")
+    new_failures_max_tokens: int = Field(16, ge=1, le=8192)
+    new_failures_max: int = Field(200, ge=1, le=10_000)
+
+
+class GateSpec(Config):
+    delta: float = Field(0.05, ge=0, le=1)
+    epsilon: float = Field(0.02, ge=0, le=1)
+    confidence: float = Field(0.95, ge=0.5, lt=1)
+    min_new_failures: int = Field(20, ge=1)
+
+
+class TriggerSpec(Config):
+    min_new_failures: int = Field(20, ge=1, description="start a cycle when this many failed traces arrived")
+    every_seconds: float | None = Field(None, ge=60, description="also start one on this schedule")
+
+
+class TracesSpec(Config):
+    models: list[str] = Field(default_factory=list, description=(
+        "model names whose traces feed the flywheel besides its production alias's (e.g. traces another "
+        "stack posts naming its own model)"))
+
+
+class FlywheelRequest(Config):
+    model: str = Field(..., min_length=1, max_length=300)
+    suffix: str = Field("flywheel", min_length=1, max_length=SUFFIX_MAX, pattern=r"^[A-Za-z0-9_-]+$")
+    traces: TracesSpec = TracesSpec()
+    training: TrainingSpec = TrainingSpec()
+    curation: CurationSpec = CurationSpec()
+    eval: EvalSpec = EvalSpec()
+    gate: GateSpec = GateSpec()
+    trigger: TriggerSpec = TriggerSpec()
+    budget_usd: float | None = Field(None, gt=0, description="dollars a cycle's training may spend")
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=16)
+
+    @classmethod
+    def parse(cls, body: Any) -> "FlywheelRequest":
+        if not isinstance(body, dict):
+            raise RequestError(f"the request body must be a JSON object, got {type(body).__name__}")
+        try:
+            return cls.model_validate(body)
+        except ValidationError as e:
+            first = e.errors()[0]
+            param = ".".join(str(x) for x in first["loc"] if not str(x).startswith("function-after")) or None
+            got = f", got {first['input']!r}" if first["type"] not in ("missing", "value_error") else ""
+            raise RequestError(f"{param}: {first['msg']}{got}", param) from None
+
+    def spec(self) -> dict[str, Any]:
+        """What the flywheel row keeps (the stored form of the request, defaults filled in)."""
+        return self.model_dump(exclude={"model", "suffix", "metadata"})

@@ -1,0 +1,78 @@
+"""What starts a managed flywheel's cycles: a thread of the server that looks at every active
+flywheel every `poll_s` and queues a cycle (jobs/flywheels.py `queue_cycle`: at most one
+unfinished per flywheel, so several servers polling start it once) when
+- `trigger.min_new_failures` failed traces of the flywheel's scope arrived after its cursor
+  (the trace seq its last cycle read up to, or where production last changed), counted by the
+  loop's FailureCounter (curation's verdict rule), which reads only what is new at each poll;
+- or `trigger.every_seconds` passed since its last cycle was queued (since its creation for
+  the first).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+
+from flywheel.clock import utc_naive, utc_now
+from flywheel.jobs.flywheels import Flywheels
+from flywheel.loop.curation_rules import CurationConfig
+from flywheel.loop.failure_counter import FailureCounter
+from flywheel.traces.scope import ScopedTraces, TraceScope
+
+log = logging.getLogger("flywheel.flywheels")
+
+
+class FlywheelTrigger:
+    def __init__(self, flywheels: Flywheels, trace_store, poll_s: float = 2.0):
+        self.flywheels, self.traces, self.poll_s = flywheels, trace_store, poll_s
+        self._counters: dict[str, tuple[int, FailureCounter]] = {}  # flywheel id -> (its cursor, counter)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> list[str]:
+        """Queue the cycles that are due; the ids of the flywheels that got one."""
+        started = []
+        for fw in self.flywheels.active():
+            reason = self._due(fw)
+            if reason is not None and self.flywheels.queue_cycle(fw["id"], reason) is not None:
+                log.info("flywheel %s: cycle queued (%s)", fw["id"], reason)
+                started.append(fw["id"])
+        return started
+
+    def _due(self, fw: dict) -> str | None:
+        spec = fw["spec"]
+        cursor, counter = self._counters.get(fw["id"], (None, None))
+        if counter is None or cursor != fw["cursor"]:
+            curation = CurationConfig(**{k: v for k, v in spec["curation"].items() if v is not None})
+            counter = FailureCounter(curation, fw["cursor"])
+            self._counters[fw["id"]] = (fw["cursor"], counter)
+        scope = TraceScope(fw["tenant"], tuple(spec["trace_models"]))
+        failures = counter.update(ScopedTraces(self.traces, scope))
+        if failures >= spec["trigger"]["min_new_failures"]:
+            return f"{failures} new failures (trigger: {spec['trigger']['min_new_failures']})"
+        every = spec["trigger"]["every_seconds"]
+        if every is not None:
+            last = max([c["created_at"] for c in self.flywheels.cycles(fw["tenant"], fw["id"])[:1]]
+                       or [fw["created_at"]])
+            if utc_naive(utc_now()) - last >= timedelta(seconds=every):
+                return f"schedule: every {every:g} s"
+        return None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="flywheel-trigger", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001 - a bad poll must not end the trigger
+                log.exception("flywheel trigger poll failed")
+                time.sleep(self.poll_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)

@@ -1,0 +1,128 @@
+"""Managed flywheels (flywheel's extension of the fine-tuning API): a tenant's continuous loop
+for one of its models, run by the service.
+
+- `create`: a checked request (jobs/flywheel_request.py) for a model the tenant can serve.
+  The flywheel gets a folder of its own (registry, cycles, ledger) under the data directory,
+  with the model as its first, production version, and a production alias,
+  `ft:<model>:<tenant>:<suffix>:production`, that the tenant's clients call. Traffic to the
+  alias, and traces posted naming it (or the request's `traces.models`), feed the flywheel.
+- Cycles: the trigger (service/flywheel_trigger.py) or `run_cycle` queues one as a
+  fine-tuning job (jobs/flywheels.py) that a `flywheel worker` runs: loop/cycle.py's cycle on
+  the flywheel's own traces, gated against its production version. A promotion names the
+  job's fine-tuned model and points the alias at it; servers switch (service/aliases.py)
+  after loading it, so no request fails over the switch.
+- `rollback`: production back to the version promoted before (or `to`), one call; a cycle
+  running meanwhile is rejected at its end ("production changed during the cycle").
+The single-tenant daemon (`flywheel loop run`) is the same cycle over one data directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from flywheel.jobs.flywheel_request import FlywheelRequest
+from flywheel.jobs.flywheels import Flywheels
+from flywheel.jobs.objects import flywheel_cycle_object, flywheel_object, production_alias
+from flywheel.jobs.requests import RequestError
+from flywheel.jobs.store import JobStoreError, new_id
+from flywheel.registry.registry import Registry
+from flywheel.registry.storage import RegistryError
+from flywheel.service.errors import OpenAIError
+from flywheel.service.finetune import FineTuning, store_error
+
+
+class ManagedFlywheels:
+    def __init__(self, fine_tuning: FineTuning, trace_store):
+        """trace_store: the server's trace store (its URL is where the flywheels' traces are)."""
+        self.fine_tuning = fine_tuning
+        self.store = Flywheels(fine_tuning.jobs.engine)
+        self.traces = trace_store
+        self.root = Path(fine_tuning.jobs.files_dir).resolve().parent / "flywheels"
+
+    def create(self, tenant: str, body: Any, idempotency_key: str | None = None) -> dict[str, Any]:
+        request_hash = hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        try:
+            if idempotency_key is not None:
+                earlier = self.fine_tuning.jobs.find("flywheel", tenant, idempotency_key, request_hash)
+                if earlier is not None:
+                    return flywheel_object(earlier)
+            req = FlywheelRequest.parse(body)
+        except (JobStoreError, RequestError) as exc:
+            raise store_error(exc) from None
+        path = self.fine_tuning.servable_path(tenant, req.model)
+        if path is None:
+            raise OpenAIError(f"model: unknown model {req.model!r}", param="model", status=404,
+                              type="not_found_error", code="model_not_found")
+        alias = production_alias(req.model, tenant, req.suffix)
+        if self.store.find_alias(tenant, alias) is not None:
+            raise OpenAIError(f"suffix: a flywheel of {req.model!r} already serves {alias!r}; choose another suffix",
+                              param="suffix", status=409, code="conflict")
+        flywheel_id = new_id("fw")
+        data_dir = self.root / flywheel_id
+        registry = Registry(data_dir / "registry")
+        try:
+            first = registry.register(path, link=True, notes=f"the model flywheel {flywheel_id} started from")
+            registry.promote(first.id, reason="the flywheel's starting model")
+        except RegistryError as exc:
+            raise OpenAIError(f"model {req.model!r} cannot start a flywheel: {exc}", param="model") from None
+        finally:
+            registry.close()
+        spec = {**req.spec(), "initial_version": first.id,
+                "trace_models": list(dict.fromkeys([alias, *req.traces.models]))}
+        row = self.store.create(tenant, id=flywheel_id, model=req.model, suffix=req.suffix, alias=alias, spec=spec,
+                                data_dir=str(data_dir), production_model=req.model,
+                                traces_url=self.traces.engine.url.render_as_string(hide_password=False),
+                                production_version=first.id, cursor=0, metadata=req.metadata or None,
+                                idempotency_key=idempotency_key, request_hash=request_hash)
+        return flywheel_object(row)
+
+    def get(self, tenant: str, flywheel_id: str) -> dict[str, Any]:
+        return flywheel_object(self._row(tenant, flywheel_id))
+
+    def list(self, tenant: str, after: str | None, limit: int) -> tuple[list[dict[str, Any]], bool]:
+        try:
+            rows, more = self.store.list(tenant, after=after, limit=limit)
+        except JobStoreError as exc:
+            raise store_error(exc) from None
+        return [flywheel_object(r) for r in rows], more
+
+    def cycles(self, tenant: str, flywheel_id: str) -> list[dict[str, Any]]:
+        try:
+            return [flywheel_cycle_object(r) for r in self.store.cycles(tenant, flywheel_id)]
+        except JobStoreError as exc:
+            raise store_error(exc) from None
+
+    def run_cycle(self, tenant: str, flywheel_id: str) -> dict[str, Any]:
+        """Queue a cycle now (whatever the trigger says); a 409 while one is unfinished."""
+        self._row(tenant, flywheel_id)
+        cycle = self.store.queue_cycle(flywheel_id, "requested through the API")
+        if cycle is None:
+            raise OpenAIError(f"flywheel {flywheel_id} has a cycle that has not finished", param="flywheel_id",
+                              status=409, code="conflict")
+        return flywheel_cycle_object(cycle)
+
+    def rollback(self, tenant: str, flywheel_id: str, to: str | None = None) -> dict[str, Any]:
+        """Production back to the version promoted before the current one (or `to`, a
+        version the flywheel has promoted); the alias follows within a poll."""
+        row = self._row(tenant, flywheel_id)
+        registry = Registry(Path(row["data_dir"]) / "registry")
+        try:
+            target = registry.rollback(to=to, reason="rollback requested through the API")
+        except RegistryError as exc:
+            raise OpenAIError(f"rollback: {exc}", param="to" if to else None, status=409, code="conflict") from None
+        finally:
+            registry.close()
+        model = self.store.model_of_version(flywheel_id, target.id)
+        if model is None:
+            raise OpenAIError(f"rollback: version {target.id} has no servable model", param="to", status=409)
+        return flywheel_object(self.store.set_production(flywheel_id, model, target.id, self.traces.max_seq()))
+
+    def _row(self, tenant: str, flywheel_id: str) -> dict[str, Any]:
+        try:
+            return self.store.get(tenant, flywheel_id)
+        except JobStoreError as exc:
+            raise store_error(exc) from None
