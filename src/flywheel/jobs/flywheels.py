@@ -27,10 +27,11 @@ class Flywheels:
     # ---- flywheels
 
     def create(self, tenant: str, **fields: Any) -> dict[str, Any]:
-        """A flywheel row (fields: FlywheelRow's columns; `metadata` for meta); returns it."""
+        """A flywheel row (fields: FlywheelRow's columns, `id` among them or a new one; `metadata`
+        for meta); returns it."""
         meta = fields.pop("metadata", None)
-        row = dict(id=new_id("fw"), tenant=tenant, status="active", generation=0, created_at=_now(), meta=meta,
-                   **fields)
+        row = dict(id=fields.pop("id", None) or new_id("fw"), tenant=tenant, status="active", generation=0,
+                   created_at=_now(), meta=meta, **fields)
         with writing(self.engine) as conn:
             conn.execute(insert(FlywheelRow).values(**row))
         return self.get(tenant, row["id"])

@@ -72,6 +72,40 @@ def is_adapter_folder(path: str | Path) -> bool:
     return (Path(path) / "adapter_config.json").is_file()
 
 
+def same_model(a: str | Path, b: str | Path) -> bool:
+    """Whether two model folders hold the same model: the same folder, or the same config.json
+    and weight files that are the same files (hard links: a registry's linked copy) or equal in
+    size and SHA-256."""
+    a, b = Path(a).resolve(), Path(b).resolve()
+    if a == b:
+        return True
+    try:
+        if (a / "config.json").read_bytes() != (b / "config.json").read_bytes():
+            return False
+        weights = sorted(p.name for p in a.glob("*.safetensors"))
+        if not weights or weights != sorted(p.name for p in b.glob("*.safetensors")):
+            return False
+        for name in weights:
+            sa, sb = (a / name).stat(), (b / name).stat()
+            if (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino):
+                continue
+            if sa.st_size != sb.st_size or _sha256(a / name) != _sha256(b / name):
+                return False
+    except OSError:
+        return False
+    return True
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def check_servable_folder(path: str | Path) -> None:
     """A model folder (`check_model_folder`), or an adapter folder whose config names a base
     model folder that exists here and that has its weights; ModelLoadError otherwise."""

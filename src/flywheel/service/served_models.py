@@ -1,7 +1,8 @@
 """Which engine answers a request's `model`: the server's own model, or a tenant's fine-tuned
 model (or checkpoint), loaded on first use.
 
-- A LoRA adapter over the server's own model is served side by side with it: the adapter is
+- A LoRA adapter over the server's own model (the same folder, or a copy of it such as a
+  managed flywheel's registry holds) is served side by side with it: the adapter is
   registered with the base engine's AdapterPool and requests go to a view of the base service
   (`OpenAIService.with_adapter`), so its rows decode in the same batches as everyone's and
   100 fine-tuned models cost 100 adapters, not 100 model copies.
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from flywheel.inference.lora import AdapterError, adapter_base, is_adapter_folder
+from flywheel.models.loading import same_model
 from flywheel.service.core import OpenAIService
 from flywheel.service.errors import OpenAIError
 
@@ -101,7 +103,8 @@ class ServedModels:
         host = None
         try:
             base = Path(adapter_base(path)).resolve()
-            if base == self.base.model_path and getattr(self.base.engine, "adapters", None) is not None:
+            on_base = self.base.model_path is not None and same_model(base, self.base.model_path)
+            if on_base and getattr(self.base.engine, "adapters", None) is not None:
                 host = self.base
             else:  # an adapter over another model, or a base on packed kernels: an engine of its own
                 host = OpenAIService(base, version=path.name, name=name, trace_sink=self.base.trace_sink,
