@@ -1,6 +1,6 @@
 """Tenants of the service cannot reach each other: every route and verb, called by tenant B with
 tenant A's ids, answers as if the object did not exist (files, jobs, checkpoints, models,
-webhooks, traces and their feedback); keys are hashed at rest,
+webhooks, traces and their feedback, managed flywheels and their cycles); keys are hashed at rest,
 a missing, unknown or revoked key is a 401, and a key past its rate gets a 429 with Retry-After."""
 
 from __future__ import annotations
@@ -66,7 +66,10 @@ def world(request, tmp_path_factory):
     done = a.get(f"/v1/fine_tuning/jobs/{job['id']}").json()
     assert done["status"] == "succeeded", done
     checkpoint = a.get(f"/v1/fine_tuning/jobs/{job['id']}/checkpoints").json()["data"][-1]
+    flywheel = a.post("/v1/flywheels", json={"model": "tiny", "suffix": "a"})
+    assert flywheel.status_code == 200, flywheel.text
     yield dict(a=a, b=b, srv=srv, keys=keys, store=store, root=root, file=file_id, job=job["id"],
+               flywheel=flywheel.json()["id"], alias=flywheel.json()["production_model"],
                model=done["fine_tuned_model"], checkpoint=checkpoint["fine_tuned_model_checkpoint"],
                key_a=key_a, traces=traces, sink=service.trace_sink)
     a.close()
@@ -80,12 +83,14 @@ def world(request, tmp_path_factory):
 ROUTES = [("GET", "/v1/files/{file}"), ("GET", "/v1/files/{file}/content"), ("DELETE", "/v1/files/{file}"),
           ("GET", "/v1/fine_tuning/jobs/{job}"), ("POST", "/v1/fine_tuning/jobs/{job}/cancel"),
           ("POST", "/v1/fine_tuning/jobs/{job}/pause"), ("POST", "/v1/fine_tuning/jobs/{job}/resume"),
-          ("GET", "/v1/fine_tuning/jobs/{job}/events"), ("GET", "/v1/fine_tuning/jobs/{job}/checkpoints")]
+          ("GET", "/v1/fine_tuning/jobs/{job}/events"), ("GET", "/v1/fine_tuning/jobs/{job}/checkpoints"),
+          ("GET", "/v1/flywheels/{flywheel}"), ("GET", "/v1/flywheels/{flywheel}/cycles"),
+          ("POST", "/v1/flywheels/{flywheel}/cycles"), ("POST", "/v1/flywheels/{flywheel}/rollback")]
 
 
 @pytest.mark.parametrize("method, route", ROUTES)
 def test_another_tenants_ids_are_not_found(world, method, route):
-    path = route.format(file=world["file"], job=world["job"])
+    path = route.format(file=world["file"], job=world["job"], flywheel=world["flywheel"])
     r = world["b"].request(method, path)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", (method, path, r.text)
     assert world["a"].request("GET", path if method == "GET" else path.rsplit("/", 1)[0]).status_code == 200
@@ -107,7 +112,7 @@ def test_another_tenants_models_and_webhooks_are_not_found(world, method, route)
 
 def test_listings_and_models_show_only_the_callers_objects(world):
     a, b = world["a"], world["b"]
-    for path in ("/v1/files", "/v1/fine_tuning/jobs"):
+    for path in ("/v1/files", "/v1/fine_tuning/jobs", "/v1/flywheels"):
         assert [x["id"] for x in b.get(path).json()["data"]] == []
         assert len(a.get(path).json()["data"]) == 1
     assert world["model"] in [m["id"] for m in a.get("/v1/models").json()["data"]]
@@ -124,6 +129,26 @@ def test_another_tenants_fine_tuned_model_and_checkpoints_cannot_be_used(world):
         assert world["a"].post("/v1/chat/completions", json=chat).status_code == 200
         r = world["b"].post("/v1/fine_tuning/jobs", json={"model": model, "training_file": world["file"]})
         assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+
+def test_another_tenants_flywheel_alias_cannot_be_called_nor_fed(world):
+    from flywheel.traces.scope import ScopedTraces, TraceScope
+
+    a, b, alias = world["a"], world["b"], world["alias"]
+    chat = {"model": alias, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    r = b.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_found", r.text
+    assert a.post("/v1/chat/completions", json=chat).status_code == 200
+    # B's traces naming A's alias are B's: A's flywheel never reads them
+    posted = b.post("/v1/traces", json=[{"model": alias, "messages": [{"role": "user", "content": "q"}],
+                                          "response": {"role": "assistant", "content": "a"}}])
+    assert posted.status_code == 200 and posted.json()["added"] == 1
+    assert world["sink"].flush()
+    scoped = ScopedTraces(world["traces"], TraceScope("alpha", (alias,)))
+    assert [t.tenant for t in scoped.iter_traces()] == ["alpha"]  # A's own call, not B's post
+    # B may run a flywheel of the same model and suffix: its alias is its own
+    own = b.post("/v1/flywheels", json={"model": "tiny", "suffix": "a"})
+    assert own.status_code == 200 and own.json()["production_model"] != alias
 
 
 def test_another_tenants_file_cannot_train_a_job(world):
@@ -262,4 +287,5 @@ def test_traces_and_their_feedback_belong_to_the_caller(world):
     fb = {"score": 0.5, "idempotency_key": "fb-1"}
     assert a.post(f"/v1/traces/{first['id']}/feedback", json=fb).status_code == 200
     assert b.post(f"/v1/traces/{other['id']}/feedback", json=fb).status_code == 200  # B's key space is its own
-    assert [t.id for t in traces.iter_traces(tenant="beta")] == [other["id"]]  # the module's other tests are A's
+    beta = [t.id for t in traces.iter_traces(tenant="beta") if t.model != world["alias"]]  # that one: B's alias test
+    assert beta == [other["id"]]  # the module's other tests are A's

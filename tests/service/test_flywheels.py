@@ -113,11 +113,54 @@ class Caller:
         self.thread.join(60)
 
 
+def validator(doc, name):
+    import jsonschema_rs
+
+    return jsonschema_rs.Draft202012Validator({"components": doc["components"], "$ref": f"#/components/schemas/{name}"})
+
+
+def check_schema(srv, name: str, answer: dict) -> None:
+    doc = httpx.get(srv.url + "/openapi.json").json()
+    errors = [e.message for e in validator(doc, name).iter_errors(answer)]
+    assert not errors, (name, answer, errors)
+
+
+FLYWHEEL_ROUTES = [("/v1/flywheels", "POST"), ("/v1/flywheels", "GET"), ("/v1/flywheels/{flywheel_id}", "GET"),
+                   ("/v1/flywheels/{flywheel_id}/cycles", "GET"), ("/v1/flywheels/{flywheel_id}/cycles", "POST"),
+                   ("/v1/flywheels/{flywheel_id}/rollback", "POST")]
+
+
+def test_schemathesis_finds_no_5xx_and_no_undocumented_answer_on_the_flywheel_routes(world):
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    _, srv, _ = world
+    doc = httpx.get(srv.url + "/openapi.json").json()
+    assert {(p, m.lower()) for p, m in FLYWHEEL_ROUTES} <= {(p, m) for p, ops in doc["paths"].items() for m in ops}
+    schema = schemathesis.openapi.from_dict(doc)
+    for path, method in FLYWHEEL_ROUTES:
+        @given(case=schema[path][method].as_strategy())
+        @settings(max_examples=15, deadline=None, database=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck), derandomize=True)
+        def check(case):
+            r = case.call(base_url=srv.url)
+            calls.append(r.status_code)
+            assert r.status_code < 500, (path, r.text)
+            case.validate_response(r, checks=[schemathesis.checks.response_schema_conformance,
+                                              schemathesis.checks.status_code_conformance])
+
+        calls: list[int] = []
+        check()
+        assert len(calls) >= 3, (path, method, calls)
+
+
+@pytest.mark.slow  # two cycles through a worker (~40 s); make test stays under four minutes
 def test_a_managed_flywheel_runs_gated_cycles_and_its_alias_follows_promotions(world):
     client, srv, root = world
     r = httpx.post(srv.url + "/v1/flywheels", json={"model": "tiny", "suffix": "calc", **MACHINERY})
     assert r.status_code == 200, r.text
     fw = r.json()
+    check_schema(srv, "Flywheel", fw)
     alias = fw["production_model"]
     assert alias == "ft:tiny:default:calc:production" and fw["production"] == {
         "model": "tiny", "version": "v1", "generation": 0}
@@ -133,6 +176,7 @@ def test_a_managed_flywheel_runs_gated_cycles_and_its_alias_follows_promotions(w
             assert cycle["status"] == "succeeded" and cycle["outcome"] == "promoted", cycle
             assert "new failures" in cycle["reason"] and cycle["decision"]["reasons"]
             assert cycle["estimated_cost"] > 0 and cycle["new_failures"] >= 1 and cycle["version"] == f"v{n + 1}"
+            check_schema(srv, "FlywheelCycle", cycle)
             promoted.append(cycle["fine_tuned_model"])
             wait_for(lambda: caller.versions and caller.versions[-1] == promoted[-1], 30, "the alias to switch")
     assert caller.statuses and set(caller.statuses) == {200}, "a request failed during a switch"
@@ -147,6 +191,8 @@ def test_a_managed_flywheel_runs_gated_cycles_and_its_alias_follows_promotions(w
     pool = srv.server.config.app.state.service.engine.adapters
     assert f"default/{promoted[1]}" in pool.names
 
+    check_schema(srv, "FlywheelCycleList", httpx.get(f"{srv.url}/v1/flywheels/{fw['id']}/cycles").json())
+    check_schema(srv, "FineTuningJob", httpx.get(f"{srv.url}/v1/fine_tuning/jobs/{job.id}").json())
     shown = httpx.get(f"{srv.url}/v1/flywheels/{fw['id']}").json()
     assert shown["production"] == {"model": promoted[1], "version": "v3", "generation": 2}
     back = httpx.post(f"{srv.url}/v1/flywheels/{fw['id']}/rollback", json={})
