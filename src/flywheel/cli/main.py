@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from flywheel.cli import data, demo, economics, env, generate, loop, model, registry, traces, train
-from flywheel.cli import jobs, keys, serve, worker
+from flywheel.cli import flywheels, jobs, keys, serve, worker
 from flywheel.cli.help import reflow_help
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
@@ -20,6 +20,7 @@ app.add_typer(registry.app, name="models", hidden=True)  # the old name, kept as
 app.add_typer(loop.app, name="loop")
 app.add_typer(jobs.files_app, name="files")
 app.add_typer(jobs.jobs_app, name="jobs")
+app.add_typer(flywheels.app, name="flywheels")
 app.add_typer(keys.app, name="keys")
 app.command("generate")(generate.generate)
 app.command("demo")(demo.demo)

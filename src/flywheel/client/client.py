@@ -6,6 +6,8 @@
     job = fw.jobs.create(model="tiny", training_file=f.id, n_epochs=3)
     job = fw.jobs.wait(job.id)            # a progress bar of steps and loss until it ends
     fw.traces.feedback(trace_id, label="bad")
+    wheel = fw.flywheels.create(model="tiny", suffix="calc", gate={"delta": 0.02})
+    fw.flywheels.run_cycle(wheel.id)      # a cycle now; fw.flywheels.cycles(wheel.id) shows each decision
 
 Each resource method describes its request once (`Call`); the sync client runs it and returns
 the object, the async client returns a coroutine of it, so the two cannot drift apart. Only
@@ -23,7 +25,7 @@ from typing import Any, Callable
 import httpx
 
 from flywheel.client.http import AsyncHTTP, SyncHTTP
-from flywheel.client.objects import Checkpoint, File, Job, JobEvent, Model
+from flywheel.client.objects import Checkpoint, File, FlywheelCycle, Job, JobEvent, ManagedFlywheel, Model
 
 
 @dataclass
@@ -202,12 +204,50 @@ class Traces:
                               lambda r: r.json()["id"]))
 
 
+class Flywheels:
+    """Managed flywheels (flywheel's extension): a continuous loop for one of your models, run
+    by the server, its production alias following each promotion."""
+
+    def __init__(self, run):
+        self._run = run
+
+    def create(self, *, model: str, **fields: Any):
+        """A flywheel of `model`; the rest of the body as keywords (suffix, traces, training,
+        curation, eval, gate, trigger, budget_usd, metadata; docs/api.md). None values are
+        left out (the server's defaults)."""
+        body = {"model": model, **fields}
+        return self._run(Call("POST", "/v1/flywheels", {"json": {k: v for k, v in body.items() if v is not None}},
+                              _one(ManagedFlywheel)))
+
+    def retrieve(self, flywheel_id: str):
+        return self._run(Call("GET", f"/v1/flywheels/{flywheel_id}", parse=_one(ManagedFlywheel)))
+
+    def list(self, *, after: str | None = None, limit: int | None = 20):
+        """Newest first."""
+        return self._run(Call("GET", "/v1/flywheels", _query(after=after, limit=limit), _page(ManagedFlywheel)))
+
+    def cycles(self, flywheel_id: str):
+        """The flywheel's cycles, newest first: each one's job, the gate's decision, cost."""
+        return self._run(Call("GET", f"/v1/flywheels/{flywheel_id}/cycles", parse=_page(FlywheelCycle)))
+
+    def run_cycle(self, flywheel_id: str):
+        """Queue a cycle now, whatever the trigger says (refused, 409, while one is unfinished)."""
+        return self._run(Call("POST", f"/v1/flywheels/{flywheel_id}/cycles", parse=_one(FlywheelCycle)))
+
+    def rollback(self, flywheel_id: str, to: str | None = None):
+        """Production back to the version it replaced (or to `to`, a version that was in
+        production); the flywheel, its new production included."""
+        return self._run(Call("POST", f"/v1/flywheels/{flywheel_id}/rollback",
+                              {"json": {} if to is None else {"to": to}}, _one(ManagedFlywheel)))
+
+
 class Flywheel:
     def __init__(self, base_url: str | None = None, api_key: str | None = None, *, timeout: float = 60.0,
                  max_retries: int = 3):
         self._http = SyncHTTP(base_url, api_key, timeout, max_retries)
         self.files, self.jobs = Files(self._run), Jobs(self._run)
         self.models, self.traces = Models(self._run), Traces(self._run)
+        self.flywheels = Flywheels(self._run)
 
     def _run(self, call: Call) -> Any:
         return call.parse(self._http.request(call.method, call.path, **call.kw))
@@ -228,6 +268,7 @@ class AsyncFlywheel:
         self._http = AsyncHTTP(base_url, api_key, timeout, max_retries)
         self.files, self.jobs = Files(self._run), AsyncJobs(self._run)
         self.models, self.traces = Models(self._run), Traces(self._run)
+        self.flywheels = Flywheels(self._run)
 
     async def _run(self, call: Call) -> Any:
         return call.parse(await self._http.request(call.method, call.path, **call.kw))

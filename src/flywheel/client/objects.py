@@ -74,3 +74,66 @@ class Model(_Object):
     id: str
     owned_by: str
     created: int
+
+
+@dataclass(frozen=True)
+class ManagedFlywheel(_Object):
+    """A managed flywheel (`flywheel` object): the model it started from, the production alias
+    its clients call (`production_model`), what serves it now (`production`: model, version,
+    generation) and its settings as the server keeps them, defaults filled in."""
+
+    id: str
+    created_at: int
+    model: str
+    suffix: str
+    status: str
+    organization_id: str
+    production_model: str
+    production: dict[str, Any]
+    traces: dict[str, Any]
+    training: dict[str, Any]
+    curation: dict[str, Any]
+    eval: dict[str, Any]
+    gate: dict[str, Any]
+    trigger: dict[str, Any]
+    budget_usd: float | None
+    metadata: dict[str, str] | None
+
+    @property
+    def production_version(self) -> str:
+        return self.production["version"]
+
+
+@dataclass(frozen=True)
+class FlywheelCycle(_Object):
+    """One cycle of a managed flywheel (`flywheel.cycle`): the fine-tuning job that runs it
+    (`status` is that job's), why it started, and once decided the gate's decision, both
+    models' scores, the version it registered and what it cost."""
+
+    id: str
+    flywheel_id: str
+    number: int
+    fine_tuning_job_id: str
+    status: str
+    reason: str
+    outcome: str | None
+    promoted: bool
+    decision: dict[str, Any] | None
+    scores: dict[str, Any] | None
+    new_failures: int | None
+    trace_cursor: int | None
+    version: str | None
+    fine_tuned_model: str | None
+    error: dict[str, Any] | None
+    estimated_cost: float | None
+    created_at: int
+    finished_at: int | None
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("succeeded", "failed", "cancelled")
+
+    @property
+    def reasons(self) -> list[str]:
+        """The gate's reasons (none until the cycle is decided)."""
+        return list((self.decision or {}).get("reasons") or [])
