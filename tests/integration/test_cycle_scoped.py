@@ -9,6 +9,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from flywheel.config import validate
 from flywheel.envs import load_env
 from flywheel.loop.cycle import LoopStores, run_cycle
@@ -47,6 +49,7 @@ def _traces(store: TraceStore, tenant: str, model: str, tasks, prefix: str, corr
                                tenant=tenant)
 
 
+@pytest.mark.slow  # a whole cycle; tests/service/test_flywheels.py's cycles run scoped and LoRA too
 def test_a_scoped_lora_cycle_reads_only_its_traces_and_promotes_an_adapter(tmp_path, untrained_tiny):
     cfg = validate(_config(tmp_path / "data"), LoopConfig)
     tasks = load_env("arithmetic").tasks("train", n=60, seed=7)

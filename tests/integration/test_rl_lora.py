@@ -82,6 +82,7 @@ def test_lora_rl_in_process_samples_the_learners_policy_and_saves_adapters(model
     assert any("lora_B" in n and p.abs().max() > 0 for n, p in loaded.named_parameters())
 
 
+@pytest.mark.slow  # a worker process (~11 s); the shared-memory path is also tests/unit/test_lora_rollout_weights.py's
 def test_lora_rl_with_worker_processes_runs_the_published_adapter(model, env_file, tmp_path):
     result = run_rl(cfg(model, tmp_path / "run", env_file, max_off_policy_steps=1, rollout={"workers": 1}), log=lambda m: None)
     records = train_records(tmp_path / "run")

@@ -10,7 +10,8 @@ TraceScope}`: it runs (or resumes) one cycle and writes `{"cycle": the cycle's s
 "production": {"version", "path"}, "cursor": where the production version's new failures
 start}`. SIGTERM asks
 the run to stop after its step (it checkpoints, `interrupted: true`): how the worker cancels
-and pauses. The process dies with its worker (PR_SET_PDEATHSIG).
+and pauses. The process dies with its worker (PR_SET_PDEATHSIG). A worker forks it from its
+pre-imported zygote (service/job_zygote.py) rather than starting this module afresh.
 """
 
 from __future__ import annotations
@@ -75,10 +76,16 @@ def _write(job_dir: Path, result: dict) -> None:
     atomic_write(job_dir / "result.json", json.dumps(result).encode())
 
 
-def main() -> None:
+def child_main(job_dir: Path) -> int:
+    """The training process's life: it dies with its parent, SIGTERM asks for a stop at a
+    checkpoint; returns the exit status (a process of its own, or a fork of service/job_zygote.py)."""
     die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: request_stop())
-    sys.exit(run(Path(sys.argv[1])))
+    return run(job_dir)
+
+
+def main() -> None:
+    sys.exit(child_main(Path(sys.argv[1])))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 A worker claims one job at a time (JobStore.claim: a lease it renews every `heartbeat_s`),
 writes the job's flywheel run config (`run_spec`; an environment job's replay files beside
 it) into work_dir/<job id>/run.json and
-trains it in a child process (service/job_run.py), which dies with the worker. While the
+trains it in a child process (service/job_run.py), forked from the worker's pre-imported
+zygote (service/job_zygote.py) and dying with the worker. While the
 child runs, the worker
 - renews the lease and reads what the client asked: `cancel` or `pause` sends the child
   SIGTERM, which checkpoints after its step; the job ends `cancelled`, or `paused` (a later
@@ -25,7 +26,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -40,6 +40,7 @@ from flywheel.clock import utc_naive, utc_now
 from flywheel.jobs.store import worker_name
 from flywheel.jobs.webhooks import Webhooks, deliver
 from flywheel.service.finetune import ENV_GRADER, FineTuning
+from flywheel.service.job_zygote import Zygote
 
 STAGES = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl"}
 RL_GROUP = 4  # samples per prompt of a reinforcement job, times its compute_multiplier (at least 2)
@@ -137,15 +138,19 @@ class JobWorker:
         self.hardware, self.threads, self.max_running, self.log = hardware, threads, max_running, log
         self.ledger = Ledger(self.work_dir / "ledger.jsonl")
         self.stopping = threading.Event()
+        self.zygote = Zygote()  # forks each job's training process, imports done once
 
     def run(self, idle_s: float = 1.0, max_jobs: int | None = None) -> int:
         """Take jobs until `stopping` is set (or `max_jobs` ran); returns how many ran."""
         ran = 0
-        while not self.stopping.is_set() and (max_jobs is None or ran < max_jobs):
-            if self.run_one() is None:
-                self.stopping.wait(idle_s)
-            else:
-                ran += 1
+        try:
+            while not self.stopping.is_set() and (max_jobs is None or ran < max_jobs):
+                if self.run_one() is None:
+                    self.stopping.wait(idle_s)
+                else:
+                    ran += 1
+        finally:
+            self.zygote.close()
         return ran
 
     def run_one(self) -> str | None:
@@ -210,9 +215,7 @@ class JobWorker:
     def _run_child(self, job: dict[str, Any], job_dir: Path, publish: Callable[[], None]) -> tuple[int, str | None]:
         """Run job_dir's run.json in a child process while holding the job's lease; returns
         (its exit status, what was asked of it: "cancel" | "pause" | "release" | None)."""
-        with open(job_dir / "train.log", "ab") as out:
-            child = subprocess.Popen([sys.executable, "-m", "flywheel.service.job_run", str(job_dir)],
-                                     stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        child = self.zygote.spawn(job_dir)
         asked = None
         try:
             while child.poll() is None:
