@@ -146,6 +146,12 @@ def test_another_tenants_flywheel_alias_cannot_be_called_nor_fed(world):
     assert world["sink"].flush()
     scoped = ScopedTraces(world["traces"], TraceScope("alpha", (alias,)))
     assert [t.tenant for t in scoped.iter_traces()] == ["alpha"]  # A's own call, not B's post
+    # nor can B's flywheel evaluate on A's file
+    grader = {"type": "string_check", "name": "s", "input": "{{ sample.output_text }}", "reference": "x",
+              "operation": "eq"}
+    stolen = b.post("/v1/flywheels", json={"model": "tiny", "suffix": "steal", "eval": {"suites": {
+        "s": {"file": world["file"], "grader": grader}}}})
+    assert stolen.status_code == 404 and stolen.json()["error"]["param"] == "eval.suites.s.file", stolen.text
     # B may run a flywheel of the same model and suffix: its alias is its own
     own = b.post("/v1/flywheels", json={"model": "tiny", "suffix": "a"})
     assert own.status_code == 200 and own.json()["production_model"] != alias

@@ -156,8 +156,18 @@ def test_schemathesis_finds_no_5xx_and_no_undocumented_answer_on_the_flywheel_ro
 
 @pytest.mark.slow  # two cycles through a worker (~40 s); make test stays under four minutes
 def test_a_managed_flywheel_runs_gated_cycles_and_its_alias_follows_promotions(world):
+    import io
+    import json
+
     client, srv, root = world
-    r = httpx.post(srv.url + "/v1/flywheels", json={"model": "tiny", "suffix": "calc", **MACHINERY})
+    rows = [{"messages": [{"role": "user", "content": f"Say {i}"}], "answer": str(i)} for i in range(4)]
+    house = client.files.create(file=("house.jsonl", io.BytesIO("".join(json.dumps(r) + "\n" for r in rows).encode())),
+                                purpose="fine-tune")
+    grader = {"type": "string_check", "name": "says", "input": "{{ sample.output_text }}",
+              "reference": "{{ item.answer }}", "operation": "eq"}
+    suites = {**MACHINERY["eval"]["suites"], "house": {"file": house.id, "grader": grader, "tasks": 4}}
+    r = httpx.post(srv.url + "/v1/flywheels", json={"model": "tiny", "suffix": "calc", **MACHINERY,
+                                                    "eval": {**MACHINERY["eval"], "suites": suites}})
     assert r.status_code == 200, r.text
     fw = r.json()
     check_schema(srv, "Flywheel", fw)
@@ -176,6 +186,7 @@ def test_a_managed_flywheel_runs_gated_cycles_and_its_alias_follows_promotions(w
             assert cycle["status"] == "succeeded" and cycle["outcome"] == "promoted", cycle
             assert "new failures" in cycle["reason"] and cycle["decision"]["reasons"]
             assert cycle["estimated_cost"] > 0 and cycle["new_failures"] >= 1 and cycle["version"] == f"v{n + 1}"
+            assert {"add", "house", "new_failures"} <= set(cycle["scores"]["candidate"])  # the graded file, too
             check_schema(srv, "FlywheelCycle", cycle)
             promoted.append(cycle["fine_tuned_model"])
             wait_for(lambda: caller.versions and caller.versions[-1] == promoted[-1], 30, "the alias to switch")

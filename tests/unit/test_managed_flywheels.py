@@ -31,6 +31,9 @@ from flywheel.traces import TraceStore
      "eval.suites.s.settings", "short names"),
     ({"model": "m", "trigger": {"every_seconds": 1}}, "trigger.every_seconds", "greater than or equal to 60"),
     ({"model": "m", "anchor_data": ["x"]}, "anchor_data", "Extra inputs"),
+    ({"model": "m", "eval": {"suites": {"s": {"file": "file-1"}}}}, "eval.suites.s", "needs its grader"),
+    ({"model": "m", "eval": {"suites": {"s": {"env": "arithmetic", "file": "file-1", "grader": {}}}}},
+     "eval.suites.s", "not both"),
 ])
 def test_bad_requests_name_the_field(body, param, words):
     with pytest.raises(RequestError) as info:
@@ -49,6 +52,13 @@ def test_the_request_becomes_the_loop_config_a_cycle_runs():
     assert cfg.train.sft["optim"]["lr"] == pytest.approx(1e-3) and cfg.train.rl["optim"]["lr"] == pytest.approx(1e-4)
     assert cfg.train.rl["train"]["groups_per_step"] == 2
     assert cfg.eval.new_failures_max == 200 and cfg.eval.suites["add"].tasks == 10
+    graded = {**spec, "eval": {**spec["eval"], "suites": {"house": {
+        "env": None, "settings": {}, "file": "file-1", "grader": {"type": "string_check"}, "tasks": 5,
+        "max_tokens": 16, "format": None, "path": "/data/files/file-1.jsonl"}}}}
+    suite = managed_config(graded, data_dir="/d", traces_url="sqlite:///t.db", hardware="cpu-2core").eval.suites["house"]
+    assert suite.env == "flywheel.envs.graded:load" and suite.tasks == 5
+    assert suite.settings == {"train": "/data/files/file-1.jsonl", "test": "/data/files/file-1.jsonl",
+                              "grader": {"type": "string_check"}}
     full = managed_config({**spec, "training": {**spec["training"], "lora": "full"}}, data_dir="/d",
                           traces_url="sqlite:///t.db", hardware="cpu-2core")
     assert full.train.sft["train"]["lora"] is None and full.train.sft["optim"]["lr"] == pytest.approx(1e-4)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from flywheel.config import Config, LoraSettings
 from flywheel.jobs.requests import SUFFIX_MAX, RequestError
@@ -52,16 +52,32 @@ class CurationSpec(Config):
 
 
 class SuiteSpec(Config):
-    env: str
+    """A frozen regression suite: the first `tasks` held-out tasks of a built-in environment
+    (`env`, `settings`), or the rows of one of your files (`file`, in the reinforcement
+    format) scored by a `grader` (a task passes when the grader gives it 1)."""
+
+    env: str | None = None
     settings: dict[str, Any] = Field(default_factory=dict)
+    file: str | None = Field(None, description="a file id: rows in the reinforcement format")
+    grader: dict[str, Any] | None = Field(None, description="an OpenAI-style grader of the file's rows")
     tasks: int = Field(100, ge=1, le=10_000)
     max_tokens: int = Field(16, ge=1, le=8192)
     format: Literal["chat", "completion"] | None = None
 
+    @model_validator(mode="after")
+    def _env_or_graded_file(self) -> "SuiteSpec":
+        if (self.env is None) == (self.file is None):
+            raise ValueError("a suite names an env, or a file with its grader (not both)")
+        if self.file is not None and self.grader is None:
+            raise ValueError("a suite of a file needs its grader")
+        if self.env is None and self.settings:
+            raise ValueError("settings are an env's; a file's suite has its grader")
+        return self
+
     @field_validator("env")
     @classmethod
-    def _builtin(cls, env: str) -> str:
-        if env not in BUILTIN_ENVS:
+    def _builtin(cls, env: str | None) -> str | None:
+        if env is not None and env not in BUILTIN_ENVS:
             raise ValueError(f"suites play built-in environments only ({', '.join(BUILTIN_ENVS)}), got {env!r}")
         return env
 

@@ -17,6 +17,18 @@ from flywheel.loop.loop_config import LoopConfig
 
 _METHOD = {"sft": "supervised", "dpo": "dpo", "rl": "reinforcement"}
 RL_EVAL_TASKS = 32  # held-out tasks the rl stage scores itself on (a progress signal; the gate decides)
+GRADED_ENV = "flywheel.envs.graded:load"  # a file's rows scored by a grader (envs/graded.py)
+
+
+def suite_config(suite: dict[str, Any]) -> dict[str, Any]:
+    """A request's suite as the loop's SuiteConfig: an env as it is; a graded file (its
+    `path`, filled in by the server from the tenant's file id) as the graded environment,
+    every row held out."""
+    common = {k: suite[k] for k in ("tasks", "max_tokens", "format") if suite.get(k) is not None}
+    if suite.get("env") is not None:
+        return {"env": suite["env"], "settings": suite.get("settings") or {}, **common}
+    return {"env": GRADED_ENV, "settings": {"train": suite["path"], "test": suite["path"], "grader": suite["grader"]},
+            **common}
 
 
 def lora_setting(value: str | dict[str, Any]) -> dict[str, Any] | None:
@@ -51,7 +63,7 @@ def managed_config(spec: dict[str, Any], *, data_dir: str, traces_url: str, hard
                    "eval": {"tasks": RL_EVAL_TASKS}, "log": quiet},
             "dpo": {"train": {"steps": dpo["steps"], "batch_size": dpo["batch_size"], "lora": lora},
                     "beta": dpo["beta"], "optim": {"lr": lr("dpo")}, "log": quiet}},
-        "eval": {"suites": {name: {k: v for k, v in s.items() if v is not None} for name, s in spec["eval"]["suites"].items()},
+        "eval": {"suites": {name: suite_config(s) for name, s in spec["eval"]["suites"].items()},
                  "new_failures_max_tokens": spec["eval"]["new_failures_max_tokens"],
                  "new_failures_max": max(spec["eval"]["new_failures_max"], spec["gate"]["min_new_failures"])},
         "gate": spec["gate"],

@@ -32,7 +32,7 @@ from flywheel.jobs.store import JobStoreError, new_id
 from flywheel.registry.registry import Registry
 from flywheel.registry.storage import RegistryError
 from flywheel.service.errors import OpenAIError
-from flywheel.service.finetune import FineTuning, store_error
+from flywheel.service.finetune import ENV_GRADER, FineTuning, check_grader, store_error
 
 
 class ManagedFlywheels:
@@ -57,6 +57,7 @@ class ManagedFlywheels:
         if path is None:
             raise OpenAIError(f"model: unknown model {req.model!r}", param="model", status=404,
                               type="not_found_error", code="model_not_found")
+        suites = self._graded_suites(tenant, req)
         alias = production_alias(req.model, tenant, req.suffix)
         if self.store.find_alias(tenant, alias) is not None:
             raise OpenAIError(f"suffix: a flywheel of {req.model!r} already serves {alias!r}; choose another suffix",
@@ -71,7 +72,10 @@ class ManagedFlywheels:
             raise OpenAIError(f"model {req.model!r} cannot start a flywheel: {exc}", param="model") from None
         finally:
             registry.close()
-        spec = {**req.spec(), "initial_version": first.id,
+        spec = req.spec()
+        for name, path in suites.items():
+            spec["eval"]["suites"][name]["path"] = path
+        spec = {**spec, "initial_version": first.id,
                 "trace_models": list(dict.fromkeys([alias, *req.traces.models]))}
         row = self.store.create(tenant, id=flywheel_id, model=req.model, suffix=req.suffix, alias=alias, spec=spec,
                                 data_dir=str(data_dir), production_model=req.model,
@@ -79,6 +83,26 @@ class ManagedFlywheels:
                                 production_version=first.id, cursor=0, metadata=req.metadata or None,
                                 idempotency_key=idempotency_key, request_hash=request_hash)
         return flywheel_object(row)
+
+    def _graded_suites(self, tenant: str, req: FlywheelRequest) -> dict[str, str]:
+        """Suite name -> the folder path of its file, for the suites of a file and grader: the
+        file must be the tenant's, the grader valid (score_model graders are not offered here)."""
+        paths = {}
+        for name, suite in req.eval.suites.items():
+            if suite.file is None:
+                continue
+            where = f"eval.suites.{name}"
+            if suite.grader.get("type") in ("score_model", ENV_GRADER):
+                raise OpenAIError(f"{where}.grader: a {suite.grader['type']} grader cannot score a flywheel's "
+                                  "suite; use string_check, text_similarity, python or multi", param=f"{where}.grader")
+            check_grader(suite.grader, where=f"{where}.grader")
+            try:
+                self.fine_tuning.jobs.get_file(tenant, suite.file)
+                paths[name] = str(self.fine_tuning.jobs.file_path(tenant, suite.file))
+            except JobStoreError:
+                raise OpenAIError(f"{where}.file: no file {suite.file!r}", param=f"{where}.file", status=404,
+                                  type="not_found_error") from None
+        return paths
 
     def get(self, tenant: str, flywheel_id: str) -> dict[str, Any]:
         return flywheel_object(self._row(tenant, flywheel_id))

@@ -38,6 +38,7 @@ from flywheel.jobs.flywheels import CYCLE_METHOD, Flywheels
 from flywheel.jobs.objects import fine_tuned_model_name
 from flywheel.clock import utc_naive, utc_now
 from flywheel.jobs.store import worker_name
+from flywheel.loop.managed import GRADED_ENV
 from flywheel.jobs.webhooks import Webhooks, deliver
 from flywheel.service.finetune import ENV_GRADER, FineTuning
 from flywheel.service.job_zygote import Zygote
@@ -45,7 +46,6 @@ from flywheel.service.job_zygote import Zygote
 STAGES = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl"}
 RL_GROUP = 4  # samples per prompt of a reinforcement job, times its compute_multiplier (at least 2)
 RL_MAX_TOKENS = 128  # new tokens per sampled answer
-GRADED_ENV = "flywheel.envs.graded:load"
 
 
 def run_spec(job: dict[str, Any], model: str, train_file: str, val_file: str | None, n_rows: int, out: str,
