@@ -67,3 +67,6 @@ def test_a_scoped_lora_cycle_reads_only_its_traces_and_promotes_an_adapter(tmp_p
         prod = fw.registry.production()
         assert prod.id == "v2" and is_adapter_folder(prod.path)
         assert json.loads((prod.path / "adapter_config.json").read_text())["r"] == 4
+    with LoopStores(cfg, SCOPE) as fw:  # a rerun of the cycle's job (same tag) reports it and starts none
+        assert run_cycle(fw, log=lambda m: None, tag="job-1").id == "c2"
+        assert run_cycle(fw, log=lambda m: None, tag="job-1").id == "c2" and len(fw.states()) == 2

@@ -35,7 +35,10 @@ MACHINERY = {  # small stages, a gate that admits any candidate: the outcome doe
                  "min_examples": 1},
     "eval": {"suites": {"add": {"env": "arithmetic", "tasks": 4, "max_tokens": 8}}, "new_failures_max_tokens": 8},
     "gate": {"delta": 0.0, "epsilon": 1.0, "min_new_failures": 1},
-    "trigger": {"min_new_failures": 8},
+    "trigger": {"min_new_failures": 10},
+    # half the prompts held out: of the >= 10 failures a cycle starts on, one at least is a new
+    # held-out failure to gate on (at 0.25 none was, now and then)
+    "curation": {"heldout_fraction": 0.5},
 }
 
 
@@ -180,7 +183,7 @@ def test_a_managed_flywheel_runs_gated_cycles_and_its_alias_follows_promotions(w
     promoted = []
     with Caller(srv, alias) as caller:
         for n, seed in ((1, 0), (2, 1)):
-            traffic(srv, alias, episodes=12, seed=seed)
+            traffic(srv, alias, episodes=16, seed=seed)
             cycle = wait_for(lambda: next((c for c in cycles(srv, fw["id"]) if c["number"] == n
                                            and c["status"] in ("succeeded", "failed")), None), 300, f"cycle {n}")
             assert cycle["status"] == "succeeded" and cycle["outcome"] == "promoted", cycle

@@ -32,6 +32,10 @@ from flywheel.traces import TraceStore
     ({"model": "m", "trigger": {"every_seconds": 1}}, "trigger.every_seconds", "greater than or equal to 60"),
     ({"model": "m", "anchor_data": ["x"]}, "anchor_data", "Extra inputs"),
     ({"model": "m", "eval": {"suites": {"s": {"file": "file-1"}}}}, "eval.suites.s", "needs its grader"),
+    ({"model": "m", "eval": {"suites": {"new_failures": {"env": "arithmetic"}}}}, "eval.suites", "new-failure suite"),
+    ({"model": "m", "curation": {"fail_below": 2, "pass_at": 0.1}}, "curation", "must not exceed"),
+    ({"model": "m", "curation": {"failure_labels": ["Bad"], "success_labels": ["bad"]}}, "curation", "both"),
+    ({"model": "m", "training": {"lora": {"rank": 0}}}, "training.lora.rank", "greater than or equal to 1"),
     ({"model": "m", "eval": {"suites": {"s": {"env": "arithmetic", "file": "file-1", "grader": {}}}}},
      "eval.suites.s", "not both"),
 ])
@@ -91,6 +95,24 @@ def test_a_flywheel_has_at_most_one_unfinished_cycle(stores):
     assert flywheels.queue_cycle(fw["id"], "again") is None  # the first is unfinished
     jobs.cancel("acme", first["job_id"])
     assert flywheels.queue_cycle(fw["id"], "after it ended")["number"] == 2
+
+
+def test_failed_cycles_in_a_row_and_a_cycle_models_deletion_refused(stores):
+    from flywheel.jobs.store import Conflict
+    from flywheel.jobs.tables import JobRow
+    from sqlalchemy import update
+
+    flywheels, jobs, _ = stores
+    fw = _flywheel(flywheels)
+    assert flywheels.failed_in_a_row(fw["id"]) == 0
+    for status in ("succeeded", "failed", "failed"):
+        cycle = flywheels.queue_cycle(fw["id"], "test")
+        with jobs.engine.begin() as conn:
+            conn.execute(update(JobRow).where(JobRow.id == cycle["job_id"]).values(
+                status=status, fine_tuned_model=f"ft:{cycle['job_id']}", model_path="/registry/models/v2"))
+    assert flywheels.failed_in_a_row(fw["id"]) == 2
+    with pytest.raises(Conflict, match="roll the flywheel back instead"):  # its folder is a registry version
+        jobs.delete_model("acme", f"ft:{cycle['job_id']}")
 
 
 def _failures(traces: TraceStore, tenant: str, model: str, n: int, start: int) -> None:

@@ -50,6 +50,15 @@ class CurationSpec(Config):
     failure_labels: list[str] | None = None
     success_labels: list[str] | None = None
 
+    @model_validator(mode="after")
+    def _consistent(self) -> "CurationSpec":
+        if self.fail_below > self.pass_at:
+            raise ValueError(f"fail_below ({self.fail_below}) must not exceed pass_at ({self.pass_at})")
+        both = {x.strip().lower() for x in self.failure_labels or []} & {x.strip().lower() for x in self.success_labels or []}
+        if both:
+            raise ValueError(f"labels both failure and success: {sorted(both)}")
+        return self
+
 
 class SuiteSpec(Config):
     """A frozen regression suite: the first `tasks` held-out tasks of a built-in environment
@@ -96,6 +105,13 @@ class EvalSpec(Config):
     new_failures_max_tokens: int = Field(16, ge=1, le=8192)
     new_failures_max: int = Field(200, ge=1, le=10_000)
 
+    @field_validator("suites")
+    @classmethod
+    def _names(cls, suites: dict[str, SuiteSpec]) -> dict[str, SuiteSpec]:
+        if "new_failures" in suites:
+            raise ValueError("'new_failures' is the new-failure suite's name; name regression suites otherwise")
+        return suites
+
 
 class GateSpec(Config):
     delta: float = Field(0.05, ge=0, le=1)
@@ -135,7 +151,12 @@ class FlywheelRequest(Config):
             return cls.model_validate(body)
         except ValidationError as e:
             first = e.errors()[0]
-            param = ".".join(str(x) for x in first["loc"] if not str(x).startswith("function-after")) or None
+            for err in e.errors():  # a union's errors: the one of its object form says more than "not 'auto'"
+                if "literal" not in str(err["loc"]) and any(str(x).startswith("LoraSettings") for x in err["loc"]):
+                    first = err
+                    break
+            param = ".".join(str(x) for x in first["loc"] if not str(x).startswith(("function-after", "literal[",
+                                                                                      "LoraSettings"))) or None
             got = f", got {first['input']!r}" if first["type"] not in ("missing", "value_error") else ""
             raise RequestError(f"{param}: {first['msg']}{got}", param) from None
 

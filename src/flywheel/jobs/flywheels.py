@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 
 from flywheel.database import writing
 from flywheel.jobs.store import ACTIVE, NotFound, _dict, _now, _page, new_id
@@ -51,6 +51,10 @@ class Flywheels:
                                                                    FlywheelRow.tenant == tenant)).first()
         return None if row is None else _dict(row)
 
+    def count(self, tenant: str) -> int:
+        with self.engine.connect() as conn:
+            return conn.scalar(select(func.count()).select_from(FlywheelRow).where(FlywheelRow.tenant == tenant))
+
     def list(self, tenant: str, *, after: str | None = None, limit: int = 20) -> tuple[list[dict[str, Any]], bool]:
         with self.engine.connect() as conn:
             return _page(conn, FlywheelRow, {"tenant": tenant}, after, limit, False)
@@ -72,10 +76,21 @@ class Flywheels:
         """Serve `model` (registry `version`) under the alias from now on; new failures count
         after trace `cursor`."""
         with writing(self.engine) as conn:
-            conn.execute(update(FlywheelRow).where(FlywheelRow.id == flywheel_id).values(
-                production_model=model, production_version=version, cursor=cursor,
-                generation=FlywheelRow.generation + 1))
+            conn.execute(production_update(flywheel_id, model, version, cursor))
         return self.get(None, flywheel_id)
+
+    def set_status(self, flywheel_id: str, status: str) -> None:
+        """"active" (its trigger starts cycles) or "paused" (only a cycle asked for by hand runs)."""
+        with writing(self.engine) as conn:
+            conn.execute(update(FlywheelRow).where(FlywheelRow.id == flywheel_id).values(status=status))
+
+    def failed_in_a_row(self, flywheel_id: str) -> int:
+        """How many of the flywheel's latest cycles failed, counting back to one that did not."""
+        with self.engine.connect() as conn:
+            statuses = conn.scalars(select(JobRow.status).join(FlywheelCycleRow, FlywheelCycleRow.job_id == JobRow.id)
+                                    .where(FlywheelCycleRow.flywheel_id == flywheel_id)
+                                    .order_by(FlywheelCycleRow.number.desc())).all()
+        return next((i for i, s in enumerate(statuses) if s != "failed"), len(statuses))
 
     def set_cursor(self, flywheel_id: str, cursor: int) -> None:
         with writing(self.engine) as conn:
@@ -87,7 +102,8 @@ class Flywheels:
         """Queue the flywheel's next cycle as a job; its cycle row, or None while a cycle is
         unfinished (its job not in a terminal state)."""
         with writing(self.engine) as conn:
-            fw = conn.execute(select(FlywheelRow.__table__).where(FlywheelRow.id == flywheel_id)).first()
+            fw = conn.execute(select(FlywheelRow.__table__).where(FlywheelRow.id == flywheel_id)
+                              .with_for_update()).first()  # PostgreSQL: one queuer at a time per flywheel
             if fw is None:
                 raise NotFound(f"no flywheel {flywheel_id!r}", "flywheel_id")
             last = conn.execute(select(FlywheelCycleRow.number, JobRow.status)
@@ -148,6 +164,12 @@ class Flywheels:
         with self.engine.connect() as conn:
             return conn.scalar(select(JobRow.fine_tuned_model)
                                .join(FlywheelCycleRow, FlywheelCycleRow.job_id == JobRow.id).where(FlywheelCycleRow.flywheel_id == flywheel_id, FlywheelCycleRow.version == version))
+
+
+def production_update(flywheel_id: str, model: str, version: str, cursor: int):
+    """The statement that points the flywheel's alias at `model` (registry `version`)."""
+    return update(FlywheelRow).where(FlywheelRow.id == flywheel_id).values(
+        production_model=model, production_version=version, cursor=cursor, generation=FlywheelRow.generation + 1)
 
 
 _CYCLES = (select(FlywheelCycleRow.__table__, JobRow.status.label("job_status"),

@@ -75,7 +75,9 @@ def flywheel_object(row: dict[str, Any]) -> dict[str, Any]:
             "production": {"model": row["production_model"], "version": row["production_version"],
                            "generation": row["generation"]},
             "traces": {"models": spec["trace_models"], "failures_after_seq": row["cursor"]},
-            **{k: spec[k] for k in ("training", "curation", "eval", "gate", "trigger", "budget_usd")},
+            **{k: spec[k] for k in ("training", "curation", "gate", "trigger", "budget_usd")},
+            "eval": {**spec["eval"], "suites": {name: {k: v for k, v in suite.items() if k != "path"}  # no server paths
+                                                for name, suite in spec["eval"]["suites"].items()}},
             "metadata": row["metadata"] or None}
 
 

@@ -252,10 +252,13 @@ class JobStore:
         """Mark the tenant's fine-tuned model `name` deleted (its job keeps the record); returns
         its folder, for the caller to remove. NotFound for a name the tenant has no model of."""
         with writing(self.engine) as conn:
-            row = conn.execute(select(JobRow.id, JobRow.model_path).where(
+            row = conn.execute(select(JobRow.id, JobRow.model_path, JobRow.method).where(
                 JobRow.tenant == tenant, JobRow.fine_tuned_model == name, JobRow.model_deleted_at.is_(None))).first()
             if row is None:
                 raise NotFound(f"no fine-tuned model {name!r}", "model")
+            if row.method.get("type") == "flywheel":  # its folder is a version in the flywheel's registry
+                raise Conflict(f"model {name!r} is a version of managed flywheel "
+                               f"{row.method['flywheel']['flywheel_id']}; roll the flywheel back instead", "model")
             conn.execute(update(JobRow).where(JobRow.id == row.id).values(model_deleted_at=_now()))
             self._event(conn, row.id, f"Fine-tuned model {name} deleted")
         return row.model_path
@@ -309,10 +312,11 @@ class JobStore:
                 raise LeaseLost(f"job {job_id} is no longer held by worker {worker}")
             return conn.scalar(select(JobRow.control).where(JobRow.id == job_id))
 
-    def finish(self, job_id: str, worker: str, status: str, message: str, **fields: Any) -> None:
+    def finish(self, job_id: str, worker: str, status: str, message: str, *, also=None, **fields: Any) -> None:
         """The worker lets go of its job: `succeeded`, `failed`, `cancelled`, or `paused` (back
         to a client's `resume`). fields: fine_tuned_model, model_path, error, trained_tokens,
-        estimated_cost."""
+        estimated_cost. `also`: a statement run in the same transaction (a managed flywheel's
+        production moving with its cycle's job)."""
         if status not in TERMINAL + ("paused",):
             raise ValueError(f"a worker finishes a job as one of {TERMINAL + ('paused',)}, not {status!r}")
         values = dict(status=status, worker=None, lease_until=None, control=None, **fields)
@@ -323,6 +327,8 @@ class JobStore:
                                                      JobRow.status == "running").values(**values))
             if done.rowcount != 1:
                 raise LeaseLost(f"job {job_id} is no longer held by worker {worker}")
+            if also is not None:
+                conn.execute(also)
             self._event(conn, job_id, message, level="error" if status == "failed" else "info")
 
     def release(self, job_id: str, worker: str, message: str) -> None:

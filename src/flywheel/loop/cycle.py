@@ -16,7 +16,8 @@
 
 The state is one JSON file per cycle (`<data_dir>/cycles/<id>/state.json`), replaced
 atomically after each stage, so a SIGKILL anywhere leaves the last finished stage on disk.
-`run_cycle` resumes an unfinished cycle before it starts a new one: training stages resume
+`run_cycle` resumes an unfinished cycle before it starts a new one (and, given the `tag` of
+a cycle that already finished last, returns that one): training stages resume
 from their checkpoints, evaluation reruns, registration is keyed, and promotion checks the
 registry's history first, so no step is done twice and no trace is lost (traces are only
 read; the cursor only decides which ones a cycle sees).
@@ -91,6 +92,7 @@ class CycleState:
     usd: float = 0.0
     finished_at: str | None = None
     warnings: list[str] = field(default_factory=list)  # what a user should know of this cycle's evidence
+    tag: str | None = None  # who started it (a managed flywheel's cycle: its job id)
 
     @property
     def done(self) -> bool:
@@ -204,7 +206,7 @@ class LoopStores(Closing):
 # ---------------------------------------------------------------------------- the stages
 
 
-def start_cycle(fw: LoopStores) -> CycleState:
+def start_cycle(fw: LoopStores, tag: str | None = None) -> CycleState:
     fw.observe_production()  # a version promoted by hand since: its window starts now at the latest
     prod = fw.registry.production()
     if prod is None:
@@ -213,7 +215,7 @@ def start_cycle(fw: LoopStores) -> CycleState:
     n = int(states[-1].id[1:]) + 1 if states else 1
     st = CycleState(id=f"c{n}", stage="started", started_at=utc_now().isoformat(timespec="seconds"),
                     incumbent=prod.id, incumbent_path=str(prod.path), trace_cursor=fw.traces.max_seq(),
-                    since_cursor=fw.since_cursor(prod.id))
+                    since_cursor=fw.since_cursor(prod.id), tag=tag)
     fw.save(st)
     return st
 
@@ -536,15 +538,19 @@ def abandon_cycle(fw: LoopStores, outcome: str, reason: str) -> CycleState | Non
     return st
 
 
-def run_cycle(fw: LoopStores, log: Callable[[str], None] = print) -> CycleState:
+def run_cycle(fw: LoopStores, log: Callable[[str], None] = print, tag: str | None = None) -> CycleState:
     """Resume the unfinished cycle if there is one, else start one; run it to the end, or
     until a stop is requested (train.run_state.request_stop: the state on disk is resumable).
     Finished work is then trimmed as the config's `retention` says (retention.py)."""
+    states = fw.states()
+    if tag is not None and states and states[-1].tag == tag and states[-1].done:
+        log(f"{states[-1].id}: already finished ({states[-1].outcome})")
+        return states[-1]  # `tag`'s cycle ran to its end before; a rerun reports it, never starts another
     st = pending_cycle(fw)
     if st is not None:
         log(f"{st.id}: resuming after stage {st.stage!r}")
     else:
-        st = start_cycle(fw)
+        st = start_cycle(fw, tag)
         log(f"{st.id}: started from {st.incumbent} with traces up to #{st.trace_cursor}")
     while not st.done:
         if stop_requested():

@@ -4,9 +4,12 @@ model name the alias serves now, read from the flywheel rows every `poll_s` by a
 A switch (a promotion or a rollback bumps the flywheel's `generation`) is taken only after the
 new target is loaded (`warm(tenant, model)`: ServedModels.get), so the first request after it
 does not wait for a load, and a target that fails to load leaves the alias where it was (the
-next poll tries again). Requests in flight keep the service they were given: nothing they use
-is unloaded, so none fails over the switch. An alias created since the last poll is looked up
-once when first asked for.
+next poll tries again). Requests in flight keep the service they were given. For LoRA
+targets (the default) nothing they use is unloaded: the adapters stay registered on the base
+engine, so none fails over the switch. A full-weight target has an engine of its own, one of
+ServedModels' `max_loaded`; loading a third closes the least recently used, and a request
+still running on that one fails. An alias created since the last poll is looked up once when
+first asked for.
 """
 
 from __future__ import annotations

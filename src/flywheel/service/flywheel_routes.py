@@ -6,7 +6,8 @@ GET  /v1/flywheels                      ?after= &limit=   (newest first)
 GET  /v1/flywheels/{id}
 GET  /v1/flywheels/{id}/cycles          each cycle's job, gate decision with reasons, scores, cost
 POST /v1/flywheels/{id}/cycles          start a cycle now (409 while one is unfinished)
-POST /v1/flywheels/{id}/rollback        {to?}: production back one promotion (or to `to`)
+POST /v1/flywheels/{id}/rollback        {to?}: production back one promotion (or to `to`); a retry with
+                                        its Idempotency-Key rolls back once
 Every flywheel belongs to the caller's tenant; another tenant's id is a 404.
 """
 
@@ -71,6 +72,7 @@ def flywheel_router(flywheels: ManagedFlywheels, tenant_of: Callable[[Request], 
         body = read_json(raw) if raw.strip() else {}
         if not isinstance(body, dict) or set(body) - {"to"} or not isinstance(body.get("to", ""), (str, type(None))):
             raise OpenAIError("the body is {\"to\": a version id (optional)}", param="to")
-        return JSONResponse(await asyncio.to_thread(flywheels.rollback, tenant, flywheel_id, body.get("to")))
+        return JSONResponse(await asyncio.to_thread(flywheels.rollback, tenant, flywheel_id, body.get("to"),
+                                                    request.headers.get("idempotency-key")))
 
     return router

@@ -35,10 +35,13 @@ class FlywheelTrigger:
         """Queue the cycles that are due; the ids of the flywheels that got one."""
         started = []
         for fw in self.flywheels.active():
-            reason = self._due(fw)
-            if reason is not None and self.flywheels.queue_cycle(fw["id"], reason) is not None:
-                log.info("flywheel %s: cycle queued (%s)", fw["id"], reason)
-                started.append(fw["id"])
+            try:
+                reason = self._due(fw)
+                if reason is not None and self.flywheels.queue_cycle(fw["id"], reason) is not None:
+                    log.info("flywheel %s: cycle queued (%s)", fw["id"], reason)
+                    started.append(fw["id"])
+            except Exception:  # noqa: BLE001 - one flywheel's trouble holds up no other's
+                log.exception("flywheel %s: trigger check failed", fw["id"])
         return started
 
     def _due(self, fw: dict) -> str | None:

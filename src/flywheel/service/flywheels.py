@@ -19,20 +19,29 @@ The single-tenant daemon (`flywheel loop run`) is the same cycle over one data d
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from sqlalchemy.exc import IntegrityError
+
+from flywheel.config import ConfigError
 from flywheel.jobs.flywheel_request import FlywheelRequest
 from flywheel.jobs.flywheels import Flywheels
 from flywheel.jobs.objects import flywheel_cycle_object, flywheel_object, production_alias
 from flywheel.jobs.requests import RequestError
 from flywheel.jobs.store import JobStoreError, new_id
+from flywheel.loop.loop_config import check_stages
+from flywheel.loop.managed import managed_config
 from flywheel.registry.registry import Registry
 from flywheel.registry.storage import RegistryError
 from flywheel.service.errors import OpenAIError
 from flywheel.service.finetune import ENV_GRADER, FineTuning, check_grader, store_error
+
+
+MAX_FLYWHEELS = 16  # per tenant
 
 
 class ManagedFlywheels:
@@ -58,10 +67,20 @@ class ManagedFlywheels:
             raise OpenAIError(f"model: unknown model {req.model!r}", param="model", status=404,
                               type="not_found_error", code="model_not_found")
         suites = self._graded_suites(tenant, req)
+        if self.store.count(tenant) >= MAX_FLYWHEELS:
+            raise OpenAIError(f"a tenant may have {MAX_FLYWHEELS} flywheels, and this one has that many",
+                              status=429, code="rate_limit_exceeded")
         alias = production_alias(req.model, tenant, req.suffix)
         if self.store.find_alias(tenant, alias) is not None:
             raise OpenAIError(f"suffix: a flywheel of {req.model!r} already serves {alias!r}; choose another suffix",
                               param="suffix", status=409, code="conflict")
+        spec = req.spec()
+        for name, file_path in suites.items():
+            spec["eval"]["suites"][name]["path"] = file_path
+        try:  # what its cycles will run, checked now: a flywheel that could not cycle is refused, never made
+            check_stages(managed_config(spec, data_dir=str(self.root), traces_url="sqlite://", hardware="cpu-2core"))
+        except ConfigError as exc:
+            raise OpenAIError(f"the flywheel's loop config is invalid: {str(exc).splitlines()[-1].strip()}") from None
         flywheel_id = new_id("fw")
         data_dir = self.root / flywheel_id
         registry = Registry(data_dir / "registry")
@@ -72,16 +91,21 @@ class ManagedFlywheels:
             raise OpenAIError(f"model {req.model!r} cannot start a flywheel: {exc}", param="model") from None
         finally:
             registry.close()
-        spec = req.spec()
-        for name, path in suites.items():
-            spec["eval"]["suites"][name]["path"] = path
         spec = {**spec, "initial_version": first.id,
                 "trace_models": list(dict.fromkeys([alias, *req.traces.models]))}
-        row = self.store.create(tenant, id=flywheel_id, model=req.model, suffix=req.suffix, alias=alias, spec=spec,
-                                data_dir=str(data_dir), production_model=req.model,
-                                traces_url=self.traces.engine.url.render_as_string(hide_password=False),
-                                production_version=first.id, cursor=0, metadata=req.metadata or None,
-                                idempotency_key=idempotency_key, request_hash=request_hash)
+        try:
+            row = self.store.create(tenant, id=flywheel_id, model=req.model, suffix=req.suffix, alias=alias, spec=spec,
+                                    data_dir=str(data_dir), production_model=req.model,
+                                    traces_url=self.traces.engine.url.render_as_string(hide_password=False),
+                                    production_version=first.id, cursor=0, metadata=req.metadata or None,
+                                    idempotency_key=idempotency_key, request_hash=request_hash)
+        except IntegrityError:  # a concurrent request made it first (the same key, or the same alias)
+            shutil.rmtree(data_dir, ignore_errors=True)
+            earlier = idempotency_key and self.fine_tuning.jobs.find("flywheel", tenant, idempotency_key, request_hash)
+            if earlier:
+                return flywheel_object(earlier)
+            raise OpenAIError(f"suffix: a flywheel of {req.model!r} already serves {alias!r}", param="suffix",
+                              status=409, code="conflict") from None
         return flywheel_object(row)
 
     def _graded_suites(self, tenant: str, req: FlywheelRequest) -> dict[str, str]:
@@ -121,21 +145,36 @@ class ManagedFlywheels:
             raise store_error(exc) from None
 
     def run_cycle(self, tenant: str, flywheel_id: str) -> dict[str, Any]:
-        """Queue a cycle now (whatever the trigger says); a 409 while one is unfinished."""
+        """Queue a cycle now (whatever the trigger says; a paused flywheel is active again);
+        a 409 while one is unfinished."""
         self._row(tenant, flywheel_id)
-        cycle = self.store.queue_cycle(flywheel_id, "requested through the API")
+        try:
+            cycle = self.store.queue_cycle(flywheel_id, "requested through the API")
+        except IntegrityError:  # another server queued this number at the same moment
+            cycle = None
+        if cycle is not None:
+            self.store.set_status(flywheel_id, "active")
         if cycle is None:
             raise OpenAIError(f"flywheel {flywheel_id} has a cycle that has not finished", param="flywheel_id",
                               status=409, code="conflict")
         return flywheel_cycle_object(cycle)
 
-    def rollback(self, tenant: str, flywheel_id: str, to: str | None = None) -> dict[str, Any]:
+    def rollback(self, tenant: str, flywheel_id: str, to: str | None = None,
+                 idempotency_key: str | None = None) -> dict[str, Any]:
         """Production back to the version promoted before the current one (or `to`, a
-        version the flywheel has promoted); the alias follows within a poll."""
+        version the flywheel has promoted); the alias follows within a poll. A retry with the
+        same `idempotency_key` after the rollback committed rolls back nothing more."""
         row = self._row(tenant, flywheel_id)
         registry = Registry(Path(row["data_dir"]) / "registry")
+        reason = "rollback requested through the API" + (f" (request {idempotency_key})" if idempotency_key else "")
         try:
-            target = registry.rollback(to=to, reason="rollback requested through the API")
+            done = [e for e in registry.history() if e.action == "rollback" and e.reason == reason]
+            if idempotency_key and done:
+                target = registry.get(done[-1].version)
+                if row["production_version"] == target.id:
+                    return flywheel_object(row)
+            else:
+                target = registry.rollback(to=to, reason=reason)
         except RegistryError as exc:
             raise OpenAIError(f"rollback: {exc}", param="to" if to else None, status=409, code="conflict") from None
         finally:

@@ -61,7 +61,7 @@ def _cycle(job_dir: Path, spec: dict) -> int:
     try:
         cfg = validate(spec["config"], LoopConfig)
         with LoopStores(cfg, TraceScope.from_dict(spec["scope"])) as fw:
-            st = run_cycle(fw, log=lambda m: print(m, flush=True))
+            st = run_cycle(fw, log=lambda m: print(m, flush=True), tag=spec.get("job_id"))
             prod = fw.registry.production()
             window = fw.production_window()
     except (ConfigError, CycleError, ValueError, RuntimeError, OSError) as exc:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from flywheel.economics.ledger import Ledger
 from flywheel.jobs import JobStore, LeaseLost
 from flywheel.jobs.hyperparameters import BASE_LR, LORA_LR_FACTOR, micro_batch
-from flywheel.jobs.flywheels import CYCLE_METHOD, Flywheels
+from flywheel.jobs.flywheels import CYCLE_METHOD, Flywheels, production_update
 from flywheel.jobs.objects import fine_tuned_model_name
 from flywheel.clock import utc_naive, utc_now
 from flywheel.jobs.store import worker_name
@@ -44,6 +44,7 @@ from flywheel.service.finetune import ENV_GRADER, FineTuning
 from flywheel.service.job_zygote import Zygote
 
 STAGES = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl"}
+MAX_FAILED_CYCLES = 3  # a managed flywheel whose cycles fail this many times in a row is paused
 RL_GROUP = 4  # samples per prompt of a reinforcement job, times its compute_multiplier (at least 2)
 RL_MAX_TOKENS = 128  # new tokens per sampled answer
 
@@ -251,7 +252,7 @@ class JobWorker:
         job_dir.mkdir(parents=True, exist_ok=True)
         cfg = managed_config(fw["spec"], data_dir=fw["data_dir"], traces_url=fw["traces_url"], hardware=self.hardware)
         scope = TraceScope(fw["tenant"], tuple(dict.fromkeys([fw["alias"], *fw["spec"]["traces"]["models"]])))
-        spec = {"kind": "cycle", "config": cfg.model_dump(mode="json"), "scope": scope.to_dict()}
+        spec = {"kind": "cycle", "config": cfg.model_dump(mode="json"), "scope": scope.to_dict(), "job_id": job["id"]}
         (job_dir / "run.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
         (job_dir / "result.json").unlink(missing_ok=True)
         stages = _CycleStages(self.store, job["id"], cfg.root / "cycles")
@@ -265,34 +266,44 @@ class JobWorker:
             flywheels.record_cycle(cycle["id"], outcome=outcome, finished_at=utc_naive(utc_now()),
                                    decision=left.decision if left else {"promote": False, "reasons": [reason]})
 
-        if asked == "cancel":
+        if st is not None and st["stage"] == "finished" and returncode == 0:
+            self._cycle_decided(job, cycle, fw, st, result, flywheels)  # done before the ask arrived: it stands
+        elif asked == "cancel":
             abandon("cancelled", "the cycle's job was cancelled")
             self._finish(job, "cancelled", f"Flywheel cycle {cycle['number']} cancelled")
         elif asked == "pause":
             self._finish(job, "paused", f"Flywheel cycle {cycle['number']} paused; resume continues it")
         elif asked == "release":
             self.store.release(job["id"], self.name, f"Worker {self.name} stopped; the cycle is queued again")
-        elif returncode != 0 or st is None or st["stage"] != "finished":
+        else:
             message = result.get("error") or f"the cycle's process exited with status {returncode} " \
                                              f"(log: {job_dir / 'train.log'})"
             abandon("failed", message)
             self._finish(job, "failed", f"Flywheel cycle failed: {message}",
                          error={"code": "cycle_failed", "message": message, "param": None})
+            if flywheels.failed_in_a_row(fw["id"]) >= MAX_FAILED_CYCLES:
+                flywheels.set_status(fw["id"], "paused")
+                self.store.add_event(job["id"], f"Flywheel {fw['id']} paused: its last {MAX_FAILED_CYCLES} cycles "
+                                                "failed; a cycle started by hand (POST .../cycles) resumes it",
+                                     level="error")
+
+    def _cycle_decided(self, job, cycle, fw, st, result, flywheels: Flywheels) -> None:
+        """A cycle that ran to its end: its decision on the cycle's row; the job's end and, on a
+        promotion (the registry promoted already), the alias's move in one transaction."""
+        decision = st["decision"]
+        flywheels.record_cycle(cycle["id"], outcome=st["outcome"], decision=decision, scores=st["scores"] or None,
+                               new_failures=st["new_failures"], trace_cursor=st["trace_cursor"], usd=st["usd"],
+                               version=st["version"], finished_at=utc_naive(utc_now()))
+        summary = "; ".join(decision.get("reasons", []))
+        if st["outcome"] == "promoted":
+            name = fine_tuned_model_name(job["model"], job["tenant"], job["suffix"], job["id"])
+            moved = production_update(fw["id"], name, st["version"], result["cursor"] or st["trace_cursor"])
+            self._finish(job, "succeeded", f"Flywheel cycle {cycle['number']} promoted {st['version']}: {summary}",
+                         cost=st["usd"], fine_tuned_model=name, model_path=result["production"]["path"], also=moved)
         else:
-            decision = st["decision"]
-            flywheels.record_cycle(cycle["id"], outcome=st["outcome"], decision=decision, scores=st["scores"] or None,
-                                   new_failures=st["new_failures"], trace_cursor=st["trace_cursor"], usd=st["usd"],
-                                   version=st["version"], finished_at=utc_naive(utc_now()))
-            summary = "; ".join(decision.get("reasons", []))
-            if st["outcome"] == "promoted":
-                name = fine_tuned_model_name(job["model"], job["tenant"], job["suffix"], job["id"])
-                self._finish(job, "succeeded", f"Flywheel cycle {cycle['number']} promoted {st['version']}: {summary}",
-                             cost=st["usd"], fine_tuned_model=name, model_path=result["production"]["path"])
-                flywheels.set_production(fw["id"], name, st["version"], result["cursor"] or st["trace_cursor"])
-            else:
-                self._finish(job, "succeeded", f"Flywheel cycle {cycle['number']}: {st['outcome']}: {summary}",
-                             cost=st["usd"])
-                flywheels.set_cursor(fw["id"], st["trace_cursor"])
+            flywheels.set_cursor(fw["id"], st["trace_cursor"])
+            self._finish(job, "succeeded", f"Flywheel cycle {cycle['number']}: {st['outcome']}: {summary}",
+                         cost=st["usd"])
 
     def _finish(self, job: dict[str, Any], status: str, message: str, *, cost: float | None = None,
                 **fields: Any) -> None:

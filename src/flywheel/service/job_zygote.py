@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 
@@ -61,43 +62,51 @@ class Zygote:
 
     def __init__(self):
         self._proc: subprocess.Popen | None = None
-        self._children: dict[int, ZygoteChild] = {}
-        self._forked: list[int] = []
+        self._children: dict[int, ZygoteChild] = {}  # of the zygote running now, by pid
+        self._forked: list[ZygoteChild] = []  # forked, not yet handed to spawn's caller
         self._cond = threading.Condition()
 
     def spawn(self, job_dir: Path) -> ZygoteChild:
         with self._cond:
             if self._proc is None or self._proc.poll() is not None:
                 self._start()
-            self._proc.stdin.write(json.dumps({"job_dir": str(job_dir)}) + "\n")
-            self._proc.stdin.flush()
+            proc = self._proc
+            proc.stdin.write(json.dumps({"job_dir": str(job_dir)}) + "\n")
+            proc.stdin.flush()
+            deadline = time.monotonic() + 300  # the first fork waits for the zygote's imports
             while not self._forked:
-                if not self._cond.wait(timeout=120) and not self._forked:
-                    raise RuntimeError("the job zygote did not fork within 120 s")
-            return self._children[self._forked.pop(0)]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the job zygote exited with status {proc.returncode} before it forked")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the job zygote did not fork within 300 s")
+                self._cond.wait(timeout=1.0)
+            return self._forked.pop(0)
 
     def _start(self) -> None:
         self._proc = subprocess.Popen([sys.executable, "-m", "flywheel.service.job_zygote"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, bufsize=1,
                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        threading.Thread(target=self._read, args=(self._proc,), name="flywheel-zygote", daemon=True).start()
+        self._children = {}
+        threading.Thread(target=self._read, args=(self._proc, self._children), name="flywheel-zygote",
+                         daemon=True).start()
 
-    def _read(self, proc: subprocess.Popen) -> None:
+    def _read(self, proc: subprocess.Popen, children: dict[int, ZygoteChild]) -> None:
+        """Follow one zygote's messages; `children` is its own table (a restarted zygote has another)."""
         for line in proc.stdout:
             msg = json.loads(line)
             with self._cond:
                 if "exit" in msg:
-                    child = self._children.pop(msg["pid"], None)
+                    child = children.pop(msg["pid"], None)
                     if child is not None:
                         child._ended(msg["exit"])
                 else:
-                    self._children[msg["pid"]] = ZygoteChild(msg["pid"])
-                    self._forked.append(msg["pid"])
-                    self._cond.notify_all()
-        with self._cond:  # the zygote is gone: so are its children (they die with it)
-            for child in self._children.values():
+                    child = children[msg["pid"]] = ZygoteChild(msg["pid"])
+                    self._forked.append(child)
+                self._cond.notify_all()
+        with self._cond:  # this zygote is gone: so are its children (they die with it)
+            for child in children.values():
                 child._ended(-9)
-            self._children.clear()
+            children.clear()
             self._cond.notify_all()
 
     def close(self) -> None:
