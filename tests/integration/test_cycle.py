@@ -3,7 +3,8 @@ verifier -> curated RL tasks -> RL from the production model -> gate on new fail
 frozen regression suite -> promotion; and SIGKILL at each stage followed by a resume that
 neither promotes twice nor loses a trace nor corrupts the registry.
 
-Only the first test depends on learning (slow: a warm start, 40 RL steps). The others run a
+Only the first test depends on learning (slow: a warm start, 60 RL steps, 320 traces of which
+half are held out, so the gate judges ~150 new failures). The others run a
 two-step cycle from an untrained model under a gate that admits any candidate (delta 0,
 epsilon 1) or none (delta 0.9), so their outcome is fixed and they check the machinery."""
 
@@ -25,15 +26,17 @@ from flywheel.loop.loop_config import LoopConfig
 from flywheel.config import validate
 
 
-N_TRACES = 160  # failed production traces seeded
+N_TRACES = 160  # failed production traces seeded for the machinery tests
+LEARNING_TRACES = 320  # for the learning test: with a quarter of 160 held out, the gain's lower
+# bound fell below delta on some RL seeds and CPUs; half of 320 leaves a margin on every seed tried
 
 
 def _config(data_dir: Path, quick: bool = False, **gate) -> dict:
     """quick: 2 RL steps of 2 groups, 4 RL eval tasks and an 8-task suite, for the machinery tests."""
-    steps, groups, suite, rl_eval = (2, 2, 8, 4) if quick else (40, 8, 100, 20)
+    steps, groups, suite, rl_eval = (2, 2, 8, 4) if quick else (60, 8, 100, 20)
     return {
         "data_dir": str(data_dir),
-        "curation": {"heldout_fraction": 0.25},
+        "curation": {"heldout_fraction": 0.25 if quick else 0.5},
         "train": {"order": ["sft", "rl"], "rl": {
             "train": {"steps": steps, "groups_per_step": groups, "group_size": 8, "seed": 0},
             "sampling": {"temperature": 1.0, "max_tokens": 6}, "optim": {"lr": 1e-4},
@@ -62,7 +65,7 @@ def _seed_world(cfg: LoopConfig, model: Path, n: int = N_TRACES) -> None:
 @pytest.fixture
 def learning_world(tmp_path, arith_warm_start):
     cfg = validate(_config(tmp_path / "data"), LoopConfig)
-    _seed_world(cfg, arith_warm_start)
+    _seed_world(cfg, arith_warm_start, n=LEARNING_TRACES)
     return cfg
 
 
@@ -81,8 +84,8 @@ def test_cycle_trains_gates_and_promotes(learning_world):
     with LoopStores(world) as fw:
         st = run_cycle(fw, log=logs.append)
         assert st.done and st.outcome == "promoted", (st.decision, logs)
-        assert st.curation["items"]["rl"]["train"] + st.curation["items"]["rl"]["heldout"] == N_TRACES
-        assert st.new_failures == st.curation["items"]["rl"]["heldout"] >= 20
+        assert st.curation["items"]["rl"]["train"] + st.curation["items"]["rl"]["heldout"] == LEARNING_TRACES
+        assert st.new_failures == st.curation["items"]["rl"]["heldout"] >= 120
         assert [s["stage"] for s in st.stages_run] == ["sft", "rl"]
         assert "skipped" in st.stages_run[0]  # no corrections, so no SFT examples
         inc, cand = st.scores["incumbent"], st.scores["candidate"]
@@ -97,7 +100,7 @@ def test_cycle_trains_gates_and_promotes(learning_world):
         outcomes = [json.loads(line) for line in fw.outcomes_path.read_text().splitlines()]
         assert [(o["cycle"], o["promoted"]) for o in outcomes] == [("c1", True)]
         # the next cycle starts from v2 and, with no new failures since c1, rejects its candidate
-        assert fw.since_cursor("v2") == st.trace_cursor == N_TRACES
+        assert fw.since_cursor("v2") == st.trace_cursor == LEARNING_TRACES
         assert fw.new_failures_since(st.trace_cursor) == 0
 
 
