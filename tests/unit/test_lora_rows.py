@@ -1,7 +1,8 @@
-"""LoRA rows on the lean decoder (inference/lora.py): a batch mixing rows of two adapters and
+"""LoRA rows on the lean decoder (inference/lora.py): a batch mixing rows of eight adapters and
 the bare base gives each row the logits of peft's own forward of its adapter (or the base
 model's), within 1e-4; a row's result does not depend on its neighbours; adapter folders the
-runner cannot serve are refused with the field named."""
+runner cannot serve are refused with the field named; under concurrent load through the batch
+scheduler the engine keeps at most its bound of adapters resident and every row stays right."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora")
     base = build_tiny_model(root / "base", TinySpec(hidden=32, layers=2, heads=4, kv_heads=2, ffn=64))
     folders = []
-    for seed, (targets, r, rslora) in enumerate([(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                   "down_proj"], 4, False), (["v_proj", "down_proj"], 2, True)]):
+    every = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    kinds = [(every, 4, False), (["v_proj", "down_proj"], 2, True), (["q_proj", "v_proj"], 8, False),
+             (["o_proj"], 1, False), (["gate_proj", "up_proj"], 4, True), (every, 2, False),
+             (["k_proj", "down_proj"], 3, False), (every, 8, True)]  # eight adapters of varied shapes
+    for seed, (targets, r, rslora) in enumerate(kinds):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_pretrained(base)
         cfg = peft.LoraConfig(r=r, lora_alpha=8, target_modules=targets, lora_dropout=0.0, use_rslora=rslora,
@@ -57,8 +61,8 @@ def test_a_mixed_batch_gives_each_row_what_peft_gives_its_adapter(world):
     torch.manual_seed(0)
     ids = torch.randint(3, 60, (1, 7))
     want = {i: peft_logits(base, f, ids) for i, f in enumerate([None, *folders])}
-    assert (want[1] - want[0]).abs().max() > 1e-2  # the adapters change the answer
-    rows = [None, resident[0], resident[1], resident[0], None]
+    assert all((want[i] - want[0]).abs().max() > 1e-3 for i in range(1, 9))  # each adapter changes the answer
+    rows = [None, *resident, resident[0], None, resident[5]]  # the base and all eight, interleaved
     got = decoder_logits(decoder, ids.expand(len(rows), -1), rows)
     for b, adapter in enumerate(rows):
         expected = want[0 if adapter is None else 1 + resident.index(adapter)][0]
@@ -117,7 +121,7 @@ def test_an_engine_decodes_rows_of_different_adapters_in_one_batch(world):
 
     base, folders = world
     engine = LocalEngine.from_path(str(base), max_adapters=1)
-    for i, folder in enumerate(folders):
+    for i, folder in enumerate(folders[:2]):
         engine.adapters.register(f"a{i}", folder, load=False)
     prompt = [5, 9, 13, 21, 8]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -135,3 +139,50 @@ def test_an_engine_decodes_rows_of_different_adapters_in_one_batch(world):
     assert engine.adapters.resident == ["a1"] and engine.adapters.loads == 2  # the bound held
     with pytest.raises(ValueError, match="request 'z': no adapter 'nope' is registered"):
         engine.batch().admit([DecodeRequest("z", prompt, params, adapter="nope")])
+
+
+def test_under_concurrent_load_the_resident_bound_holds_and_every_row_is_right(world):
+    """48 callers at once through the BatchScheduler (the serving path), spread over the base and
+    eight adapters on an engine that keeps at most 3 resident: adapters are read, dropped and
+    read again, the bound holds at every step, and each completion's logprobs are peft's for its
+    own adapter. An adapter unregistered meanwhile is refused by name; the others go on."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flywheel.inference import LocalEngine, SamplingParams
+    from flywheel.inference.scheduler import BatchScheduler
+
+    base, folders = world
+    engine = LocalEngine.from_path(str(base), max_adapters=3)
+    for i, folder in enumerate(folders):
+        engine.adapters.register(f"a{i}", folder, load=False)
+    most, stop = [0], threading.Event()
+
+    def watch():  # the resident count, sampled while the load runs
+        while not stop.wait(0.001):
+            most[0] = max(most[0], len(engine.adapters.resident))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    scheduler = BatchScheduler(engine, "v1", max_batch=16)
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    names = [None] + [f"a{i}" for i in range(8)]
+    jobs = [(k, [5 + k % 7, 9, 13 + k % 3, 21], names[k % 9]) for k in range(48)]
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            futures = list(pool.map(lambda j: scheduler.submit(j[1], params, adapter=j[2]), jobs))
+            results = [f.result(timeout=120) for f in futures]
+        engine.adapters.unregister("a7")
+        with pytest.raises(ValueError, match="no adapter .a7. is registered"):
+            scheduler.submit([5, 9], params, adapter="a7").result(timeout=30)
+        assert scheduler.submit([5, 9], params, adapter="a6").result(timeout=30).samples[0].token_ids
+    finally:
+        stop.set()
+        scheduler.close()
+    assert most[0] <= 3 and len(engine.adapters.resident) <= 3
+    assert engine.adapters.loads > 8  # dropped adapters were read again
+    for (k, prompt, name), result in zip(jobs, results):
+        folder = None if name is None else folders[int(name[1:])]
+        [sample] = result.samples
+        want = reference_logprobs(base, folder, prompt, sample.token_ids)
+        assert (torch.tensor(sample.logprobs) - want).abs().max() < 1e-4, (k, name)
