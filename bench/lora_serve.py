@@ -47,7 +47,7 @@ def make_adapters(model: Path, root: Path, n: int, rank: int) -> list[Path]:
 
     folders = []
     for i in range(n):
-        folder = root / f"adapter{i}"
+        folder = root / f"adapter{i}-r{rank}"  # a cached adapter of another rank is not this one
         if not (folder / "adapter_model.safetensors").exists():
             torch.manual_seed(i)
             base = AutoModelForCausalLM.from_pretrained(model)
