@@ -44,16 +44,16 @@ test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Everything, the learning tests included, and the database tests against a PostgreSQL server
-# the test session starts (tests/conftest.py) as well as against SQLite.
+# the test session starts (tests/conftest.py) as well as against SQLite; extra ray: the Ray backend.
 test-all:
-	@$(MAKE) --no-print-directory setup EXTRAS=dev,postgres SYSTEM_PACKAGES="bubblewrap postgresql"
+	@$(MAKE) --no-print-directory setup EXTRAS=dev,postgres,ray SYSTEM_PACKAGES="bubblewrap postgresql"
 	FLYWHEEL_TEST_POSTGRES=1 $(PY) -m pytest -q -m ''
 
 # Every benchmark, each printing its last line `name: key=value ...` and appending its table to
 # docs/benchmarks.md. They also need the peers (extra `bench`: trl, datasets, accelerate, pinned).
 BENCHES := generate sft envs sandbox code_repair serve traces weights async rl_vs_trl demo api lora_serve
 bench:
-	@$(MAKE) --no-print-directory setup EXTRAS=dev,bench
+	@$(MAKE) --no-print-directory setup EXTRAS=dev,bench,ray
 	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="bubblewrap wrk"  # wrk: bench/api.py's load generator
 	@mkdir -p bench-work
 	@for b in $(BENCHES); do \

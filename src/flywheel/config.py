@@ -212,6 +212,19 @@ class RLEvalConfig(Config):
     pass_k: int = Field(1, ge=1, description="also report pass@k with k samples at the sampling temperature")
 
 
+class RayConfig(Config):
+    """A Ray cluster for `rollout.backend: ray` (docs/scale.md)."""
+
+    address: str | None = Field(None, description=(
+        "an existing cluster: 'auto' (the one this machine belongs to) or 'ray://host:10001'; "
+        "null: start a local one for this run"))
+    worker_resources: dict[str, float] = Field(default_factory=dict, description=(
+        "custom resources each rollout actor needs, e.g. {env_cpu: 1} to place them on CPU "
+        "environment nodes started with `ray start --resources '{\"env_cpu\": 8}'`"))
+    worker_cpus: float = Field(1.0, gt=0, description="CPUs each rollout actor holds")
+    namespace: str = Field("flywheel", description="the Ray namespace of the run's actors")
+
+
 class RolloutConfig(Config):
     workers: int | None = Field(None, ge=0, description=(
         "rollout worker processes; 0 = generate in the learner's process (synchronous only); "
@@ -220,6 +233,10 @@ class RolloutConfig(Config):
         "torch threads per worker (synchronous: while the learner's process generates); default 1 "
         "when asynchronous (small-batch decoding is bound by op dispatch, not arithmetic), else the learner's"))
     max_restarts: int = Field(3, ge=0, description="crashed workers restarted before the run stops")
+    backend: Literal["local", "ray"] = Field("local", description=(
+        "where rollout workers run: local processes on this machine, or Ray actors on a cluster "
+        "(extra `ray`; see `ray`)"))
+    ray: RayConfig = RayConfig()
 
 
 class RLConfig(Config):
