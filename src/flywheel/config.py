@@ -88,6 +88,10 @@ class SFTTrainConfig(Config):
     dropout: bool = Field(True, description="train with the model's own dropout (its config's rates); "
                                             "false: dropout off, as RL and DPO always train")
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter; null: every weight")
+    strategy: Literal["single", "fsdp2"] = Field("single", description=(
+        "single: one process; fsdp2: the learner sharded (torch FSDP2) over train.world_size local "
+        "processes, each on its share of every batch (train/fsdp2.py)"))
+    world_size: int = Field(2, ge=1, description="processes (GPUs on cuda) of train.strategy=fsdp2")
 
 
 class EvalConfig(Config):
@@ -197,6 +201,10 @@ class RLTrainConfig(Config):
     lora: LoraSettings | None = Field(None, description=(
         "train a LoRA adapter (rollout engines run it merged; the KL reference: the model with its "
         "adapter off); null: every weight"))
+    strategy: Literal["single", "fsdp2"] = Field("single", description=(
+        "single: one learner process; fsdp2: run_rl refuses it for now (the FSDP2 RL update is "
+        "train/fsdp2.py's rl_step_fsdp2)"))
+    world_size: int = Field(2, ge=1, description="processes (GPUs on cuda) of train.strategy=fsdp2")
 
     @model_validator(mode="after")
     def _minibatches_fit(self):
@@ -222,6 +230,13 @@ class RayConfig(Config):
         "custom resources each rollout actor needs, e.g. {env_cpu: 1} to place them on CPU "
         "environment nodes started with `ray start --resources '{\"env_cpu\": 8}'`"))
     worker_cpus: float = Field(1.0, gt=0, description="CPUs each rollout actor holds")
+    worker_gpus: float = Field(0.0, ge=0, description="GPUs each rollout actor holds (its inference engine)")
+    env_actors: int = Field(0, ge=0, description=(
+        "environment actors the episodes run on (tool calls, sandboxes, verifiers); 0: each rollout "
+        "actor runs its environment itself"))
+    env_resources: dict[str, float] = Field(default_factory=dict, description=(
+        "custom resources each environment actor needs, e.g. {env_cpu: 1}: CPU environment nodes"))
+    env_cpus: float = Field(1.0, gt=0, description="CPUs each environment actor holds")
     namespace: str = Field("flywheel", description="the Ray namespace of the run's actors")
 
 

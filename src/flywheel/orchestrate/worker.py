@@ -45,7 +45,7 @@ class WorkerSpec:
     model: str  # HF folder the worker loads first (weights are then replaced from the transport)
     env_name: str
     env_settings: dict
-    transport_name: str  # shared-memory segment of the learner's SharedMemoryTransport
+    transport_name: str  # shared-memory segment of the learner's SharedMemoryTransport ("" on Ray)
     sampling: dict  # SamplingParams fields
     group_size: int
     threads: int | None = None
@@ -89,6 +89,42 @@ def _reuse_freed_memory() -> None:
         pass
 
 
+class EpisodeRunner:
+    """A rollout worker's engine, environment and policy, whatever carries its work items (a
+    worker process here, a Ray actor in orchestrate/ray_rollouts.py). `env`: the environment
+    to play (default: the spec's, loaded here)."""
+
+    def __init__(self, spec: WorkerSpec, worker_id: int, env=None):
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        quiet_transformers()
+        self.spec, self.worker_id = spec, worker_id
+        self.env = env if env is not None else load_env(spec.env_name, **spec.env_settings)
+        model, tokenizer = load(spec.model, device=spec.device)
+        self.engine = LocalEngine(model, tokenizer, version=-1, seed=spec.seed * 1009 + worker_id,
+                                  packed=spec.packed)
+        renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
+        self.policy = SamplerPolicy(self.engine, SamplingParams(**spec.sampling), renderer)
+        self.loop = EpisodeLoop()
+
+    def play(self, item: WorkItem, weight_wait_s: float, weight_load_s: float, pickup: str) -> WorkResult:
+        """Play `item` on the engine's current weights; an environment error is reported in
+        the result, not raised (the learner decides)."""
+        t0 = time.perf_counter()
+        version = self.engine.version
+        try:
+            groups = self.loop.run(play(self.env, item.tasks, self.policy, group_size=self.spec.group_size))
+            error = None
+        except Exception as e:  # noqa: BLE001 - reported to the learner, which decides
+            groups, error = [], f"{type(e).__name__}: {e}"
+        tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
+        return WorkResult(item.item_id, self.worker_id, groups, version, time.perf_counter() - t0, weight_wait_s,
+                          weight_load_s, tokens, error, pickup)
+
+    def close(self) -> None:
+        self.loop.close()
+
+
 def worker_main(worker_id: int, conn) -> None:
     """Serve work items on `conn` (the first message is the WorkerSpec) until told to stop."""
     parent = os.getppid()
@@ -98,18 +134,9 @@ def worker_main(worker_id: int, conn) -> None:
         return
     try:
         spec: WorkerSpec = conn.recv()
-        if spec.threads:
-            torch.set_num_threads(spec.threads)
-        quiet_transformers()
-        env = load_env(spec.env_name, **spec.env_settings)
-        model, tokenizer = load(spec.model, device=spec.device)
-        engine = LocalEngine(model, tokenizer, version=-1, seed=spec.seed * 1009 + worker_id, packed=spec.packed)
-        renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
+        runner = EpisodeRunner(spec, worker_id)
         transport = SharedMemoryTransport.attach(spec.transport_name)
-        reader = _claim_reader(transport, engine)
-        params = SamplingParams(**spec.sampling)
-        policy = SamplerPolicy(engine, params, renderer)
-        loop = EpisodeLoop()
+        reader = _claim_reader(transport, runner.engine)
     except Exception:  # noqa: BLE001 - a start-up failure is not worth restarting for
         conn.send(WorkResult(STARTUP_FAILED, worker_id, [], -1, 0.0, 0.0, 0.0, error=traceback.format_exc()))
         conn.close()
@@ -131,20 +158,11 @@ def worker_main(worker_id: int, conn) -> None:
                 except TimeoutError:
                     pass
             t1 = time.perf_counter()
-            engine.receive(reader or transport)
+            runner.engine.receive(reader or transport)
             t2 = time.perf_counter()
-            version = engine.version
-            try:
-                groups = loop.run(play(env, item.tasks, policy, group_size=spec.group_size))
-                error = None
-            except Exception as e:  # noqa: BLE001 - reported to the learner, which decides
-                groups, error = [], f"{type(e).__name__}: {e}"
-            t3 = time.perf_counter()
-            tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
-            conn.send(WorkResult(item.item_id, worker_id, groups, version, t3 - t2, t1 - t0, t2 - t1,
-                                 tokens, error, "bind" if reader else "copy"))
+            conn.send(runner.play(item, t1 - t0, t2 - t1, "bind" if reader else "copy"))
     finally:
-        loop.close()
+        runner.close()
         transport.close()  # frees the reader slot and its lease (a killed worker's are reclaimed)
         conn.close()
 

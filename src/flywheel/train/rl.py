@@ -114,6 +114,11 @@ def _sampling(cfg: RLConfig) -> dict:
 
 def _workers(cfg: RLConfig) -> int:
     k, n = cfg.max_off_policy_steps, cfg.rollout.workers
+    if cfg.rollout.backend == "ray":
+        if n == 0:
+            raise TrainError("rollout.backend=ray plays episodes on rollout actors: set rollout.workers >= 1 "
+                             "(or rollout.backend=local with rollout.workers=0 to generate in this process)")
+        return 1 if n is None else n
     if n is None:
         return 1 if k > 0 else 0
     if k > 0 and n == 0:
@@ -165,6 +170,8 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
     from flywheel.orchestrate.worker import WorkerSpec
 
     engine = LocalEngine(engine_model, tokenizer, seed=cfg.train.seed)
+    if cfg.rollout.backend == "ray":
+        return _ray_source(cfg, n_workers, worker_model, stack, log), engine
     if n_workers == 0:
         return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer,
                                  threads=cfg.rollout.threads), engine
@@ -182,6 +189,32 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
     return source, engine
 
 
+def _ray_source(cfg: RLConfig, n_workers: int, worker_model: str, stack: ExitStack, log: Callable[[str], None]):
+    """Rollout actors on a Ray cluster (orchestrate/ray_rollouts.py); where each went is logged
+    and written to placement.json."""
+    try:
+        import ray
+
+        from flywheel.orchestrate.ray_rollouts import RayRollouts, connect
+        from flywheel.orchestrate.worker import WorkerSpec
+    except ImportError as e:
+        raise TrainError(f"rollout.backend=ray needs Ray: pip install 'flywheel[ray]' ({e})") from None
+    if connect(cfg.rollout.ray, log):
+        stack.callback(ray.shutdown)
+    spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings, transport_name="",
+                      group_size=cfg.train.group_size, threads=_worker_threads(cfg), seed=cfg.train.seed,
+                      device=cfg.device, sampling=_sampling(cfg))
+    source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log)
+    stack.callback(source.close)
+    placement = source.placement()
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    (Path(cfg.output_dir) / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
+    for part, actors in placement.items():
+        for a in actors:
+            log(f"ray: {part} actor {a['actor']} on node {a['node_id'][:12]} ({a['ip']}), {a['resources']}")
+    return source
+
+
 def _reference(cfg: RLConfig, model, learner):
     """(reference model, the context it runs under) for the KL term: the starting model. A
     fresh adapter's is the learner with its adapter off; else a frozen copy of cfg.model (an
@@ -196,6 +229,11 @@ def _reference(cfg: RLConfig, model, learner):
 
 
 def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
+    if cfg.train.strategy != "single":
+        raise TrainError(f"train.strategy={cfg.train.strategy} is not supported by run_rl yet (its rollout engines "
+                         "and weight publishing take an unsharded learner): use train.strategy=single. Under FSDP2, "
+                         "SFT runs whole (run_sft) and the RL update runs on given trajectory groups "
+                         "(flywheel.train.fsdp2.rl_step_fsdp2 / run_rl_updates)")
     with ExitStack() as stack:
         return _run(cfg, log, stack)
 

@@ -1,0 +1,362 @@
+"""RayRollouts: the rollout source of `rollout.backend: ray`, the same run across a Ray cluster.
+
+It speaks the protocol of orchestrate/pool.py (submit, poll, publish, in_flight, stats, close),
+so the feeder, the staleness bound, truncated importance sampling, per-token versions and
+exact resume (orchestrate/feeder.py, train/rl.py) keep their meaning unchanged. The parts:
+
+- `RolloutActor` (one per `rollout.workers`): a worker's EpisodeRunner (orchestrate/worker.py:
+  engine, environment, policy) in an actor placed by `rollout.ray.worker_cpus`,
+  `worker_gpus` and `worker_resources`. For each work item it asks the `WeightBoard` for the
+  newest weights of at least `item.min_version` (waiting for them if need be), loads them if
+  they are newer than its own, and plays the item.
+- `WeightBoard` (one, async): the newest published (version, object ref). `publish` puts the
+  weights into Ray's object store once per version, as numpy arrays: a reader on the
+  learner's node maps them from the node's shared memory without a copy, a reader elsewhere
+  gets them over the network once; the engine copies them into its own parameters.
+- `EnvActor` (`rollout.ray.env_actors` of them, placed by `env_resources`, e.g. on CPU
+  nodes labelled `env_cpu`): the environment's episodes live there; a rollout actor plays
+  against them through `RemoteEnvironment`, one actor call per episode step. With 0 env
+  actors each rollout actor runs its environment itself.
+
+Failures: a rollout actor that dies (its node lost, a crash, `ray.kill`) is replaced by a new
+one and its unfinished items are sent again; results are keyed by item id, so none counts
+twice; more than `rollout.max_restarts` deaths stop the run. A dead env actor fails the items
+that were using it (their rollout actor reports the error); those are sent again in the same
+way, to a replaced env actor. `where()` tells where each part runs; `placement()` collects it.
+
+The learner stays in the driver process: run the driver where the learner should be (on a
+GPU node, `ray job submit` from there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+import warnings
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import ray
+import torch
+
+from flywheel.config import RayConfig
+from flywheel.envs import load_env
+from flywheel.envs.base import Env, EnvGroupBuilder, Environment, StepResult
+from flywheel.orchestrate.pool import RolloutError
+from flywheel.orchestrate.worker import EpisodeRunner, WorkerSpec, WorkItem, WorkResult
+from flywheel.types import Task
+
+
+def connect(cfg: RayConfig, log: Callable[[str], None] = print) -> bool:
+    """Join the cluster at `cfg.address`, or start a local one when it is None. True when this
+    call started Ray (and so should shut it down)."""
+    if ray.is_initialized():
+        return False
+    kwargs: dict[str, Any] = {"namespace": cfg.namespace, "log_to_driver": True}
+    if cfg.address is None:
+        kwargs["include_dashboard"] = False
+    ray.init(address=cfg.address, **kwargs)
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    log(f"ray: {len(nodes)} node(s), resources {ray.cluster_resources()}")
+    return True
+
+
+def where() -> dict[str, Any]:
+    """This process's place in the cluster."""
+    ctx = ray.get_runtime_context()
+    return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+            "resources": ctx.get_assigned_resources()}
+
+
+# ---------------------------------------------------------------- weights
+
+
+@ray.remote(num_cpus=0)
+class WeightBoard:
+    """The newest published weights: (version, [object ref]) (the ref boxed in a list so Ray
+    passes it on instead of fetching it)."""
+
+    def __init__(self):
+        self.version, self.box = -1, [None]
+        self.changed = asyncio.Condition()
+
+    async def set(self, version: int, box: list) -> None:
+        async with self.changed:
+            if version > self.version:
+                self.version, self.box = version, box
+            self.changed.notify_all()
+
+    async def newest(self, min_version: int) -> tuple[int, list]:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.version >= min_version)
+            return self.version, self.box
+
+
+def to_arrays(params: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray | torch.Tensor]:
+    """What goes into the object store: numpy arrays (mapped without a copy by readers on the
+    same node), tensors of dtypes numpy lacks (bfloat16) as they are."""
+    out: dict[str, np.ndarray | torch.Tensor] = {}
+    for name, t in params.items():
+        t = t.detach()
+        out[name] = t.cpu() if t.dtype == torch.bfloat16 else t.cpu().numpy()
+    return out
+
+
+def from_arrays(arrays: Mapping[str, np.ndarray | torch.Tensor]) -> dict[str, torch.Tensor]:
+    with warnings.catch_warnings():  # read-only views of the object store: the engine copies them
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return {k: torch.from_numpy(v) if isinstance(v, np.ndarray) else v for k, v in arrays.items()}
+
+
+# ---------------------------------------------------------------- environments on their own actors
+
+
+@ray.remote
+class EnvActor:
+    """Episodes of one environment, played step by step for rollout actors elsewhere."""
+
+    def __init__(self, env_name: str, env_settings: dict):
+        self.env = load_env(env_name, **env_settings)
+        self.episodes: dict[int, Env] = {}
+        self.ids = itertools.count()
+
+    def where(self) -> dict[str, Any]:
+        return where()
+
+    async def open_group(self, task: Task, n: int) -> list[tuple[int, Any, list[dict] | None]]:
+        """The group's n episodes: (episode id, initial observation, tools) each."""
+        out = []
+        for env in await self.env.group_builder(task, n).make_envs():
+            eid = next(self.ids)
+            self.episodes[eid] = env
+            out.append((eid, await env.initial_observation(), env.tools))
+        return out
+
+    async def step(self, eid: int, action: str) -> StepResult:
+        env = self.episodes.get(eid)
+        if env is None:
+            raise KeyError(f"episode {eid} is not open on this environment actor (it restarted?)")
+        result = await env.step(action)
+        if result.done:
+            del self.episodes[eid]
+        return result
+
+    async def group_rewards(self, task: Task, rewards: list[float], transcripts: list) -> list[float]:
+        return await self.env.group_builder(task, len(rewards)).group_rewards(rewards, transcripts)
+
+    def open_episodes(self) -> int:
+        return len(self.episodes)
+
+
+class _RemoteEnv(Env):
+    def __init__(self, actor, eid: int, task: Task, observation, tools):
+        self.actor, self.eid, self.task, self._obs, self.tools = actor, eid, task, observation, tools
+
+    async def initial_observation(self):
+        return self._obs
+
+    async def step(self, action: str) -> StepResult:
+        return await self.actor.step.remote(self.eid, action)
+
+
+class _RemoteGroupBuilder(EnvGroupBuilder):
+    def __init__(self, actor, task: Task, n: int):
+        super().__init__(lambda t: None, task, n)
+        self.actor = actor
+
+    async def make_envs(self) -> list[Env]:
+        opened = await self.actor.open_group.remote(self.task, self.n)
+        return [_RemoteEnv(self.actor, eid, self.task, obs, tools) for eid, obs, tools in opened]
+
+    async def group_rewards(self, rewards, transcripts) -> list[float]:
+        return await self.actor.group_rewards.remote(self.task, list(rewards), list(transcripts))
+
+
+class RemoteEnvironment(Environment):
+    """An environment whose episodes run on env actors: the groups of a rollout actor are
+    spread over them by task id."""
+
+    def __init__(self, actors: list, name: str):
+        self.actors, self.name = actors, name
+
+    def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
+        raise NotImplementedError("a RemoteEnvironment plays episodes; tasks come from the learner")
+
+    def make_env(self, task: Task) -> Env:
+        raise NotImplementedError("a RemoteEnvironment opens episodes in groups (group_builder)")
+
+    def group_builder(self, task: Task, n: int) -> EnvGroupBuilder:
+        return _RemoteGroupBuilder(self.actors[hash(task.id) % len(self.actors)], task, n)
+
+
+# ---------------------------------------------------------------- rollout actors
+
+
+@ray.remote
+class RolloutActor:
+    def __init__(self, spec: WorkerSpec, worker_id: int, board, env_actors: list, env_name: str):
+        env = RemoteEnvironment(env_actors, env_name) if env_actors else None
+        self.runner = EpisodeRunner(spec, worker_id, env=env)
+        self.board = board
+
+    def where(self) -> dict[str, Any]:
+        return where()
+
+    def run(self, item: WorkItem) -> WorkResult:
+        t0 = time.perf_counter()
+        version, (ref,) = ray.get(self.board.newest.remote(item.min_version))
+        t1 = time.perf_counter()
+        engine = self.runner.engine
+        if version > engine.version:
+            with torch.no_grad():
+                engine.update_weights(from_arrays(ray.get(ref)), version)
+        t2 = time.perf_counter()
+        return self.runner.play(item, t1 - t0, t2 - t1, "object_store")
+
+
+class RayRollouts:
+    """`n_workers` rollout actors (and `cfg.env_actors` environment actors) on the connected
+    cluster, fed by load; dead actors replaced, their items sent again."""
+
+    def __init__(self, spec: WorkerSpec, n_workers: int, cfg: RayConfig, max_restarts: int = 3,
+                 log: Callable[[str], None] = print):
+        if n_workers < 1:
+            raise ValueError(f"RayRollouts needs at least one rollout actor, got {n_workers}")
+        self.spec, self.cfg, self.max_restarts, self.log = spec, cfg, max_restarts, log
+        self.board = WeightBoard.remote()
+        self._weights_ref = None  # the newest version's object, kept alive while it is the newest
+        self.env_actors = [self._env_actor() for _ in range(cfg.env_actors)]
+        self.actors = [self._actor(i) for i in range(n_workers)]
+        self._pending: dict[Any, tuple[int, WorkItem]] = {}  # result ref -> (actor index, item)
+        self._answered: set[int] = set()
+        self.restarts = self.env_restarts = self.resubmitted_items = self.duplicate_results = 0
+
+    def _env_actor(self):
+        return EnvActor.options(num_cpus=self.cfg.env_cpus, resources=self.cfg.env_resources or None).remote(
+            self.spec.env_name, self.spec.env_settings)
+
+    def _actor(self, worker_id: int):
+        return RolloutActor.options(
+            num_cpus=self.cfg.worker_cpus, num_gpus=self.cfg.worker_gpus,
+            resources=self.cfg.worker_resources or None).remote(
+            self.spec, worker_id, self.board, self.env_actors, self.spec.env_name)
+
+    def placement(self) -> dict[str, Any]:
+        """Where each actor runs: {"rollout": [...], "env": [...]}, each where() plus its index."""
+        rollout = ray.get([a.where.remote() for a in self.actors])
+        env = ray.get([a.where.remote() for a in self.env_actors])
+        return {"rollout": [{"actor": i, **w} for i, w in enumerate(rollout)],
+                "env": [{"actor": i, **w} for i, w in enumerate(env)]}
+
+    # ------------------------------------------------------------------ protocol
+
+    def submit(self, item: WorkItem) -> None:
+        load = [0] * len(self.actors)
+        for index, _ in self._pending.values():
+            load[index] += 1
+        self._send(min(range(len(self.actors)), key=load.__getitem__), item)
+
+    def _send(self, index: int, item: WorkItem) -> None:
+        self._pending[self.actors[index].run.remote(item)] = (index, item)
+
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
+        self._weights_ref = ray.put(to_arrays(params))
+        ray.get(self.board.set.remote(version, [self._weights_ref]))
+
+    def poll(self, timeout_s: float = 0.0) -> list[WorkResult]:
+        if not self._pending:
+            if timeout_s:
+                time.sleep(min(timeout_s, 0.01))
+            return []
+        ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout_s)
+        if ready:
+            ready, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)
+        out: list[WorkResult] = []
+        for ref in ready:
+            if ref not in self._pending:
+                continue  # sent again by a recovery below, in this same poll
+            index, item = self._pending.pop(ref)
+            try:
+                result: WorkResult = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+                self._recover()
+                self._resend(index, item)
+                continue
+            if result.error is not None:
+                if self.env_actors and any(w in result.error for w in _ENV_LOST):
+                    self._recover()
+                    self._resend(index, item)
+                    continue
+                raise RolloutError(f"rollout actor {index}, item {item.item_id}: {result.error}")
+            if result.item_id in self._answered:
+                self.duplicate_results += 1
+                continue
+            self._answered.add(result.item_id)
+            out.append(result)
+        return out
+
+    def _recover(self) -> None:
+        """Replace every actor that does not answer: a dead rollout actor's unfinished items go
+        to its replacement; when an env actor is replaced, the rollout actors (which hold the
+        env actors' handles) are renewed too, their unfinished items sent again."""
+        dead_env = [i for i, a in enumerate(self.env_actors) if not _alive(a)]
+        for i in dead_env:
+            self._count_restart(f"environment actor {i} died", env=True)
+            self.env_actors[i] = self._env_actor()
+        for index, actor in enumerate(self.actors):
+            if not _alive(actor):
+                self._count_restart(f"rollout actor {index} died")
+                self._renew(index)
+            elif dead_env:
+                self._renew(index)
+
+    def _resend(self, index: int, item: WorkItem) -> None:
+        self.resubmitted_items += 1
+        self._send(index, item)
+
+    def _renew(self, index: int) -> None:
+        """A fresh actor in slot `index`; the old one's unfinished items go to it."""
+        old = self.actors[index]
+        self.actors[index] = self._actor(index)
+        ray.kill(old, no_restart=True)
+        for ref, (i, item) in list(self._pending.items()):
+            if i == index:
+                del self._pending[ref]
+                self._resend(index, item)
+
+    def _count_restart(self, what: str, env: bool = False) -> None:
+        if env:
+            self.env_restarts += 1
+        else:
+            self.restarts += 1
+        if self.restarts + self.env_restarts > self.max_restarts:
+            raise RolloutError(f"{what}; that is {self.restarts + self.env_restarts} actor deaths, more than "
+                               f"rollout.max_restarts={self.max_restarts}")
+        self.log(f"{what}: replacing it and sending its unfinished items again")
+
+    def stats(self) -> dict[str, float]:
+        return {"rollout/worker_restarts": float(self.restarts), "rollout/env_restarts": float(self.env_restarts),
+                "rollout/resubmitted_items": float(self.resubmitted_items),
+                "rollout/duplicate_results": float(self.duplicate_results)}
+
+    def close(self) -> None:
+        for actor in [*self.actors, *self.env_actors, self.board]:
+            ray.kill(actor, no_restart=True)
+        self._pending.clear()
+        self._weights_ref = None
+
+
+_ENV_LOST = ("ActorDied", "RayActorError", "not open on this")  # an item's error when its env actor went
+
+
+def _alive(actor, timeout_s: float = 30.0) -> bool:
+    try:
+        ray.get(actor.where.remote(), timeout=timeout_s)
+        return True
+    except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        return False
