@@ -252,6 +252,16 @@ class RolloutConfig(Config):
         "where rollout workers run: local processes on this machine, or Ray actors on a cluster "
         "(extra `ray`; see `ray`)"))
     ray: RayConfig = RayConfig()
+    engine: Literal["local", "vllm"] = Field("local", description=(
+        "the rollout actors' inference engine: flywheel's LocalEngine, or vLLM on a CUDA GPU (extra "
+        "`vllm`; needs backend: ray, one GPU per actor by ray.worker_gpus)"))
+
+    @model_validator(mode="after")
+    def _vllm_runs_on_ray_actors(self):
+        if self.engine == "vllm" and self.backend != "ray":
+            raise ValueError("rollout.engine=vllm runs in Ray rollout actors: set rollout.backend=ray "
+                             "(and rollout.ray.worker_gpus=1)")
+        return self
 
 
 class RLConfig(Config):

@@ -267,3 +267,28 @@ def test_require_vllm_names_the_install_command(monkeypatch):
         assert isinstance(e.value, ConfigError) and isinstance(e.value, ValueError)
         assert "rollout.engine: vllm" in str(e.value) and "pip install 'flywheel[vllm]'" in str(e.value)
         assert "CUDA GPU" in str(e.value)
+
+
+def test_a_run_on_the_vllm_engine_fails_before_it_starts_where_vllm_is_absent(tmp_path, monkeypatch):
+    """rollout.engine: vllm without vLLM: refused by run_rl before a model loads, naming the install
+    command; and the engine is refused outside Ray actors by the config itself."""
+    import builtins
+
+    from flywheel.config import ConfigError, RLConfig, validate
+    from flywheel.train.rl import run_rl
+
+    real_import = builtins.__import__
+
+    def no_vllm(name, *args, **kwargs):
+        if name == "vllm" or name.startswith("vllm."):
+            raise ImportError("No module named 'vllm'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    raw = dict(model=str(tmp_path / "absent-model"), output_dir=str(tmp_path / "run"), env={"name": "arithmetic"},
+               rollout={"backend": "ray", "engine": "vllm"})
+    with pytest.raises(ConfigError, match=r"pip install 'flywheel\[vllm\]'"):
+        run_rl(validate(raw, RLConfig), log=lambda m: None)
+    assert not (tmp_path / "run").exists()  # nothing started
+    with pytest.raises(ConfigError, match="rollout.backend=ray"):
+        validate({**raw, "rollout": {"engine": "vllm"}}, RLConfig)

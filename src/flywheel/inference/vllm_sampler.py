@@ -251,6 +251,10 @@ class VLLMSampler:
         self.llm = llm
         self._params = params_factory or (lambda **kw: kw)
 
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text` by the engine's tokenizer, no special tokens (as LocalEngine)."""
+        return self.llm.get_tokenizer().encode(text, add_special_tokens=False)
+
     def generate(self, prompts: Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams]) -> list[list[Sample]]:
         if isinstance(params, SamplingParams):

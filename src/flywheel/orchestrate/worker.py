@@ -52,6 +52,7 @@ class WorkerSpec:
     seed: int = 0
     device: str = "cpu"
     packed: bool | None = None  # the lean decoder's kernel set (None: it picks by size, decoder.py)
+    engine: str = "local"  # "local" (LocalEngine) or "vllm" (inference/vllm_sampler.py, on a Ray actor's GPU)
 
 
 @dataclass
@@ -100,9 +101,18 @@ class EpisodeRunner:
         quiet_transformers()
         self.spec, self.worker_id = spec, worker_id
         self.env = env if env is not None else load_env(spec.env_name, **spec.env_settings)
-        model, tokenizer = load(spec.model, device=spec.device)
-        self.engine = LocalEngine(model, tokenizer, version=-1, seed=spec.seed * 1009 + worker_id,
-                                  packed=spec.packed)
+        if spec.engine == "vllm":
+            from transformers import AutoTokenizer
+
+            from flywheel.inference.vllm_sampler import VLLMSampler
+
+            tokenizer = AutoTokenizer.from_pretrained(spec.model)
+            self.engine = VLLMSampler(spec.model, version=-1, logprobs_mode=spec.sampling.get("logprobs_mode", "raw"),
+                                      seed=spec.seed * 1009 + worker_id)
+        else:
+            model, tokenizer = load(spec.model, device=spec.device)
+            self.engine = LocalEngine(model, tokenizer, version=-1, seed=spec.seed * 1009 + worker_id,
+                                      packed=spec.packed)
         renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
         self.policy = SamplerPolicy(self.engine, SamplingParams(**spec.sampling), renderer)
         self.loop = EpisodeLoop()

@@ -114,6 +114,10 @@ def _sampling(cfg: RLConfig) -> dict:
 
 def _workers(cfg: RLConfig) -> int:
     k, n = cfg.max_off_policy_steps, cfg.rollout.workers
+    if cfg.rollout.engine == "vllm":
+        from flywheel.inference.vllm_sampler import require_vllm
+
+        require_vllm()  # before anything runs, with the install command: never mid-run
     if cfg.rollout.backend == "ray":
         if n == 0:
             raise TrainError("rollout.backend=ray plays episodes on rollout actors: set rollout.workers >= 1 "
@@ -203,7 +207,7 @@ def _ray_source(cfg: RLConfig, n_workers: int, worker_model: str, stack: ExitSta
         stack.callback(ray.shutdown)
     spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings, transport_name="",
                       group_size=cfg.train.group_size, threads=_worker_threads(cfg), seed=cfg.train.seed,
-                      device=cfg.device, sampling=_sampling(cfg))
+                      device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine)
     source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log)
     stack.callback(source.close)
     placement = source.placement()
