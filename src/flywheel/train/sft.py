@@ -23,7 +23,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -40,6 +40,9 @@ from flywheel.train.run_state import restore_trainer_state, start_run, trainer_s
 from flywheel.train.stop import Deadline, interrupted, interrupted_message
 from flywheel.train.schedule import warmup_cosine
 from flywheel.train.sft_data import Example, load_sft_examples
+
+if TYPE_CHECKING:
+    from flywheel.train.fsdp2 import Rank
 
 Evaluator = Callable[[object, object], dict]
 
@@ -59,10 +62,22 @@ class SFTResult:
     interrupted: bool = False  # a stop request ended it early: checkpointed, no final model (train.stop)
 
 
-def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[str], None] = print) -> SFTResult:
+def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[str], None] = print,
+            dist: Rank | None = None) -> SFTResult:
+    """`dist`: this process's rank when run_sft runs inside an FSDP2 learner (train/fsdp2.py);
+    with `train.strategy: fsdp2` and no `dist`, run_sft launches the ranks and returns rank 0's result."""
+    if cfg.train.strategy == "fsdp2" and dist is None:
+        from flywheel.train.fsdp2 import launch_sft
+
+        if evaluator is not None:
+            raise TrainError("train.strategy=fsdp2 does not run an evaluator callable; validate with "
+                             "data.val / data.val_fraction, or evaluate the checkpoints")
+        return launch_sft(cfg, log)
     out = Path(cfg.output_dir)
     ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
     model, tokenizer = load_trainable(ckpt or cfg.model, cfg.train.lora, dtype=cfg.dtype, device=cfg.device)
+    if dist is not None:
+        model = dist.wrap(model, seed=cfg.train.seed)
     if cfg.train.lora is not None or is_adapter_folder(cfg.model):
         trained, total = trainable_count(model)
         log(f"LoRA: training {trained:,} of {total:,} parameters")
@@ -96,16 +111,22 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     order = DataOrder(len(examples), tc.seed)
     step, resumed_from = 0, None
     if ckpt is not None:
-        step = resumed_from = restore_trainer_state(ckpt, optimizer, scheduler, order, log)
+        step = resumed_from = (dist.restore(ckpt, model, optimizer, scheduler, order, log) if dist else
+                               restore_trainer_state(ckpt, optimizer, scheduler, order, log))
 
-    metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
-                            start_step=step)
+    if dist is None or dist.is_main:
+        metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
+                                start_step=step)
+    else:  # the other ranks' rows (the same numbers) stay beside their logs
+        metrics = MetricsWriter(out / "fsdp2" / f"metrics.rank{dist.rank}.jsonl", start_step=step)
     pad_id = tokenizer.pad_token_id
     last: dict = {}
 
     def checkpoint() -> Path:
-        return save_checkpoint(out, step, model, tokenizer, trainer_state(step, optimizer, scheduler, order, cfg),
-                               keep=cfg.checkpoint.keep)
+        state = trainer_state(step, optimizer, scheduler, order, cfg)
+        if dist is not None:
+            return dist.save_checkpoint(out, step, model, optimizer, tokenizer, state, keep=cfg.checkpoint.keep)
+        return save_checkpoint(out, step, model, tokenizer, state, keep=cfg.checkpoint.keep)
 
     def evaluate() -> dict:
         record = {}
@@ -123,17 +144,21 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
         return record
 
     deadline = Deadline(cfg.max_seconds)
+    should_stop = (lambda: dist.agree_stop(deadline)) if dist else deadline.passed
     stopped_early = False
     tokens_trained = 0  # SFTResult.tokens_trained
     # ---- the loop
     with StepProgress(total_steps, start=step, enabled=cfg.log.progress) as progress:
-        while step < total_steps and not deadline.passed():
+        while step < total_steps and not should_stop():
             t0 = time.perf_counter()
             batch = [examples[i] for i in order.take(tc.batch_size)]
-            n_trained = sum(sum(ex.loss_mask[1:]) for ex in batch)  # tokens that get predicted
+            n_trained = sum(sum(ex.loss_mask[1:]) for ex in batch)  # tokens that get predicted (all ranks')
             nll_sum, n_tokens = 0.0, 0
-            for i in range(0, len(batch), tc.micro_batch_size):
-                micro = batch[i:i + tc.micro_batch_size]
+            mine = dist.share(batch) if dist else batch  # an FSDP2 rank: its share; the same normaliser
+            for i in range(0, len(mine), tc.micro_batch_size):
+                micro = mine[i:i + tc.micro_batch_size]
+                if dist is not None:  # reduce-scatter once per step, after its last micro-batch
+                    dist.grad_sync(model, i + tc.micro_batch_size >= len(mine))
                 ids, attn, tmask = pad_batch([e.ids for e in micro], [e.loss_mask for e in micro], pad_id)
                 ids, attn, tmask = ids.to(cfg.device), attn.to(cfg.device), tmask.to(cfg.device)
                 loss, m = sft_loss(model, ids, attn, tmask, normalizer=max(1, n_trained))
@@ -141,6 +166,9 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
                 nll_sum += m["nll_sum"]
                 n_tokens += int(attn.sum())
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), oc.grad_clip or float("inf"))
+            if dist is not None:  # a replicated DTensor: the global norm; the step's numbers, all ranks'
+                grad_norm = grad_norm.full_tensor()
+                nll_sum, n_tokens = dist.sum([nll_sum, n_tokens])
             finite = bool(torch.isfinite(grad_norm))
             if finite:
                 optimizer.step()
@@ -179,7 +207,10 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
         evaluate()
     checkpoint()
     final = out / "final"
-    save_model_folder(model, tokenizer, final)
+    if dist is not None:
+        dist.save_model_folder(model, tokenizer, final)
+    else:
+        save_model_folder(model, tokenizer, final)
     metrics.close()
     log(f"done: {step} steps; model saved to {final}")
     return SFTResult(output_dir=out, final_model=final, steps=step, resumed_from=resumed_from, last=last,
