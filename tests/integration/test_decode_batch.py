@@ -147,3 +147,48 @@ def test_the_hf_runner_batch_takes_requests_only_when_empty(model_dir):
     assert not batch.can_join
     with pytest.raises(RuntimeError, match="takes no request"):
         batch.admit([DecodeRequest(1, [7], GREEDY)])
+
+
+def _full_forward_logprobs(model_dir, weights: dict[str, torch.Tensor] | None, prompt: list[int],
+                           tokens: list[int]) -> list[float]:
+    """log p(token_i | prompt, tokens_<i) by one plain forward of the whole sequence under the
+    model's weights with `weights` swapped in."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        for name, value in (weights or {}).items():
+            model.get_parameter(name).copy_(value)
+        ids = torch.tensor([prompt + tokens])
+        lp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1:-1].float(), -1)
+    return lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0].tolist()
+
+
+def test_a_recomputing_batch_matches_a_full_forward_of_the_mixed_sequence(model_dir):
+    """In-flight updates with keys and values recomputed: rows of different lengths (and one
+    that joins after the update) go on under the new weights, and every token's logprob is
+    a full forward's of the whole mixed sequence under the version it is tagged with."""
+    engine = LocalEngine.from_path(str(model_dir), seed=0, lean=True)
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
+    prompts = {"a": engine.encode("12+34="), "b": engine.encode("a much longer prompt"), "c": engine.encode("x")}
+    batch = engine.batch(follow=True, recompute=True)
+    batch.admit([DecodeRequest(k, prompts[k], params) for k in ("a", "b")])
+    done = {}
+    for _ in range(3):
+        done.update(batch.step().finished)
+    new = _new_weights(engine, 7)
+    engine.update_weights(new, version=4)  # lands between two steps: nothing pins a following batch
+    batch.admit([DecodeRequest("c", prompts["c"], params)])  # joins on the new weights
+    while batch.live:
+        done.update(batch.step().finished)
+    weights = {0: None, 4: new}
+    for key in ("a", "b", "c"):
+        (sample,) = done[key]
+        versions = sample.token_versions
+        assert versions == ([0] * 3 + [4] * 5 if key != "c" else [4] * 8), (key, versions)
+        for v in set(versions):
+            want = _full_forward_logprobs(model_dir, weights[v], prompts[key], sample.token_ids)
+            got = [lp for lp, tv in zip(sample.logprobs, versions) if tv == v]
+            assert got == pytest.approx([w for w, tv in zip(want, versions) if tv == v], abs=1e-4), (key, v)
+    with pytest.raises(ValueError, match="recompute needs follow=True"):
+        engine.batch(recompute=True)

@@ -18,7 +18,10 @@ rows: `update_weights` waits until it drains, and the batch takes no request whi
 update waits, so every token of a sample comes from one version. True lets an update land
 between two steps: rows continue on the new weights (the keys and values already cached
 stay), and `Sample.token_versions` tags each token with the version whose forward produced
-its logits.
+its logits. With `recompute` as well (lean decoder), the first step after an update first
+recomputes every live row's keys and values under the new weights (one prefill of each row's
+prompt and tokens so far), so from the update on each token is what the new weights give on
+the whole mixed sequence, exactly as a fresh forward of it would.
 
 LoRA: a request may name an adapter of the engine's AdapterPool (inference/adapters.py);
 its rows decode with it, unmerged, beside rows of other adapters and of the base model in the
@@ -88,10 +91,11 @@ class _Row:
 
 
 class _Request:
-    __slots__ = ("key", "prompt_len", "rows", "left", "version", "aborted", "lora")
+    __slots__ = ("key", "prompt", "prompt_len", "rows", "left", "version", "aborted", "lora")
 
     def __init__(self, r: DecodeRequest, version: int, lora: Resident | None):
         self.key, self.prompt_len, self.version, self.lora = r.key, len(r.prompt), version, lora
+        self.prompt = tuple(r.prompt)  # for a recompute after a weight update (recompute batches)
         self.rows: list[_Row] = []
         self.left = r.params.n  # rows still generating
         self.aborted = False
@@ -104,14 +108,21 @@ class DecodeBatch:
     # per-row tensors, aligned with `rows` and the cache rows
     _ROW_TENSORS = ("temperature", "top_k", "top_p", "processed", "stop_ids", "budget", "count", "pos_next", "start")
 
-    def __init__(self, engine, *, seed: int | None = None, follow: bool = False, max_rows: int = 0):
-        """engine: a LocalEngine. max_rows: row room to reserve when the cache grows."""
+    def __init__(self, engine, *, seed: int | None = None, follow: bool = False, recompute: bool = False,
+                 max_rows: int = 0):
+        """engine: a LocalEngine. max_rows: row room to reserve when the cache grows.
+        follow / recompute: see the module doc."""
         self.engine = engine
         self.runner = engine.runner
         self.dev = engine.device
         self.follow = follow
         self.max_rows = max_rows
         self.can_join_running = isinstance(self.runner, LeanDecoder)
+        if recompute and not (follow and self.can_join_running):
+            raise ValueError("recompute needs follow=True and the lean decoder (the HF fallback runner's cache "
+                             "cannot be rewritten in place)")
+        self.recompute = recompute
+        self.cache_version: int | None = None  # the weights of every key and value cached (recompute batches)
         if seed is None:
             self.generator = engine.generator
         else:
@@ -253,6 +264,7 @@ class DecodeBatch:
                 for name, value in parts.items():
                     setattr(self, name, value)
                 self.logits = logits
+                self.cache_version = engine.version
                 self.cache = KVCache(self.buf[:, :, :R], c) if self.can_join_running else target
             else:
                 for name, value in parts.items():
@@ -311,6 +323,8 @@ class DecodeBatch:
             return StepOutput([], [], [], [], [], [])
         engine = self.engine
         with engine.lock, torch.inference_mode():
+            if self.recompute and self.cache_version != engine.version:
+                self._recompute()
             out, tok, keep, finished = self._sample()
             if on_sampled is not None:
                 on_sampled(out)
@@ -330,6 +344,27 @@ class DecodeBatch:
         if not self.rows:
             self._release()
         return out
+
+    def _recompute(self) -> None:
+        """Rewrite every live row's keys and values, and its next-token logits, under the
+        engine's current weights: one prefill of each row's prompt and tokens so far, into the
+        cache columns the row already uses ([start, c), left-padded to the longest)."""
+        dev, c = self.dev, self.cache.length
+        seqs = [list(row.request.prompt) + row.tokens for row in self.rows]
+        lens = torch.tensor([len(q) for q in seqs], device=dev)
+        if not torch.equal(c - lens, self.start):
+            raise RuntimeError("a row's tokens do not fill its cache columns: cannot recompute")
+        L = int(lens.max())
+        pad = 0 if self.engine.tokenizer.pad_token_id is None else self.engine.tokenizer.pad_token_id
+        tokens_B_L = torch.tensor([[pad] * (L - len(q)) + q for q in seqs], device=dev)
+        offset_B = L - lens
+        positions_B_L = (torch.arange(L, device=dev)[None] - offset_B[:, None]).clamp_min(0)
+        key_valid_B_L = torch.arange(L, device=dev)[None] >= offset_B[:, None] if bool((offset_B > 0).any()) else None
+        target = KVCache(self.buf[:, :, :len(self.rows), :, c - L:], 0)
+        self.logits = self.runner.forward(tokens_B_L, positions_B_L, target, key_valid_B_L, causal=True,
+                                          **_lora(RowGroups([r.request.lora for r in self.rows], L, dev)))
+        self.logits_version = [self.engine.version] * len(self.rows)
+        self.cache_version = self.engine.version
 
     def _sample(self) -> tuple[StepOutput, torch.Tensor, list[int] | None, list[_Request]]:
         """Sample every row's token and record it; returns the step's output (`finished`

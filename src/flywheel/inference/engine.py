@@ -173,10 +173,12 @@ class LocalEngine:
             batch.close()
         return results
 
-    def batch(self, *, seed: int | None = None, follow: bool = False, max_rows: int = 0) -> DecodeBatch:
+    def batch(self, *, seed: int | None = None, follow: bool = False, recompute: bool = False,
+              max_rows: int = 0) -> DecodeBatch:
         """A steppable batch on this engine (inference/decode.py): admit requests, step,
-        abort. seed: its own generator; follow: rows continue across weight updates."""
-        return DecodeBatch(self, seed=seed, follow=follow, max_rows=max_rows)
+        abort. seed: its own generator; follow: rows continue across weight updates;
+        recompute: their keys and values recomputed under the new weights."""
+        return DecodeBatch(self, seed=seed, follow=follow, recompute=recompute, max_rows=max_rows)
 
     def refusal(self, prompt: Sequence[int], params: SamplingParams) -> str | None:
         """Why this engine cannot decode `prompt` with `params` (the text after "prompt i"),
