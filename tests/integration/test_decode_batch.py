@@ -192,3 +192,26 @@ def test_a_recomputing_batch_matches_a_full_forward_of_the_mixed_sequence(model_
             assert got == pytest.approx([w for w, tv in zip(want, versions) if tv == v], abs=1e-4), (key, v)
     with pytest.raises(ValueError, match="recompute needs follow=True"):
         engine.batch(recompute=True)
+
+
+def test_generate_with_a_between_steps_hook_takes_an_update_mid_sample(model_dir):
+    """LocalEngine.generate as a rollout worker runs it with in-flight updates: the hook (the
+    worker's weight pickup) lands version 4 before the fourth step; samples carry both
+    versions and each token is a full forward's under its own."""
+    engine = LocalEngine.from_path(str(model_dir), seed=0, lean=True)
+    new = _new_weights(engine, 11)
+    calls = []
+
+    def hook():
+        calls.append(engine.version)
+        if len(calls) == 4:
+            engine.update_weights(new, version=4)
+
+    engine.between_steps = hook
+    prompt = engine.encode("12+34=")
+    (sample,), = engine.generate([prompt], SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True))
+    assert sample.token_versions == [0] * 3 + [4] * 5 and sample.version == 0
+    for v, weights in ((0, None), (4, new)):
+        want = _full_forward_logprobs(model_dir, weights, prompt, sample.token_ids)
+        got = [(lp, w) for lp, w, tv in zip(sample.logprobs, want, sample.token_versions) if tv == v]
+        assert [g for g, _ in got] == pytest.approx([w for _, w in got], abs=1e-4), v

@@ -163,3 +163,22 @@ def _children_running(marker: str) -> list[int]:
         if marker in cmdline and state != "Z":
             pids.append(int(entry.name))
     return pids
+
+
+def test_in_flight_updates_tag_tokens_and_keep_the_staleness_bound(model, tmp_path):
+    """rollout.in_flight_updates: the worker takes newer weights between decode steps (the
+    run's plumbing; whether an update lands mid-sample depends on timing, so the exactness of
+    the tokens after one is test_decode_batch's). The run trains in data order with the bound
+    held and reports the tokens sampled after an update."""
+    out = tmp_path / "run"
+    run_rl(cfg(model, out, sampling={"max_tokens": 24}, train={"steps": 8, "groups_per_step": 2, "group_size": 8},
+               rollout={"workers": 1, "in_flight_updates": True}), log=lambda m: None)
+    train = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["step"] for r in train] == list(range(1, 9))
+    rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert all(0 <= s <= 1 for r in rows for s in r["staleness"])
+    assert trained_tasks(out) == expected_tasks(8, 2)
+    assert all("rollout/in_flight_tokens" in r for r in train)
+    with pytest.raises(TrainError, match="in_flight_updates needs rollout worker processes"):
+        run_rl(cfg(model, tmp_path / "x", max_off_policy_steps=0, rollout={"workers": 0, "in_flight_updates": True}),
+               log=lambda m: None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -52,6 +52,9 @@ class LocalEngine:
             else:
                 self.adapters = AdapterPool(self.runner.layout(), self.runner.embed.dtype, self.runner.embed.device,
                                             max_resident=max_adapters)
+        # in-flight updates: called by `generate` before each decode step (it may take newer
+        # weights); its batches then follow updates, their keys and values recomputed (decode.py)
+        self.between_steps: Callable[[], None] | None = None
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None) or 1 << 30
         self.vocab_size = model.get_input_embeddings().weight.shape[0]
@@ -158,13 +161,16 @@ class LocalEngine:
                 raise ValueError(f"prompt {i}{problem}")
         if not prompts:
             return []
-        batch = self.batch()
+        in_flight = self.between_steps is not None
+        batch = self.batch(follow=in_flight, recompute=in_flight and isinstance(self.runner, LeanDecoder))
         results: list[list[Sample]] = [[] for _ in prompts]
         try:
             adapters = adapters or [None] * len(prompts)
             batch.admit([DecodeRequest(i, p, sp, adapter=a)
                          for i, (p, sp, a) in enumerate(zip(prompts, params, adapters))])
             while batch.live:
+                if in_flight:
+                    self.between_steps()
                 for i, samples in batch.step().finished:
                     for s in samples:
                         s.prompt_index = i

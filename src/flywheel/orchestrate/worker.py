@@ -53,6 +53,7 @@ class WorkerSpec:
     device: str = "cpu"
     packed: bool | None = None  # the lean decoder's kernel set (None: it picks by size, decoder.py)
     engine: str = "local"  # "local" (LocalEngine) or "vllm" (inference/vllm_sampler.py, on a Ray actor's GPU)
+    in_flight: bool = False  # take newer weights between decode steps, not only between items
 
 
 @dataclass
@@ -147,6 +148,14 @@ def worker_main(worker_id: int, conn) -> None:
         runner = EpisodeRunner(spec, worker_id)
         transport = SharedMemoryTransport.attach(spec.transport_name)
         reader = _claim_reader(transport, runner.engine)
+        if spec.in_flight:
+            engine = runner.engine
+
+            def take_newer() -> None:  # rows in flight go on with the newer weights
+                if transport.version() > engine.version:
+                    engine.receive(reader or transport)
+
+            engine.between_steps = take_newer
     except Exception:  # noqa: BLE001 - a start-up failure is not worth restarting for
         conn.send(WorkResult(STARTUP_FAILED, worker_id, [], -1, 0.0, 0.0, 0.0, error=traceback.format_exc()))
         conn.close()

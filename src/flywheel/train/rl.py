@@ -177,6 +177,8 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
     if cfg.rollout.backend == "ray":
         return _ray_source(cfg, n_workers, worker_model, stack, log), engine
     if n_workers == 0:
+        if cfg.rollout.in_flight_updates:
+            raise TrainError("rollout.in_flight_updates needs rollout worker processes: set rollout.workers >= 1")
         return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer,
                                  threads=cfg.rollout.threads), engine
     out = Path(cfg.output_dir)
@@ -184,10 +186,13 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
     stack.callback(transport.close)
     stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
     threads = _worker_threads(cfg)
+    if cfg.rollout.in_flight_updates and cfg.max_off_policy_steps == 0:
+        log("warning: rollout.in_flight_updates with max_off_policy_steps=0: no update lands while a "
+            "synchronous step's rollouts decode")
     spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings,
                       transport_name=transport.name, group_size=cfg.train.group_size, threads=threads,
-                      seed=cfg.train.seed, device=cfg.device,
-                      sampling=_sampling(cfg))
+                      seed=cfg.train.seed, device=cfg.device, sampling=_sampling(cfg),
+                      in_flight=cfg.rollout.in_flight_updates)
     source = ProcessRollouts(spec, n_workers, cfg.rollout.max_restarts, log)
     stack.callback(source.close)
     return source, engine
@@ -217,6 +222,16 @@ def _ray_source(cfg: RLConfig, n_workers: int, worker_model: str, stack: ExitSta
         for a in actors:
             log(f"ray: {part} actor {a['actor']} on node {a['node_id'][:12]} ({a['ip']}), {a['resources']}")
     return source
+
+
+def _in_flight_tokens(groups) -> int:
+    """Sampled tokens of a newer version than their trajectory's first (in-flight updates)."""
+    count = 0
+    for g in groups:
+        for t in g.trajectories:
+            sampled = [v for v, m in zip(t.versions, t.loss_mask) if m]
+            count += sum(v > sampled[0] for v in sampled) if sampled else 0
+    return count
 
 
 def _reference(cfg: RLConfig, model, learner):
@@ -342,6 +357,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
                       "reward_std": float(torch.tensor(rewards).std()) if samples > 1 else 0.0,
                       "samples_per_s": samples / (t3 - t0), "tokens_per_s": tokens / (t3 - t0),
                       "staleness_mean": sum(staleness) / len(staleness), "time/step_s": t3 - t0,
+                      "rollout/in_flight_tokens": float(_in_flight_tokens(groups)),
                       "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2,
                       **{f"rollout/{k}": v for k, v in roll.work.items()},
                       **feeder.buffer.stats(), **source.stats(),
