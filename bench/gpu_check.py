@@ -1,0 +1,240 @@
+"""The GPU paths, measured in one short run wherever an accelerator is available (bench/gpu_check.sh).
+
+Sections, each timed and recorded even when another fails (its error is the record):
+  matmul    the bf16 matmul rate this GPU sustains (8192^3, median of repeats): MFU's denominator.
+  learner   `flywheel sft` on the real path, `train.strategy: fsdp2` on one GPU, bf16, a
+            Qwen2-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 kv heads, ffn 4864;
+            random init; the tiny factory's byte tokenizer, so the vocabulary is 259 tokens,
+            not Qwen's 151,936), sequences of ~1,024 tokens: tokens/s from metrics.jsonl
+            after warm-up; MFU = (6 N + 12 L h s) tokens/s / matmul rate (N non-embedding
+            parameters, L layers, h hidden, s sequence length).
+  sampler   LocalEngine on the GPU, and VLLMSampler where vLLM is installed, tokens/s on the
+            GRPO shape (8 prompts x n=8, max_tokens 128, temperature 1) and on 64 x 256
+            (ignore_eos).
+  weights   one full weight update of that model: LocalEngine.update_weights, and
+            VLLMSampler.update_weights where vLLM is installed.
+  rl        a short arithmetic GRPO run on `rollout.backend: ray` (the vLLM engine where
+            installed, else LocalEngine on the GPU) from a short SFT warm start: reward of the
+            first and last five steps, held-out accuracy before and after.
+Writes OUT/gpu_check.json and OUT/gpu_check.md. `--device cpu --smoke` runs every section
+at toy sizes on a CPU (what a machine without a GPU can check of this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+QWEN05 = dict(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, max_positions=2048)
+TOY = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, max_positions=512)
+
+
+def sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def matmul(args) -> dict:
+    import torch
+
+    n = 512 if args.smoke else 8192
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    a = torch.randn(n, n, device=args.device, dtype=dtype)
+    b = torch.randn(n, n, device=args.device, dtype=dtype)
+    times = []
+    for _ in range(3 if args.smoke else 20):
+        sync(args.device)
+        t0 = time.perf_counter()
+        a @ b
+        sync(args.device)
+        times.append(time.perf_counter() - t0)
+    return {"n": n, "dtype": str(dtype), "tflops": 2 * n ** 3 / statistics.median(times[1:]) / 1e12}
+
+
+def model_folder(args, root: Path) -> Path:
+    from flywheel.models import TinySpec, build_tiny_model
+
+    path = root / ("toy" if args.smoke else "qwen2-0.5b-shape")
+    if not (path / "config.json").exists():
+        build_tiny_model(path, TinySpec(**(TOY if args.smoke else QWEN05)))
+    return path
+
+
+def learner(args, root: Path, rate_tflops: float | None) -> dict:
+    import random
+
+    from flywheel.config import SFTConfig, validate
+    from flywheel.models import load
+    from flywheel.train.metrics import read_metrics
+    from flywheel.train.sft import run_sft
+
+    folder = model_folder(args, root)
+    seq = 128 if args.smoke else 1024
+    rng = random.Random(0)
+    data = root / "long.jsonl"
+    with open(data, "w") as f:
+        for _ in range(64):
+            text = "".join(rng.choice("abcdefghij +=0123456789") for _ in range(seq - 8))
+            f.write(json.dumps({"prompt": "go:", "completion": text}) + "\n")
+    steps = 4 if args.smoke else 12
+    out = root / f"sft-{time.time_ns()}"
+    cfg = validate(dict(model=str(folder), output_dir=str(out), data={"train": [str(data)], "format": "prompt_completion",
+                                                                        "max_length": seq},
+                        train={"steps": steps, "batch_size": 8, "micro_batch_size": 8, "strategy": "fsdp2",
+                               "world_size": 1},
+                        dtype="bfloat16" if args.device.startswith("cuda") else "float32", device=args.device,
+                        log={"progress": False}), SFTConfig)
+    run_sft(cfg, log=lambda m: None)
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "tokens_per_s" in r][2:]
+    tps = statistics.median(r["tokens_per_s"] for r in rows)
+    model, _ = load(folder)
+    spec = TOY if args.smoke else QWEN05
+    embed = sum(p.numel() for n, p in model.named_parameters() if "embed" in n or "lm_head" in n)
+    n_params = sum(p.numel() for p in model.parameters()) - embed
+    flops_per_token = 6 * n_params + 12 * spec["layers"] * spec["hidden"] * seq
+    achieved = flops_per_token * tps / 1e12
+    return {"params_non_embedding": n_params, "seq": seq, "tokens_per_s": tps, "tflops": achieved,
+            "mfu": achieved / rate_tflops if rate_tflops else None}
+
+
+def sampler_rates(args, root: Path) -> dict:
+    from flywheel.inference import LocalEngine, SamplingParams
+
+    folder = model_folder(args, root)
+    shapes = {"grpo_8x8x128": ([[5, 9, 13, 21] * 8] * 8, SamplingParams(n=8, temperature=1.0, max_tokens=32 if args.smoke
+                                                                          else 128, ignore_eos=True)),
+              "64x256": ([[5, 9, 13, 21, i % 200] * 4 for i in range(64)],
+                         SamplingParams(temperature=1.0, max_tokens=32 if args.smoke else 256, ignore_eos=True))}
+    dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    engines = {"local": lambda: LocalEngine.from_path(str(folder), dtype=dtype, seed=0, device=args.device)}
+    if vllm_available():
+        from flywheel.inference.vllm_sampler import VLLMSampler
+
+        engines["vllm"] = lambda: VLLMSampler(str(folder), logprobs_mode="processed", seed=0)
+    out = {} if "vllm" in engines else {"vllm": "not installed"}
+    for name, make in engines.items():
+        engine = make()
+        for shape, (prompts, params) in shapes.items():
+            engine.generate(prompts[:2], params)  # warm-up
+            sync(args.device)
+            t0 = time.perf_counter()
+            samples = engine.generate(prompts, params)
+            sync(args.device)
+            tokens = sum(len(s.token_ids) for group in samples for s in group)
+            out[f"{name}/{shape}"] = tokens / (time.perf_counter() - t0)
+        out[f"{name}/update_s"] = update_time(engine, folder, dtype, args.device)
+        del engine
+    return out
+
+
+def update_time(engine, folder: Path, dtype: str, device: str) -> float:
+    """Median of 3 full weight updates of the engine, from tensors already on the device."""
+    import torch
+
+    from flywheel.models import load
+
+    model, _ = load(folder, dtype=dtype, device=device)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    times = []
+    for version in range(1, 4):
+        sync(device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            engine.update_weights(params, version)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def rl(args, root: Path) -> dict:
+    import common
+    from flywheel.config import RLConfig, validate
+    from flywheel.train.metrics import read_metrics
+    from flywheel.train.rl import run_rl
+
+    warm = common.arith_sft(root / "warm", 60 if args.smoke else 200)
+    cuda = args.device.startswith("cuda")
+    engine = "vllm" if (cuda and vllm_available()) else "local"
+    steps = 6 if args.smoke else 30
+    out = root / f"rl-{time.time_ns()}"
+    cfg = validate(dict(model=str(warm), output_dir=str(out), env={"name": "arithmetic"},
+                        train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": 0},
+                        sampling={"temperature": 1.0, "max_tokens": 6}, optim={"lr": 1e-4},
+                        eval={"tasks": 50 if args.smoke else 200}, log={"progress": False}, device=args.device,
+                        max_off_policy_steps=1,
+                        rollout={"workers": 1, "backend": "ray", "engine": engine,
+                                 "ray": {"worker_gpus": 0.5 if cuda else 0.0}}), RLConfig)
+    result = run_rl(cfg, log=lambda m: None)
+    rewards = [r["reward_mean"] for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
+    return {"engine": engine, "steps": steps, "reward_first5": statistics.mean(rewards[:5]),
+            "reward_last5": statistics.mean(rewards[-5:]),
+            "accuracy_before": result.evals[0]["eval/greedy_accuracy"],
+            "accuracy_after": result.evals[-1]["eval/greedy_accuracy"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench-work/gpu_check")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--smoke", action="store_true", help="toy sizes (with --device cpu: what CI checks)")
+    ap.add_argument("--only", nargs="*", default=None, help="sections to run (default: all)")
+    args = ap.parse_args()
+    root = Path(args.out)
+    root.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    report: dict = {"machine": {"host": platform.node(), "torch": torch.__version__, "device": args.device,
+                                "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                                "vllm": vllm_available(), "smoke": args.smoke}, "sections": {}}
+
+    def section(name: str, fn):
+        if args.only and name not in args.only:
+            return None
+        t0 = time.perf_counter()
+        try:
+            value = fn()
+            report["sections"][name] = {"ok": True, "seconds": time.perf_counter() - t0, **value}
+        except Exception:  # noqa: BLE001 - a failed section is recorded, the others still run
+            value = None
+            report["sections"][name] = {"ok": False, "seconds": time.perf_counter() - t0,
+                                        "error": traceback.format_exc()[-3000:]}
+        print(name, json.dumps(report["sections"][name])[:600], flush=True)
+        (root / "gpu_check.json").write_text(json.dumps(report, indent=1))
+        return value
+
+    mm = section("matmul", lambda: matmul(args))
+    section("learner", lambda: learner(args, root, mm["tflops"] if mm else None))
+    section("sampler", lambda: sampler_rates(args, root))
+    section("rl", lambda: rl(args, root))
+    lines = [f"# gpu_check ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
+             f"Command: `{' '.join(sys.argv)}`", "", f"Machine: {json.dumps(report['machine'])}", ""]
+    for name, s in report["sections"].items():
+        shown = {k: v for k, v in s.items() if k != "error"}
+        lines.append(f"- {name}: {json.dumps(shown)}" + ("" if s["ok"] else f"\n\n```\n{s['error']}\n```"))
+    (root / "gpu_check.md").write_text("\n".join(lines) + "\n")
+    ok = sum(s["ok"] for s in report["sections"].values())
+    learner_s = report["sections"].get("learner", {})
+    print(f"gpu_check: sections_ok={ok}/{len(report['sections'])} mfu={learner_s.get('mfu')} "
+          f"device={args.device} report={root / 'gpu_check.md'}")
+
+
+if __name__ == "__main__":
+    main()
