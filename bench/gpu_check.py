@@ -94,7 +94,7 @@ def learner(args, root: Path, rate_tflops: float | None) -> dict:
         for _ in range(64):
             text = "".join(rng.choice("abcdefghij +=0123456789") for _ in range(seq - 8))
             f.write(json.dumps({"prompt": "go:", "completion": text}) + "\n")
-    steps = 4 if args.smoke else 12
+    steps = 4 if args.smoke else 8
     out = root / f"sft-{time.time_ns()}"
     cfg = validate(dict(model=str(folder), output_dir=str(out), data={"train": [str(data)], "format": "prompt_completion",
                                                                         "max_length": seq},
@@ -170,21 +170,36 @@ def rl(args, root: Path) -> dict:
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
 
-    warm = common.arith_sft(root / "warm", 60 if args.smoke else 200)
+    from flywheel.config import SFTConfig
+    from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
+    from flywheel.train.sft import run_sft
+
+    data = write_sft_jsonl(root / "arithmetic_train.jsonl", split_pairs()[0])
+    warm = run_sft(validate(dict(model=str(common.tiny_model()), output_dir=str(root / f"warm-{time.time_ns()}"),
+                                 data={"train": [str(data)], "format": "prompt_completion"}, device=args.device,
+                                 train={"steps": 60 if args.smoke else args.warm_steps, "batch_size": 128, "micro_batch_size": 128},
+                                 optim={"lr": 1e-3, "weight_decay": 0.01}, log={"progress": False}), SFTConfig),
+                   log=lambda m: None).final_model
     cuda = args.device.startswith("cuda")
     engine = "vllm" if (cuda and vllm_available()) else "local"
-    steps = 6 if args.smoke else 30
+    try:
+        import ray  # noqa: F401
+        backend = "ray"
+    except ImportError:  # the Ray wheel is too large to carry to a bare GPU machine
+        backend = "local"
+    steps = 6 if args.smoke else args.rl_steps
     out = root / f"rl-{time.time_ns()}"
     cfg = validate(dict(model=str(warm), output_dir=str(out), env={"name": "arithmetic"},
                         train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": 0},
                         sampling={"temperature": 1.0, "max_tokens": 6}, optim={"lr": 1e-4},
                         eval={"tasks": 50 if args.smoke else 200}, log={"progress": False}, device=args.device,
                         max_off_policy_steps=1,
-                        rollout={"workers": 1, "backend": "ray", "engine": engine,
-                                 "ray": {"worker_gpus": 0.5 if cuda else 0.0}}), RLConfig)
+                        rollout={"workers": 1, "backend": backend, "engine": engine if backend == "ray" else "local",
+                                 **({"ray": {"worker_gpus": 0.5 if cuda else 0.0}} if backend == "ray" else {})}),
+                   RLConfig)
     result = run_rl(cfg, log=lambda m: None)
     rewards = [r["reward_mean"] for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
-    return {"engine": engine, "steps": steps, "reward_first5": statistics.mean(rewards[:5]),
+    return {"backend": backend, "engine": cfg.rollout.engine, "steps": steps, "reward_first5": statistics.mean(rewards[:5]),
             "reward_last5": statistics.mean(rewards[-5:]),
             "accuracy_before": result.evals[0]["eval/greedy_accuracy"],
             "accuracy_after": result.evals[-1]["eval/greedy_accuracy"]}
@@ -195,6 +210,8 @@ def main() -> None:
     ap.add_argument("--out", default="bench-work/gpu_check")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="toy sizes (with --device cpu: what CI checks)")
+    ap.add_argument("--warm-steps", type=int, default=600, help="SFT steps of the RL section's warm start")
+    ap.add_argument("--rl-steps", type=int, default=40)
     ap.add_argument("--only", nargs="*", default=None, help="sections to run (default: all)")
     args = ap.parse_args()
     root = Path(args.out)

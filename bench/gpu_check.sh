@@ -10,7 +10,7 @@ PY=${PY:-.venv/bin/python}
 DEST=${OUT:-bench-work}/gpu_check
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-timeout 470 "$PY" bench/gpu_check.py --out "$DEST" "$@"
+timeout ${GPU_CHECK_TIMEOUT:-470} "$PY" bench/gpu_check.py --out "$DEST" "$@"
 rc=$?
 [ -f "$DEST/gpu_check.md" ] && cat "$DEST/gpu_check.md"
 exit $rc
