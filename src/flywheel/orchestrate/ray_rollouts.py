@@ -265,8 +265,10 @@ class RayRollouts:
         return len(self._pending)
 
     def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
+        """One copy into the object store; the board is told without waiting for it (a rollout
+        actor that asks first waits on the board for the version its item needs)."""
         self._weights_ref = ray.put(to_arrays(params))
-        ray.get(self.board.set.remote(version, [self._weights_ref]))
+        self.board.set.remote(version, [self._weights_ref])
 
     def poll(self, timeout_s: float = 0.0) -> list[WorkResult]:
         if not self._pending:
