@@ -89,7 +89,7 @@ def test_env_actors_run_on_the_env_node_and_the_run_says_where(cluster, model, t
     placement = json.loads((out / "placement.json").read_text())
     assert [a["node_id"] for a in placement["env"]] == [env_node, env_node]
     assert all(a["resources"].get("env_cpu") == 1.0 for a in placement["env"])
-    assert len(placement["rollout"]) == 2
+    assert len(placement["rollout"]) == 2 and placement["learner"][0]["pid"] == os.getpid()
     assert sum("ray: env actor" in m and env_node[:12] in m for m in logs) == 2, logs
     assert as_sets(trained_tasks(out)) == as_sets(expected_tasks(6, 2))  # data order, each task once
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]

@@ -66,8 +66,9 @@ def connect(cfg: RayConfig, log: Callable[[str], None] = print) -> bool:
 def where() -> dict[str, Any]:
     """This process's place in the cluster."""
     ctx = ray.get_runtime_context()
+    resources = ctx.get_assigned_resources() if ctx.get_actor_id() is not None else {}  # the driver holds none
     return {"node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-            "resources": ctx.get_assigned_resources()}
+            "resources": resources}
 
 
 # ---------------------------------------------------------------- weights
@@ -244,10 +245,12 @@ class RayRollouts:
             self.spec, worker_id, self.board, self.env_actors, self.spec.env_name)
 
     def placement(self) -> dict[str, Any]:
-        """Where each actor runs: {"rollout": [...], "env": [...]}, each where() plus its index."""
+        """Where each part runs: {"learner": [...], "rollout": [...], "env": [...]}, each where()
+        plus its index."""
         rollout = ray.get([a.where.remote() for a in self.actors])
         env = ray.get([a.where.remote() for a in self.env_actors])
-        return {"rollout": [{"actor": i, **w} for i, w in enumerate(rollout)],
+        return {"learner": [{"actor": "driver", **where()}],  # the learner runs in the driver
+                "rollout": [{"actor": i, **w} for i, w in enumerate(rollout)],
                 "env": [{"actor": i, **w} for i, w in enumerate(env)]}
 
     # ------------------------------------------------------------------ protocol
