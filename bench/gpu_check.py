@@ -171,28 +171,39 @@ def rl(args, root: Path) -> dict:
     from flywheel.train.rl import run_rl
 
     from flywheel.config import SFTConfig
+    from flywheel.envs import load_env
     from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
+    from flywheel.train.env_eval import heldout_success
     from flywheel.train.sft import run_sft
 
     data = write_sft_jsonl(root / "arithmetic_train.jsonl", split_pairs()[0])
+    # the learning tests' warm start (tests/integration/conftest.py): SFT until held-out greedy
+    # accuracy reaches 0.3, checked every 20 steps, at most `warm_steps`
     warm = run_sft(validate(dict(model=str(common.tiny_model()), output_dir=str(root / f"warm-{time.time_ns()}"),
                                  data={"train": [str(data)], "format": "prompt_completion"}, device=args.device,
-                                 train={"steps": 60 if args.smoke else args.warm_steps, "batch_size": 128, "micro_batch_size": 128},
-                                 optim={"lr": 1e-3, "weight_decay": 0.01}, log={"progress": False}), SFTConfig),
+                                 train={"steps": 60 if args.smoke else args.warm_steps, "batch_size": 128,
+                                        "micro_batch_size": 128},
+                                 optim={"lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 1.0, "weight_decay": 0.01},
+                                 eval={"every": 20, "stop_at": {"eval/success": 0.3}}, log={"progress": False}),
+                            SFTConfig),
+                   evaluator=heldout_success(load_env("arithmetic"), tasks=100, max_tokens=6),
                    log=lambda m: None).final_model
     cuda = args.device.startswith("cuda")
     engine = "vllm" if (cuda and vllm_available()) else "local"
-    try:
-        import ray  # noqa: F401
-        backend = "ray"
-    except ImportError:  # the Ray wheel is too large to carry to a bare GPU machine
-        backend = "local"
+    backend = args.rl_backend
+    if backend == "auto":
+        try:
+            import ray  # noqa: F401
+            backend = "ray"
+        except ImportError:  # the Ray wheel is too large to carry to a bare GPU machine
+            backend = "local"
     steps = 6 if args.smoke else args.rl_steps
     out = root / f"rl-{time.time_ns()}"
     cfg = validate(dict(model=str(warm), output_dir=str(out), env={"name": "arithmetic"},
                         train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": 0},
                         sampling={"temperature": 1.0, "max_tokens": 6}, optim={"lr": 1e-4},
                         eval={"tasks": 50 if args.smoke else 200}, log={"progress": False}, device=args.device,
+                        threads=2,
                         max_off_policy_steps=1,
                         rollout={"workers": 1, "backend": backend, "engine": engine if backend == "ray" else "local",
                                  **({"ray": {"worker_gpus": 0.5 if cuda else 0.0}} if backend == "ray" else {})}),
@@ -210,8 +221,10 @@ def main() -> None:
     ap.add_argument("--out", default="bench-work/gpu_check")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="toy sizes (with --device cpu: what CI checks)")
-    ap.add_argument("--warm-steps", type=int, default=600, help="SFT steps of the RL section's warm start")
+    ap.add_argument("--warm-steps", type=int, default=300, help="most SFT steps of the RL section's warm start")
     ap.add_argument("--rl-steps", type=int, default=40)
+    ap.add_argument("--rl-backend", choices=["auto", "local", "ray"], default="auto",
+                    help="auto: ray where it is installed")
     ap.add_argument("--only", nargs="*", default=None, help="sections to run (default: all)")
     args = ap.parse_args()
     root = Path(args.out)
