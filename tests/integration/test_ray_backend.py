@@ -26,28 +26,28 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from test_rl_async import expected_tasks, trained_tasks  # noqa: E402  (tests/integration is on sys.path)
 
-
-def as_sets(steps: dict[int, list[int]]) -> dict[int, list[int]]:
-    """Each step's tasks, sorted: two actors' items of a step arrive in either order."""
-    return {step: sorted(tasks) for step, tasks in steps.items()}
+pytestmark = pytest.mark.slow  # a Ray cluster per module, RL runs: make test-all
 
 
 def each_once(out: Path, steps: int, per_step: int) -> None:
-    """Every task trained at most once, `per_step` a step, in data order but for tasks sent
-    again: an item sent again after a failure may come back after a later step's item (two
-    actors, one step off-policy), and a group dropped as too stale is generated again and
-    trained later. Each task of the first `steps` steps missing at the end is one such group,
-    still due (the feeder's untrained tasks); none is lost."""
+    """Nothing lost, nothing twice: every task trained at most once, `per_step` a step, drawn
+    from the front of the data order; and each task of the first `steps` steps either trained
+    or still due (the final checkpoint's untrained tasks). With two actors and one step
+    off-policy a step takes whichever fresh groups arrive first, so a task may move to a
+    neighbouring step (as with two local worker processes), and one sent again after a
+    failure comes back later still."""
+    from flywheel.train.checkpoint import load_state
+
     trained = trained_tasks(out)
     assert sorted(trained) == list(range(1, steps + 1))
     assert all(len(tasks) == per_step for tasks in trained.values())
     got = [t for tasks in trained.values() for t in tasks]
     assert len(set(got)) == len(got), "a task trained twice"
-    first = [t for tasks in expected_tasks(steps + 3, per_step).values() for t in tasks]
-    assert set(got) <= set(first)
-    missing = set(first[:steps * per_step]) - set(got)
-    last = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r][-1]
-    assert len(missing) <= last["rollout/regenerated_groups"], (missing, last["rollout/regenerated_groups"])
+    front = [t for tasks in expected_tasks(steps + 3, per_step).values() for t in tasks]
+    assert set(got) <= set(front)
+    final = sorted((out / "checkpoints").iterdir())[-1]
+    due = set(load_state(final)["feeder"]["untrained"])
+    assert set(front[:steps * per_step]) <= set(got) | due, "a task lost"
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_env_actors_run_on_the_env_node_and_the_run_says_where(cluster, model, t
     assert all(a["resources"].get("env_cpu") == 1.0 for a in placement["env"])
     assert len(placement["rollout"]) == 2 and placement["learner"][0]["pid"] == os.getpid()
     assert sum("ray: env actor" in m and env_node[:12] in m for m in logs) == 2, logs
-    assert as_sets(trained_tasks(out)) == as_sets(expected_tasks(6, 2))  # data order, each task once
+    each_once(out, 6, 2)
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert all(0 <= s <= 1 for r in rows for s in r["staleness"])  # the staleness bound holds
 
