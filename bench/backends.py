@@ -1,18 +1,21 @@
 """The same RL run on `rollout.backend: local` and on `rollout.backend: ray` (one node), and the
-weight hand-off through Ray's object store against one memcpy, in one run.
+weight hand-off on Ray (shared memory on the learner's node, the object store beyond it)
+against one memcpy, in one run.
 
 Throughput. Arithmetic GRPO from the peer protocol's tiny model (Qwen2, hidden 256, 4 layers,
 random weights): S steps of 8 groups of 8, max_tokens 6, one step off-policy, one rollout
-worker (local: a worker process reading weights from shared memory; ray: a rollout actor on
-a Ray instance this script starts once, reading them from the object store), learner and
+worker (local: a worker process; ray: a rollout actor on a Ray instance this script starts
+once; both on this node, so both read weights from the run's shared-memory segment), learner and
 worker 1 thread each, the same seed. samples/s of a run = samples trained over the wall time
 of its steps after the first two (metrics.jsonl `time/step_s`: start-up, the first
 evaluation and the first weights are left out, the same for both). Rounds alternate which
 backend goes first; the ratio ray / local is paired per round; quoted: median (range).
 
-Weights. The path `flywheel rl` uses on Ray: `RayRollouts.publish` (the learner's tensors
-into the object store, the WeightBoard told) and the actor's pickup (`WorkResult.weight_
-load_s`: fetching the newest version and `LocalEngine.update_weights`), against
+Weights. The paths `flywheel rl` uses on Ray: `RayRollouts.publish` and the actor's pickup
+(`WorkResult.weight_load_s`), for an actor on the learner's node (the run's shared-memory
+segment: the engine binds the leased buffer, or reorders from it for packed kernels) and
+for one that reads the object store as actors on other nodes do (the learner's tensors put
+there, the WeightBoard told; the actor fetches them and `LocalEngine.update_weights`), against
 `dst.copy_(src)` of every parameter into preallocated tensors (one copy of the bytes). ratio =
 memcpy / (publish + pickup), per round; the tiny model and a ~100M-parameter Qwen2
 (bench/weights.py's). Both sides on this one node.
@@ -48,13 +51,16 @@ def rl_samples_per_s(backend: str, model: Path, out: Path, steps: int) -> float:
     return 64 * len(rows) / sum(r["time/step_s"] for r in rows)
 
 
-def publish_vs_memcpy(folder: Path, rounds: int) -> dict:
-    """Medians over rounds of memcpy and of the Ray hand-off (publish + pickup), in seconds."""
+def publish_vs_memcpy(folder: Path, rounds: int, shared_memory: bool) -> dict:
+    """Medians over rounds of memcpy and of the Ray hand-off (publish + pickup), in seconds.
+    shared_memory: the actor reads the run's segment (an actor on the learner's node, as
+    `flywheel rl` sets it up); else the object store (what an actor on another node reads)."""
     import torch
 
     from flywheel.config import RayConfig
     from flywheel.envs import load_env
     from flywheel.models import load
+    from flywheel.orchestrate.pool import rollout_transport
     from flywheel.orchestrate.ray_rollouts import RayRollouts
     from flywheel.orchestrate.worker import WorkerSpec, WorkItem
 
@@ -62,9 +68,11 @@ def publish_vs_memcpy(folder: Path, rounds: int) -> dict:
     params = {k: v.detach() for k, v in model.named_parameters()}
     copies = {k: torch.empty_like(v) for k, v in params.items()}
     nbytes = sum(v.numel() * v.element_size() for v in params.values())
-    spec = WorkerSpec(model=str(folder), env_name="arithmetic", env_settings={}, transport_name="",
+    transport = rollout_transport(model, 1) if shared_memory else None
+    spec = WorkerSpec(model=str(folder), env_name="arithmetic", env_settings={},
+                      transport_name=transport.name if transport else "",
                       sampling={"temperature": 1.0, "max_tokens": 1}, group_size=1, threads=1)
-    source = RayRollouts(spec, 1, RayConfig(), log=lambda m: None)
+    source = RayRollouts(spec, 1, RayConfig(), log=lambda m: None, transport=transport)
     task = load_env("arithmetic").tasks("train", n=1, seed=0)
     memcpy, handoff, publish, pickup = [], [], [], []
     try:
@@ -87,6 +95,8 @@ def publish_vs_memcpy(folder: Path, rounds: int) -> dict:
             handoff.append(publish[-1] + pickup[-1])
     finally:
         source.close()
+        if transport is not None:
+            transport.close()
     ratios = [m / h for m, h in zip(memcpy, handoff)]
     return {"mb": nbytes / 1e6, "memcpy": statistics.median(memcpy), "publish": statistics.median(publish),
             "pickup": statistics.median(pickup), "ratio": statistics.median(ratios), "ratios": ratios}
@@ -123,9 +133,10 @@ def main() -> None:
             for b in got:
                 rates[b].append(got[b])
             ratios.append(got["ray"] / got["local"])
-        weights = {"tiny": publish_vs_memcpy(model, args.weight_rounds)}
-        if not args.smoke:
-            weights["100M"] = publish_vs_memcpy(qwen2_100m_folder(), args.weight_rounds)
+        weights = {}
+        for name, folder in [("tiny", model)] + ([] if args.smoke else [("100M", qwen2_100m_folder())]):
+            for shm in (True, False):
+                weights[(name, shm)] = publish_vs_memcpy(folder, args.weight_rounds, shm)
     finally:
         ray.shutdown()
     mr = common.median_range
@@ -134,17 +145,20 @@ def main() -> None:
              "samples/s over steps 3 on. Figures: median (range, n).", "",
              "| backend | samples/s |", "|---|---|",
              f"| local (worker process, shared memory) | {mr(rates['local'], '{:.1f}')} |",
-             f"| ray (rollout actor, object store) | {mr(rates['ray'], '{:.1f}')} |", "",
+             f"| ray (rollout actor on this node: shared memory) | {mr(rates['ray'], '{:.1f}')} |", "",
              f"ray / local, paired per round: {mr(ratios)}.", "",
-             "| model | MB | memcpy ms | publish ms | pickup ms | memcpy / (publish + pickup) |",
-             "|---|---|---|---|---|---|"]
-    for name, w in weights.items():
-        lines.append(f"| {name} | {w['mb']:.0f} | {w['memcpy'] * 1e3:.1f} | {w['publish'] * 1e3:.1f} | "
+             "| model | actor reads | MB | memcpy ms | publish ms | pickup ms | memcpy / (publish + pickup) |",
+             "|---|---|---|---|---|---|---|"]
+    for (name, shm), w in weights.items():
+        lines.append(f"| {name} | {'shared memory (learner node)' if shm else 'object store (other nodes)'} | "
+                     f"{w['mb']:.0f} | {w['memcpy'] * 1e3:.1f} | {w['publish'] * 1e3:.1f} | "
                      f"{w['pickup'] * 1e3:.1f} | {mr(w['ratios'])} |")
-    big = weights.get("100M", weights["tiny"])
+    big = "100M" if ("100M", True) in weights else "tiny"
     last = (f"backends: ratio={statistics.median(ratios):.2f} local_samples_s={statistics.median(rates['local']):.1f} "
-            f"ray_samples_s={statistics.median(rates['ray']):.1f} weights_ratio_tiny={weights['tiny']['ratio']:.2f} "
-            f"weights_ratio_100m={big['ratio']:.2f} rounds={args.rounds}")
+            f"ray_samples_s={statistics.median(rates['ray']):.1f} "
+            f"weights_ratio_tiny={weights[('tiny', True)]['ratio']:.2f} "
+            f"weights_ratio_100m={weights[(big, True)]['ratio']:.2f} "
+            f"object_store_ratio_100m={weights[(big, False)]['ratio']:.2f} rounds={args.rounds}")
     common.append_report("bench/backends.py: the same RL run on local processes and on Ray; weights through Ray",
                          "\n".join(lines), last, write=not args.smoke)
 

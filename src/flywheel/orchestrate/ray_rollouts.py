@@ -9,10 +9,13 @@ exact resume (orchestrate/feeder.py, train/rl.py) keep their meaning unchanged. 
   `worker_gpus` and `worker_resources`. For each work item it asks the `WeightBoard` for the
   newest weights of at least `item.min_version` (waiting for them if need be), loads them if
   they are newer than its own, and plays the item.
-- `WeightBoard` (one, async): the newest published (version, object ref). `publish` puts the
-  weights into Ray's object store once per version, as numpy arrays: a reader on the
-  learner's node maps them from the node's shared memory without a copy, a reader elsewhere
-  gets them over the network once; the engine copies them into its own parameters.
+- Weights, once per version, two ways. Rollout actors on the learner's node read the run's
+  shared-memory segment (weights/shm.py), as worker processes do: a reader slot each, the
+  engine bound to the leased buffer without a copy (dense kernels) or reordered straight from
+  it (packed ones). For actors elsewhere `publish` also puts the weights into Ray's object
+  store, as numpy arrays, behind the `WeightBoard` (one, async: the newest (version, object
+  ref)); such an actor fetches a version over the network once and copies it into its engine.
+  The object-store copy is made only while some actor runs on another node.
 - `EnvActor` (`rollout.ray.env_actors` of them, placed by `env_resources`, e.g. on CPU
   nodes labelled `env_cpu`): the environment's episodes live there; a rollout actor plays
   against them through `RemoteEnvironment`, one actor call per episode step. With 0 env
@@ -31,6 +34,7 @@ GPU node, `ray job submit` from there).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import time
@@ -45,7 +49,8 @@ from flywheel.config import RayConfig
 from flywheel.envs import load_env
 from flywheel.envs.base import Env, EnvGroupBuilder, Environment, StepResult
 from flywheel.orchestrate.pool import RolloutError
-from flywheel.orchestrate.worker import EpisodeRunner, WorkerSpec, WorkItem, WorkResult
+from flywheel.orchestrate.worker import EpisodeRunner, WorkerSpec, WorkItem, WorkResult, claim_reader
+from flywheel.weights import SharedMemoryTransport
 from flywheel.types import Task
 
 
@@ -197,24 +202,41 @@ class RemoteEnvironment(Environment):
 
 @ray.remote
 class RolloutActor:
-    def __init__(self, spec: WorkerSpec, worker_id: int, board, env_actors: list, env_name: str):
+    def __init__(self, spec: WorkerSpec, worker_id: int, board, env_actors: list, env_name: str,
+                 learner_node: str):
         env = RemoteEnvironment(env_actors, env_name) if env_actors else None
         self.runner = EpisodeRunner(spec, worker_id, env=env)
         self.board = board
+        self.transport = self.reader = None
+        if spec.transport_name and ray.get_runtime_context().get_node_id() == learner_node:
+            self.transport = SharedMemoryTransport.attach(spec.transport_name)
+            self.reader = claim_reader(self.transport, self.runner.engine)
 
     def where(self) -> dict[str, Any]:
-        return where()
+        return {**where(), "weights": "shared_memory" if self.transport is not None else "object_store"}
 
     def run(self, item: WorkItem) -> WorkResult:
+        engine = self.runner.engine
         t0 = time.perf_counter()
+        if self.transport is not None:  # the learner's node: its shared-memory segment
+            while self.transport.version() < item.min_version:
+                try:
+                    self.transport.wait_newer(self.transport.version(), timeout_s=1.0)
+                except TimeoutError:
+                    pass
+            t1 = time.perf_counter()
+            engine.receive(self.reader or self.transport)
+            return self.runner.play(item, t1 - t0, time.perf_counter() - t1, "bind" if self.reader else "copy")
         version, (ref,) = ray.get(self.board.newest.remote(item.min_version))
         t1 = time.perf_counter()
-        engine = self.runner.engine
         if version > engine.version:
             with torch.no_grad():
                 engine.update_weights(from_arrays(ray.get(ref)), version)
-        t2 = time.perf_counter()
-        return self.runner.play(item, t1 - t0, t2 - t1, "object_store")
+        return self.runner.play(item, t1 - t0, time.perf_counter() - t1, "object_store")
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()  # frees the reader slot
 
 
 class RayRollouts:
@@ -222,14 +244,26 @@ class RayRollouts:
     cluster, fed by load; dead actors replaced, their items sent again."""
 
     def __init__(self, spec: WorkerSpec, n_workers: int, cfg: RayConfig, max_restarts: int = 3,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, transport: SharedMemoryTransport | None = None):
+        """transport: the run's shared-memory segment (named in spec.transport_name), which
+        actors on this node read; None: every actor reads the object store."""
         if n_workers < 1:
             raise ValueError(f"RayRollouts needs at least one rollout actor, got {n_workers}")
         self.spec, self.cfg, self.max_restarts, self.log = spec, cfg, max_restarts, log
+        self.transport = transport
+        if transport is None:
+            self.spec = dataclasses.replace(spec, transport_name="")
+        self.node = ray.get_runtime_context().get_node_id()  # the learner's
         self.board = WeightBoard.remote()
+        self._remote: dict[int, bool] = {}  # actor slot -> it reads the object store
         self._weights_ref = None  # the newest version's object, kept alive while it is the newest
+        # (params, version) last published, for an actor that starts reading the object store
+        # late (a replacement on another node); the learner's params do not change between a
+        # publish and its next update, which comes after the poll that replaces actors
+        self._last = None
         self.env_actors = [self._env_actor() for _ in range(cfg.env_actors)]
         self.actors = [self._actor(i) for i in range(n_workers)]
+        self._reads_object_store(list(range(n_workers)))
         self._pending: dict[Any, tuple[int, WorkItem]] = {}  # result ref -> (actor index, item)
         self._answered: set[int] = set()
         self.restarts = self.env_restarts = self.resubmitted_items = self.duplicate_results = 0
@@ -239,10 +273,17 @@ class RayRollouts:
             self.spec.env_name, self.spec.env_settings)
 
     def _actor(self, worker_id: int):
-        return RolloutActor.options(
+        actor = RolloutActor.options(
             num_cpus=self.cfg.worker_cpus, num_gpus=self.cfg.worker_gpus,
             resources=self.cfg.worker_resources or None).remote(
-            self.spec, worker_id, self.board, self.env_actors, self.spec.env_name)
+            self.spec, worker_id, self.board, self.env_actors, self.spec.env_name, self.node)
+        return actor
+
+    def _reads_object_store(self, indices: list[int]) -> None:
+        """Ask the actors in these slots how they read weights (waits for them to start)."""
+        places = ray.get([self.actors[i].where.remote() for i in indices])
+        for i, place in zip(indices, places):
+            self._remote[i] = place["weights"] == "object_store"
 
     def placement(self) -> dict[str, Any]:
         """Where each part runs: {"learner": [...], "rollout": [...], "env": [...]}, each where()
@@ -268,8 +309,16 @@ class RayRollouts:
         return len(self._pending)
 
     def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
-        """One copy into the object store; the board is told without waiting for it (a rollout
-        actor that asks first waits on the board for the version its item needs)."""
+        """Into the shared-memory segment, and, while some actor runs on another node, one copy
+        into the object store; the board is told without waiting for it (an actor that asks
+        first waits on the board for the version its item needs)."""
+        if self.transport is not None:
+            self.transport.publish(params, version)
+        self._last = (params, version)
+        if self.transport is None or any(self._remote.values()):
+            self._put(params, version)
+
+    def _put(self, params: Mapping[str, torch.Tensor], version: int) -> None:
         self._weights_ref = ray.put(to_arrays(params))
         self.board.set.remote(version, [self._weights_ref])
 
@@ -327,7 +376,11 @@ class RayRollouts:
     def _renew(self, index: int) -> None:
         """A fresh actor in slot `index`; the old one's unfinished items go to it."""
         old = self.actors[index]
+        board_used = self.transport is None or any(self._remote.values())
         self.actors[index] = self._actor(index)
+        self._reads_object_store([index])
+        if self._remote[index] and not board_used and self._last is not None:
+            self._put(*self._last)  # the board had nothing: this actor is the first on another node
         ray.kill(old, no_restart=True)
         for ref, (i, item) in list(self._pending.items()):
             if i == index:

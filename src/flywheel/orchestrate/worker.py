@@ -147,7 +147,7 @@ def worker_main(worker_id: int, conn) -> None:
         spec: WorkerSpec = conn.recv()
         runner = EpisodeRunner(spec, worker_id)
         transport = SharedMemoryTransport.attach(spec.transport_name)
-        reader = _claim_reader(transport, runner.engine)
+        reader = claim_reader(transport, runner.engine)
         if spec.in_flight:
             engine = runner.engine
 
@@ -186,7 +186,7 @@ def worker_main(worker_id: int, conn) -> None:
         conn.close()
 
 
-def _claim_reader(transport: SharedMemoryTransport, engine: LocalEngine):
+def claim_reader(transport: SharedMemoryTransport, engine: LocalEngine):
     """A free reader slot for zero-copy pickup, or None (copy) when the segment has none free
     or the engine is not in host memory. Slots of dead workers are reclaimed by the claim."""
     if engine.device.type != "cpu" or transport.n_slots == 0:

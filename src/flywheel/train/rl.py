@@ -174,8 +174,6 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
     from flywheel.orchestrate.worker import WorkerSpec
 
     engine = LocalEngine(engine_model, tokenizer, seed=cfg.train.seed)
-    if cfg.rollout.backend == "ray":
-        return _ray_source(cfg, n_workers, worker_model, stack, log), engine
     if n_workers == 0:
         if cfg.rollout.in_flight_updates:
             raise TrainError("rollout.in_flight_updates needs rollout worker processes: set rollout.workers >= 1")
@@ -185,6 +183,8 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
     transport = rollout_transport(engine_model, n_workers, name=_shared_memory_name(out, log))  # a reader slot each
     stack.callback(transport.close)
     stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
+    if cfg.rollout.backend == "ray":  # actors on this node read the segment; the others, the object store
+        return _ray_source(cfg, n_workers, worker_model, transport, stack, log), engine
     threads = _worker_threads(cfg)
     if cfg.rollout.in_flight_updates and cfg.max_off_policy_steps == 0:
         log("warning: rollout.in_flight_updates with max_off_policy_steps=0: no update lands while a "
@@ -198,7 +198,8 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
     return source, engine
 
 
-def _ray_source(cfg: RLConfig, n_workers: int, worker_model: str, stack: ExitStack, log: Callable[[str], None]):
+def _ray_source(cfg: RLConfig, n_workers: int, worker_model: str, transport, stack: ExitStack,
+                log: Callable[[str], None]):
     """Rollout actors on a Ray cluster (orchestrate/ray_rollouts.py); where each went is logged
     and written to placement.json."""
     try:
@@ -210,10 +211,11 @@ def _ray_source(cfg: RLConfig, n_workers: int, worker_model: str, stack: ExitSta
         raise TrainError(f"rollout.backend=ray needs Ray: pip install 'flywheel[ray]' ({e})") from None
     if connect(cfg.rollout.ray, log):
         stack.callback(ray.shutdown)
-    spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings, transport_name="",
+    spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings,
+                      transport_name=transport.name,
                       group_size=cfg.train.group_size, threads=_worker_threads(cfg), seed=cfg.train.seed,
                       device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine)
-    source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log)
+    source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log, transport=transport)
     stack.callback(source.close)
     placement = source.placement()
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
