@@ -52,7 +52,8 @@ def each_once(out: Path, steps: int, per_step: int) -> None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False,
+                                                      "resources": {"learner_node": 2}})
     env_node = c.add_node(num_cpus=2, resources={"env_cpu": 2})
     ray.init(address=c.address, namespace="flywheel-tests")
     c.wait_for_nodes()
@@ -68,28 +69,33 @@ def model(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", TinySpec(hidden=64, layers=2, heads=4, ffn=128))
 
 
-def ray_config(model, out: Path, address: str | None = None, **over) -> dict:
+def ray_config(model, out: Path, address: str | None = None, rollout_on: str = "learner_node", **over) -> dict:
+    """Two rollout actors on the node holding `rollout_on` (learner_node: the head, where they
+    read the shared-memory segment; env_cpu: the other node, where they read the object
+    store) and two environment actors on the env_cpu node."""
     raw = dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
                train={"steps": 6, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
                eval={"tasks": 8}, checkpoint={"every": 2, "keep": 5}, log={"progress": False}, threads=1,
                max_off_policy_steps=1,
                rollout={"workers": 2, "backend": "ray", "ray": {
-                   "address": address, "worker_cpus": 0.5, "env_actors": 2, "env_cpus": 0.5,
-                   "env_resources": {"env_cpu": 1}}})
+                   "address": address, "worker_cpus": 0.5, "worker_resources": {rollout_on: 0.5},
+                   "env_actors": 2, "env_cpus": 0.5, "env_resources": {"env_cpu": 0.5}}})
     raw.update(over)
     return raw
 
 
 def test_env_actors_run_on_the_env_node_and_the_run_says_where(cluster, model, tmp_path):
+    """Rollout actors on the env node too: off the learner's node, they read the object store."""
     _, env_node = cluster
     out = tmp_path / "run"
     logs: list[str] = []
-    result = run_rl(validate(ray_config(model, out), RLConfig), log=logs.append)
+    result = run_rl(validate(ray_config(model, out, rollout_on="env_cpu"), RLConfig), log=logs.append)
     assert result.steps == 6 and result.final_model is not None
     placement = json.loads((out / "placement.json").read_text())
     assert [a["node_id"] for a in placement["env"]] == [env_node, env_node]
-    assert all(a["resources"].get("env_cpu") == 1.0 for a in placement["env"])
-    assert len(placement["rollout"]) == 2 and placement["learner"][0]["pid"] == os.getpid()
+    assert all(a["resources"].get("env_cpu") == 0.5 for a in placement["env"])
+    assert [(a["node_id"], a["weights"]) for a in placement["rollout"]] == [(env_node, "object_store")] * 2
+    assert placement["learner"][0]["pid"] == os.getpid()
     assert sum("ray: env actor" in m and env_node[:12] in m for m in logs) == 2, logs
     each_once(out, 6, 2)
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
@@ -114,6 +120,7 @@ def test_killed_rollout_and_env_actors_lose_no_step(cluster, model, tmp_path):
             (out / "rollouts.jsonl").read_text().count("\n") < 2:
         time.sleep(0.05)
     placement = json.loads((out / "placement.json").read_text())
+    assert [a["weights"] for a in placement["rollout"]] == ["shared_memory"] * 2  # on the learner's node
     os.kill(placement["rollout"][0]["pid"], signal.SIGKILL)
     os.kill(placement["env"][1]["pid"], signal.SIGKILL)
     thread.join(timeout=300)
