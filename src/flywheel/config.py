@@ -255,17 +255,11 @@ class RolloutConfig(Config):
     in_flight_updates: bool = Field(False, description=(
         "workers take newer weights between two decode steps, not only between work items: rows in "
         "flight go on under the new weights (keys and values recomputed), each token tagged with its "
-        "version; backend local"))
+        "version (worker processes, and Ray actors on the learner's node; other actors take weights "
+        "between items)"))
     engine: Literal["local", "vllm"] = Field("local", description=(
         "the rollout actors' inference engine: flywheel's LocalEngine, or vLLM on a CUDA GPU (extra "
         "`vllm`; needs backend: ray, one GPU per actor by ray.worker_gpus)"))
-
-    @model_validator(mode="after")
-    def _in_flight_on_local_workers(self):
-        if self.in_flight_updates and self.backend != "local":
-            raise ValueError("rollout.in_flight_updates is implemented for backend local (worker processes); "
-                             "Ray rollout actors take new weights between work items")
-        return self
 
     @model_validator(mode="after")
     def _vllm_runs_on_ray_actors(self):

@@ -2,7 +2,8 @@
 utilities: a head node and a second node that alone has the custom resource `env_cpu`):
 environment actors land on the env-labelled node and the run says so; arithmetic GRPO on Ray
 lands in the same held-out accuracy band as on local processes with the same seed and steps;
-a rollout actor and an environment actor killed mid-run lose no step and train no task twice;
+a rollout actor and an environment actor killed mid-run (in-flight updates on) lose no step
+and train no task twice;
 a run whose driver is killed resumes exactly."""
 
 from __future__ import annotations
@@ -108,8 +109,9 @@ def test_killed_rollout_and_env_actors_lose_no_step(cluster, model, tmp_path):
 
     def target():
         try:
-            run_rl(validate(ray_config(model, out, train={"steps": 10, "groups_per_step": 2, "group_size": 4}),
-                            RLConfig), log=lambda m: None)
+            raw = ray_config(model, out, train={"steps": 10, "groups_per_step": 2, "group_size": 4})
+            raw["rollout"]["in_flight_updates"] = True  # the actors on the learner's node take them
+            run_rl(validate(raw, RLConfig), log=lambda m: None)
         except Exception as e:  # noqa: BLE001
             errors.append(e)
 

@@ -15,7 +15,9 @@ exact resume (orchestrate/feeder.py, train/rl.py) keep their meaning unchanged. 
   it (packed ones). For actors elsewhere `publish` also puts the weights into Ray's object
   store, as numpy arrays, behind the `WeightBoard` (one, async: the newest (version, object
   ref)); such an actor fetches a version over the network once and copies it into its engine.
-  The object-store copy is made only while some actor runs on another node.
+  The object-store copy is made only while some actor runs on another node. With
+  `rollout.in_flight_updates`, actors on the learner's node take newer weights between decode
+  steps as worker processes do; the others, between work items.
 - `EnvActor` (`rollout.ray.env_actors` of them, placed by `env_resources`, e.g. on CPU
   nodes labelled `env_cpu`): the environment's episodes live there; a rollout actor plays
   against them through `RemoteEnvironment`, one actor call per episode step. With 0 env
@@ -211,6 +213,14 @@ class RolloutActor:
         if spec.transport_name and ray.get_runtime_context().get_node_id() == learner_node:
             self.transport = SharedMemoryTransport.attach(spec.transport_name)
             self.reader = claim_reader(self.transport, self.runner.engine)
+            if spec.in_flight:  # as a worker process does: newer weights between decode steps
+                engine, transport, reader = self.runner.engine, self.transport, self.reader
+
+                def take_newer() -> None:
+                    if transport.version() > engine.version:
+                        engine.receive(reader or transport)
+
+                engine.between_steps = take_newer
 
     def where(self) -> dict[str, Any]:
         return {**where(), "weights": "shared_memory" if self.transport is not None else "object_store"}

@@ -214,7 +214,8 @@ def _ray_source(cfg: RLConfig, n_workers: int, worker_model: str, transport, sta
     spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings,
                       transport_name=transport.name,
                       group_size=cfg.train.group_size, threads=_worker_threads(cfg), seed=cfg.train.seed,
-                      device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine)
+                      device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine,
+                      in_flight=cfg.rollout.in_flight_updates)
     source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log, transport=transport)
     stack.callback(source.close)
     placement = source.placement()
