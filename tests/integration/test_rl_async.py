@@ -92,11 +92,12 @@ def test_a_killed_worker_is_restarted_and_its_tasks_regenerated(model, tmp_path)
 @pytest.mark.slow  # processes killed and restarted, or the whole flow end to end: make test-all
 def test_sigkill_of_the_whole_run_then_resume(model, tmp_path, forked_cli):
     """The killed run (`flywheel rl`) is a session of its own, learner and worker; the resume
-    runs here."""
+    runs here, from the newest checkpoint the killed run left (the kill lands once step 3's
+    exists; twelve steps leave it room to land before the end)."""
     out = tmp_path / "run"
     config = tmp_path / "rl.yaml"
     raw = dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
-               train={"steps": 6, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
+               train={"steps": 12, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
                eval={"tasks": 8}, checkpoint={"every": 3, "keep": 5}, log={"progress": False}, threads=1,
                max_off_policy_steps=1)
     config.write_text(json.dumps(raw))
@@ -108,17 +109,20 @@ def test_sigkill_of_the_whole_run_then_resume(model, tmp_path, forked_cli):
     proc.kill_group()
     assert proc.wait() == -signal.SIGKILL, proc.output[-2000:]
     assert (out / "rollout-weights.shm").exists()  # left behind by the kill
+    newest = max(int(p.name.split("_")[1]) for p in (out / "checkpoints").glob("step_*")
+                 if (p / "trainer_state.pt").exists())
+    assert 3 <= newest < 12
     deadline = time.time() + 10
     while _children_running("flywheel.orchestrate.worker") and time.time() < deadline:
         time.sleep(0.05)
     assert not _children_running("flywheel.orchestrate.worker")  # workers die with the learner
     logs: list[str] = []
     run_rl(validate({**raw, "resume": True}, RLConfig), log=logs.append)
-    assert any("resumed from" in m and "step 3" in m for m in logs), logs
+    assert any("resumed from" in m and f"(step {newest})" in m for m in logs), logs
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
-    assert steps == list(range(1, 7))  # each once: the killed run's rows past step 3 moved aside
-    assert [r["step"] for r in read_metrics(out / "rollouts.jsonl")] == list(range(1, 7))
-    assert trained_tasks(out) == expected_tasks(6, 2)
+    assert steps == list(range(1, 13))  # each once: the killed run's rows past its checkpoint moved aside
+    assert [r["step"] for r in read_metrics(out / "rollouts.jsonl")] == list(range(1, 13))
+    assert trained_tasks(out) == expected_tasks(12, 2)
 
 
 def test_async_needs_worker_processes(model, tmp_path):
