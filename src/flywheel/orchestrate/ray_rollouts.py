@@ -51,7 +51,7 @@ from flywheel.config import RayConfig
 from flywheel.envs import load_env
 from flywheel.envs.base import Env, EnvGroupBuilder, Environment, StepResult
 from flywheel.orchestrate.pool import RolloutError
-from flywheel.orchestrate.worker import EpisodeRunner, WorkerSpec, WorkItem, WorkResult, claim_reader
+from flywheel.orchestrate.worker import EpisodeRunner, SegmentWeights, WorkerSpec, WorkItem, WorkResult
 from flywheel.weights import SharedMemoryTransport
 from flywheel.types import Task
 
@@ -209,44 +209,27 @@ class RolloutActor:
         env = RemoteEnvironment(env_actors, env_name) if env_actors else None
         self.runner = EpisodeRunner(spec, worker_id, env=env)
         self.board = board
-        self.transport = self.reader = None
+        self.segment = None  # the learner's shared-memory segment, read by actors on its node
         if spec.transport_name and ray.get_runtime_context().get_node_id() == learner_node:
-            self.transport = SharedMemoryTransport.attach(spec.transport_name)
-            self.reader = claim_reader(self.transport, self.runner.engine)
-            if spec.in_flight:  # as a worker process does: newer weights between decode steps
-                engine, transport, reader = self.runner.engine, self.transport, self.reader
-
-                def take_newer() -> None:
-                    if transport.version() > engine.version:
-                        engine.receive(reader or transport)
-
-                engine.between_steps = take_newer
+            self.segment = SegmentWeights(spec.transport_name, self.runner.engine, spec.in_flight)
 
     def where(self) -> dict[str, Any]:
-        return {**where(), "weights": "shared_memory" if self.transport is not None else "object_store"}
+        return {**where(), "weights": "shared_memory" if self.segment is not None else "object_store"}
 
     def run(self, item: WorkItem) -> WorkResult:
         engine = self.runner.engine
         t0 = time.perf_counter()
-        if self.transport is not None:  # the learner's node: its shared-memory segment
-            while self.transport.version() < item.min_version:
-                try:
-                    self.transport.wait_newer(self.transport.version(), timeout_s=1.0)
-                except TimeoutError:
-                    pass
+        if self.segment is not None:
+            self.segment.wait(item.min_version)
             t1 = time.perf_counter()
-            engine.receive(self.reader or self.transport)
-            return self.runner.play(item, t1 - t0, time.perf_counter() - t1, "bind" if self.reader else "copy")
+            self.segment.take_newest()
+            return self.runner.play(item, t1 - t0, time.perf_counter() - t1, self.segment.pickup)
         version, (ref,) = ray.get(self.board.newest.remote(item.min_version))
         t1 = time.perf_counter()
         if version > engine.version:
             with torch.no_grad():
                 engine.update_weights(from_arrays(ray.get(ref)), version)
         return self.runner.play(item, t1 - t0, time.perf_counter() - t1, "object_store")
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()  # frees the reader slot
 
 
 class RayRollouts:

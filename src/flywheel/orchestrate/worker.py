@@ -136,6 +136,38 @@ class EpisodeRunner:
         self.loop.close()
 
 
+class SegmentWeights:
+    """A rollout worker's weights from the learner's shared-memory segment (a worker process,
+    or a Ray actor on the learner's node): a reader slot claimed for zero-copy pickup where
+    one is free; with `in_flight`, the engine takes newer weights between decode steps too."""
+
+    def __init__(self, transport_name: str, engine, in_flight: bool = False):
+        self.engine = engine
+        self.transport = SharedMemoryTransport.attach(transport_name)
+        self.reader = _claim_reader(self.transport, engine)
+        self.pickup = "bind" if self.reader else "copy"  # WorkResult.weight_pickup
+        if in_flight:
+            engine.between_steps = self.take_newest
+
+    def wait(self, min_version: int, keep_waiting=lambda: True) -> bool:
+        """Until the segment holds a version >= min_version; False if keep_waiting() turned false."""
+        while self.transport.version() < min_version:
+            if not keep_waiting():
+                return False
+            try:
+                self.transport.wait_newer(self.transport.version(), timeout_s=1.0)
+            except TimeoutError:
+                pass
+        return True
+
+    def take_newest(self) -> None:
+        """The newest weights, if newer than the engine's (LocalEngine.receive checks)."""
+        self.engine.receive(self.reader or self.transport)
+
+    def close(self) -> None:
+        self.transport.close()  # frees the reader slot and its lease (a killed worker's are reclaimed)
+
+
 def worker_main(worker_id: int, conn) -> None:
     """Serve work items on `conn` (the first message is the WorkerSpec) until told to stop."""
     parent = os.getppid()
@@ -146,16 +178,7 @@ def worker_main(worker_id: int, conn) -> None:
     try:
         spec: WorkerSpec = conn.recv()
         runner = EpisodeRunner(spec, worker_id)
-        transport = SharedMemoryTransport.attach(spec.transport_name)
-        reader = claim_reader(transport, runner.engine)
-        if spec.in_flight:
-            engine = runner.engine
-
-            def take_newer() -> None:  # rows in flight go on with the newer weights
-                if transport.version() > engine.version:
-                    engine.receive(reader or transport)
-
-            engine.between_steps = take_newer
+        weights = SegmentWeights(spec.transport_name, runner.engine, spec.in_flight)
     except Exception:  # noqa: BLE001 - a start-up failure is not worth restarting for
         conn.send(WorkResult(STARTUP_FAILED, worker_id, [], -1, 0.0, 0.0, 0.0, error=traceback.format_exc()))
         conn.close()
@@ -169,24 +192,19 @@ def worker_main(worker_id: int, conn) -> None:
             if item is None:
                 return
             t0 = time.perf_counter()
-            while transport.version() < item.min_version:
-                if os.getppid() != parent:
-                    return
-                try:
-                    transport.wait_newer(transport.version(), timeout_s=1.0)
-                except TimeoutError:
-                    pass
+            if not weights.wait(item.min_version, lambda: os.getppid() == parent):
+                return
             t1 = time.perf_counter()
-            runner.engine.receive(reader or transport)
+            weights.take_newest()
             t2 = time.perf_counter()
-            conn.send(runner.play(item, t1 - t0, t2 - t1, "bind" if reader else "copy"))
+            conn.send(runner.play(item, t1 - t0, t2 - t1, weights.pickup))
     finally:
         runner.close()
-        transport.close()  # frees the reader slot and its lease (a killed worker's are reclaimed)
+        weights.close()
         conn.close()
 
 
-def claim_reader(transport: SharedMemoryTransport, engine: LocalEngine):
+def _claim_reader(transport: SharedMemoryTransport, engine: LocalEngine):
     """A free reader slot for zero-copy pickup, or None (copy) when the segment has none free
     or the engine is not in host memory. Slots of dead workers are reclaimed by the claim."""
     if engine.device.type != "cpu" or transport.n_slots == 0:

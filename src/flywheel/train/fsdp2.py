@@ -18,11 +18,9 @@ AVG / PREMUL_SUM), yields the gradient of the single-process loss on the whole b
   "constant"), so the gradient reaching the logits is multiplied by local / global of that
   normaliser. A rank left without a trajectory runs one with weight 0 (FSDP's collectives
   need every rank in every forward and backward).
-The update then equals the single-process update up to float summation order; AdamW turns
-noise-level gradient entries into steps of up to lr, so on the tiny model at lr 1e-3 the max
-|dparam| after 3-4 steps is 1.5e-7 (SFT) and 4.5e-7 (RL; 5.3e-6 on a 16-core machine), and
-0.0 for one NCCL rank on an H200 against the single-process learner there
-(tests/integration/test_fsdp2.py). The device mesh is given explicitly ("cpu" or "cuda"):
+The update then equals the single-process update up to float summation order, which AdamW
+can turn into steps of up to lr on parameters whose gradient is noise-level
+(tests/integration/test_fsdp2.py holds the bounds). The device mesh is given explicitly ("cpu" or "cuda"):
 fully_shard's default mesh is CUDA wherever CUDA exists.
 
 Checkpoints are the single-process learner's, byte-format for byte-format: every rank joins
@@ -306,7 +304,7 @@ def rl_step_fsdp2(model, optimizer, groups: list, cfg, pad_id: int, rank: Rank, 
     (`rl_share`), and the reduce-scatter sums the shares into the single-process gradient.
     Metrics: loss summed over ranks (the global loss), trained_tokens summed, the other
     means weighted by each rank's tokens; grad_norm is already global."""
-    from flywheel.train.rl_step import assign_advantages, split_groups, update
+    from flywheel.train.rl_step import assign_advantages, merge_minibatches, split_groups, update
 
     groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
     if not groups:
@@ -317,15 +315,7 @@ def rl_step_fsdp2(model, optimizer, groups: list, cfg, pad_id: int, rank: Rank, 
         with _scaled_logit_gradients(model, scale):
             m = update(model, optimizer, mine, cfg, pad_id, ref_model, ref_context)
         parts.append(_global_metrics(m, scale, rank))
-    done = [m for m in parts if not m["skipped"]]
-    if not done:
-        return parts[-1]
-    merged = {k: sum(m[k] for m in done) / len(done) for k in done[0]}
-    trajs = [t for g in groups for t in g.trajectories]
-    merged.update(groups=float(len(groups)), trained_tokens=sum(m["trained_tokens"] for m in done),
-                  reward_mean=sum(t.reward for t in trajs) / len(trajs),
-                  skipped=0.0, skipped_minibatches=float(len(parts) - len(done)))
-    return merged
+    return merge_minibatches(groups, parts)
 
 
 def _global_metrics(m: dict, scale: float, rank: Rank) -> dict:

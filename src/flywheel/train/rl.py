@@ -183,39 +183,31 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
     transport = rollout_transport(engine_model, n_workers, name=_shared_memory_name(out, log))  # a reader slot each
     stack.callback(transport.close)
     stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
-    if cfg.rollout.backend == "ray":  # actors on this node read the segment; the others, the object store
-        return _ray_source(cfg, n_workers, worker_model, transport, stack, log), engine
-    threads = _worker_threads(cfg)
     if cfg.rollout.in_flight_updates and cfg.max_off_policy_steps == 0:
         log("warning: rollout.in_flight_updates with max_off_policy_steps=0: no update lands while a "
             "synchronous step's rollouts decode")
     spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings,
-                      transport_name=transport.name, group_size=cfg.train.group_size, threads=threads,
-                      seed=cfg.train.seed, device=cfg.device, sampling=_sampling(cfg),
+                      transport_name=transport.name, group_size=cfg.train.group_size, threads=_worker_threads(cfg),
+                      seed=cfg.train.seed, device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine,
                       in_flight=cfg.rollout.in_flight_updates)
+    if cfg.rollout.backend == "ray":  # actors on this node read the segment; the others, the object store
+        return _ray_source(cfg, n_workers, spec, transport, stack, log), engine
     source = ProcessRollouts(spec, n_workers, cfg.rollout.max_restarts, log)
     stack.callback(source.close)
     return source, engine
 
 
-def _ray_source(cfg: RLConfig, n_workers: int, worker_model: str, transport, stack: ExitStack,
-                log: Callable[[str], None]):
-    """Rollout actors on a Ray cluster (orchestrate/ray_rollouts.py); where each went is logged
-    and written to placement.json."""
+def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack, log: Callable[[str], None]):
+    """Rollout actors on a Ray cluster (orchestrate/ray_rollouts.py), each built from `spec`;
+    where each went is logged and written to placement.json."""
     try:
         import ray
 
         from flywheel.orchestrate.ray_rollouts import RayRollouts, connect
-        from flywheel.orchestrate.worker import WorkerSpec
     except ImportError as e:
         raise TrainError(f"rollout.backend=ray needs Ray: pip install 'flywheel[ray]' ({e})") from None
     if connect(cfg.rollout.ray, log):
         stack.callback(ray.shutdown)
-    spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings,
-                      transport_name=transport.name,
-                      group_size=cfg.train.group_size, threads=_worker_threads(cfg), seed=cfg.train.seed,
-                      device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine,
-                      in_flight=cfg.rollout.in_flight_updates)
     source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log, transport=transport)
     stack.callback(source.close)
     placement = source.placement()

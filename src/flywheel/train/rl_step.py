@@ -170,6 +170,13 @@ def rl_step(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, 
         return {"skipped": 1.0, "groups": 0.0}
     parts = [update(model, optimizer, chunk, cfg, pad_id, ref_model, ref_context)
              for chunk in split_groups(groups, cfg.minibatches)]
+    return merge_minibatches(groups, parts)
+
+
+def merge_minibatches(groups: list[TrajectoryGroup], parts: list[dict[str, float]]) -> dict[str, float]:
+    """A step's metrics from its minibatch updates' (`parts`, in order): means over the
+    updates applied, trained_tokens summed, the step's groups and mean reward; the last
+    update's metrics when every one was skipped."""
     done = [m for m in parts if not m["skipped"]]
     if not done:
         return parts[-1]
