@@ -25,6 +25,9 @@ from flywheel.rollout.data_order import DataOrder
 from flywheel.types import Task, TrajectoryGroup
 
 
+WORK_KEYS = ("generate_s", "weight_wait_s", "weight_load_s", "tokens", "items")  # StepRollouts.work, summed
+
+
 @dataclass
 class StepRollouts:
     """The groups for one learner step and what producing them cost."""
@@ -96,8 +99,7 @@ class RolloutFeeder:
         for r in results:
             indices = self._item_tasks.pop(r.item_id)
             self._in_flight_groups -= len(indices)
-            for key, value in (("generate_s", r.generate_s), ("weight_wait_s", r.weight_wait_s),
-                               ("weight_load_s", r.weight_load_s), ("tokens", r.tokens), ("items", 1)):
+            for key, value in zip(WORK_KEYS, (r.generate_s, r.weight_wait_s, r.weight_load_s, r.tokens, 1)):
                 self._work[key] = self._work.get(key, 0.0) + value
             for index, group in zip(indices, r.groups):
                 group.task_index = index
@@ -114,7 +116,7 @@ class RolloutFeeder:
                 self._receive(self.source.poll(poll_s))
         for g in got:
             self._untrained.remove(g.task_index)
-        work, self._work = self._work, {}
+        work, self._work = {key: 0.0 for key in WORK_KEYS} | self._work, {}  # zeros: no item arrived meanwhile
         return StepRollouts(got, time.perf_counter() - t0, work)
 
 
