@@ -202,8 +202,9 @@ class RLTrainConfig(Config):
         "train a LoRA adapter (rollout engines run it merged; the KL reference: the model with its "
         "adapter off); null: every weight"))
     strategy: Literal["single", "fsdp2"] = Field("single", description=(
-        "single: one learner process; fsdp2: run_rl refuses it for now (the FSDP2 RL update is "
-        "train/fsdp2.py's rl_step_fsdp2)"))
+        "single: one learner process; fsdp2: the learner sharded (torch FSDP2) over train.world_size "
+        "processes (local ones, or Ray actors with rollout.ray.learner=actors), every rank updating on "
+        "its share of each step's trajectories (train/learner_group.py)"))
     world_size: int = Field(2, ge=1, description="processes (GPUs on cuda) of train.strategy=fsdp2")
 
     @model_validator(mode="after")
@@ -238,6 +239,14 @@ class RayConfig(Config):
         "custom resources each environment actor needs, e.g. {env_cpu: 1}: CPU environment nodes"))
     env_cpus: float = Field(1.0, gt=0, description="CPUs each environment actor holds")
     namespace: str = Field("flywheel", description="the Ray namespace of the run's actors")
+    learner: Literal["driver", "actors"] = Field("driver", description=(
+        "where the learner runs: in the driver process (run the driver where it should be), or as "
+        "Ray actors, one per rank (train.world_size under train.strategy=fsdp2, else one), placed by "
+        "learner_cpus / learner_gpus / learner_resources"))
+    learner_cpus: float = Field(1.0, gt=0, description="CPUs each learner actor holds (its torch threads)")
+    learner_gpus: float = Field(0.0, ge=0, description="GPUs each learner actor holds (1: it trains on CUDA)")
+    learner_resources: dict[str, float] = Field(default_factory=dict, description=(
+        "custom resources each learner actor needs, e.g. {learner: 1} for nodes started with that resource"))
 
 
 class RolloutConfig(Config):

@@ -55,17 +55,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import faulthandler
 import importlib
 import json
 import os
 import pickle
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from datetime import timedelta
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable
 
@@ -77,6 +80,7 @@ from flywheel.train.checkpoint import load_state, rng_state, save_checkpoint, sa
 from flywheel.train.stop import request_stop, stop_requested
 
 _ENV_RANK, _ENV_WORLD, _ENV_PORT = "FLYWHEEL_FSDP2_RANK", "FLYWHEEL_FSDP2_WORLD", "FLYWHEEL_FSDP2_PORT"
+_ENV_CHANNEL = "FLYWHEEL_FSDP2_CHANNEL"  # a rank's end of its connection to the launcher (RankProcesses)
 _HOST = "127.0.0.1"
 
 
@@ -90,6 +94,8 @@ class Rank:
     rank: int
     world_size: int
     device: str  # "cpu" or "cuda:N"
+    # this rank's connection to whoever started it (RankProcesses(channels=True)), else None
+    channel: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def is_main(self) -> bool:
@@ -201,7 +207,8 @@ class Rank:
         state = load_state(ckpt)
         self.load_optimizer_state(model, optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        order.load_state_dict(state["data_order"])
+        if order is not None:  # None: the caller keeps the data order (train/learner.py)
+            order.load_state_dict(state["data_order"])
         rngs = state.get("rank_rng") or []
         set_rng_state(rngs[self.rank] if len(rngs) == self.world_size else state["rng"])
         log(f"resumed from {ckpt} (step {state['step']})")
@@ -303,12 +310,17 @@ def rl_step_fsdp2(model, optimizer, groups: list, cfg, pad_id: int, rank: Rank, 
     runs rl_step's `update` on its share of every minibatch with its gradient scale
     (`rl_share`), and the reduce-scatter sums the shares into the single-process gradient.
     Metrics: loss summed over ranks (the global loss), trained_tokens summed, the other
-    means weighted by each rank's tokens; grad_norm is already global."""
+    means weighted by each rank's tokens; grad_norm is already global. The forward is the
+    plain one (cfg.shared_prefix is ignored)."""
     from flywheel.train.rl_step import assign_advantages, merge_minibatches, split_groups, update
 
     groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
     if not groups:
         return {"skipped": 1.0, "groups": 0.0}
+    # one plain forward per update on every rank: the shared-prefix plan picks its kind (one
+    # forward or two) from each rank's rows, and ranks whose module calls differ would wait on
+    # each other's all-gathers and reduce-scatters forever
+    cfg = dataclasses.replace(cfg, shared_prefix=False)
     parts = []
     for chunk in split_groups(groups, cfg.minibatches):
         mine, scale = rl_share(chunk, rank, cfg.aggregation)
@@ -339,56 +351,104 @@ def launch(target: str, payload: Any, world_size: int, device: str, workdir: str
     first failing rank's exception (see the module doc). `workdir`/fsdp2 holds the job,
     ranks.json (pids) and each rank's log. `threads`: torch threads per rank on CPU
     (default: this machine's cores / world_size)."""
-    if world_size < 1:
-        raise TrainError(f"train.world_size must be >= 1, got {world_size}")
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
-            found = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            raise TrainError(f"train.strategy=fsdp2 on {device} needs train.world_size={world_size} GPUs; "
-                             f"this machine has {found}")
-    elif device != "cpu":
-        raise TrainError(f"train.strategy=fsdp2 runs on device 'cpu' (gloo) or 'cuda' (nccl), not {device!r}")
-    run_dir = Path(workdir) / "fsdp2"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    job = run_dir / "job.pkl"
-    job.write_bytes(pickle.dumps({"target": target, "payload": payload, "device": device}))
-    store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
-                          timeout=timedelta(seconds=300))
-    threads = threads or max(1, (os.cpu_count() or 1) // world_size)
-    procs: list[subprocess.Popen] = []
-    logs = []
-    relay, failed = None, None
+    ranks = RankProcesses(target, payload, world_size, device, workdir, log, threads)
     try:
-        for r in range(world_size):
-            env = {**os.environ, _ENV_RANK: str(r), _ENV_WORLD: str(world_size), _ENV_PORT: str(store.port),
-                   "OMP_NUM_THREADS": str(threads)}
-            out = open(run_dir / f"rank{r}.log", "w")
-            logs.append(out)
-            procs.append(subprocess.Popen([sys.executable, "-m", "flywheel.train.fsdp2", str(job)], env=env,
-                                          stdout=subprocess.PIPE if r == 0 else out, stderr=out, text=True,
-                                          preexec_fn=_die_with_parent))
-        (run_dir / "ranks.json").write_text(json.dumps({str(r): p.pid for r, p in enumerate(procs)}) + "\n")
-        relay = threading.Thread(target=_relay, args=(procs[0].stdout, logs[0], log), daemon=True)
-        relay.start()
-        failed = _wait(procs)
-        if relay is not None:
-            relay.join(timeout=10)
+        return ranks.wait()
     finally:
-        for p in procs:
+        ranks.kill()
+
+
+class RankProcesses:
+    """`world_size` ranks started as in `launch`, for a caller that talks to them while they
+    run: with `channels`, each rank gets a Connection to this process (`Rank.channel`; this
+    side: `conns[r]`)."""
+
+    def __init__(self, target: str, payload: Any, world_size: int, device: str, workdir: str | Path,
+                 log: Callable[[str], None] = print, threads: int | None = None, channels: bool = False):
+        if world_size < 1:
+            raise TrainError(f"train.world_size must be >= 1, got {world_size}")
+        if device.startswith("cuda"):
+            if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
+                found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+                raise TrainError(f"train.strategy=fsdp2 on {device} needs train.world_size={world_size} GPUs; "
+                                 f"this machine has {found}")
+        elif device != "cpu":
+            raise TrainError(f"train.strategy=fsdp2 runs on device 'cpu' (gloo) or 'cuda' (nccl), not {device!r}")
+        self.run_dir = run_dir = Path(workdir) / "fsdp2"
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True)
+        job = run_dir / "job.pkl"
+        job.write_bytes(pickle.dumps({"target": target, "payload": payload, "device": device}))
+        self._store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
+                                    timeout=timedelta(seconds=300))
+        threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+        self.procs: list[subprocess.Popen] = []
+        self.conns: list[Connection] = []
+        self._logs = []
+        self._relay = None
+        try:
+            for r in range(world_size):
+                env = {**os.environ, _ENV_RANK: str(r), _ENV_WORLD: str(world_size),
+                       _ENV_PORT: str(self._store.port), "OMP_NUM_THREADS": str(threads)}
+                fds = []
+                if channels:
+                    here, there = socket.socketpair()
+                    env[_ENV_CHANNEL] = str(there.fileno())
+                    fds = [there.fileno()]
+                out = open(run_dir / f"rank{r}.log", "w")
+                self._logs.append(out)
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "flywheel.train.fsdp2", str(job)], env=env, pass_fds=fds,
+                    stdout=subprocess.PIPE if r == 0 else out, stderr=out, text=True, preexec_fn=_die_with_parent))
+                if channels:
+                    there.close()
+                    self.conns.append(Connection(here.detach()))
+            (run_dir / "ranks.json").write_text(json.dumps({str(r): p.pid for r, p in enumerate(self.procs)}) + "\n")
+            self._relay = threading.Thread(target=_relay, args=(self.procs[0].stdout, self._logs[0], log),
+                                           daemon=True)
+            self._relay.start()
+        except BaseException:
+            self.kill()
+            raise
+
+    def wait(self) -> Any:
+        """Wait for every rank to exit; rank 0's return value, or raise the failure."""
+        failed = _wait(self.procs)
+        if self._relay is not None:
+            self._relay.join(timeout=10)
+        if failed is not None:
+            self.kill()
+            self.raise_failure(failed)
+        result = self.run_dir / "result.pkl"
+        if not result.exists():
+            raise TrainError(f"fsdp2: rank 0 exited without a result; see {self.run_dir / 'rank0.log'}")
+        return pickle.loads(result.read_bytes())
+
+    def dead(self) -> int | None:
+        """A rank that has exited (the one that failed first, as `_wait` chooses), or None."""
+        codes = {r: p.poll() for r, p in enumerate(self.procs)}
+        exited = {r: c for r, c in codes.items() if c is not None}
+        if not exited:
+            return None
+        return min(exited, key=lambda r: (exited[r] >= 0, exited[r] == 0, r))  # signalled, failed, done
+
+    def kill(self) -> None:
+        """SIGKILL the ranks still running; close the logs and the store."""
+        for p in self.procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        for f in logs:
+        for c in self.conns:
+            c.close()
+        self.conns = []
+        for f in self._logs:
             f.close()
-        del store
-    if failed is not None:
-        _raise_failure(run_dir, procs, failed)
-    result = run_dir / "result.pkl"
-    if not result.exists():
-        raise TrainError(f"fsdp2: rank 0 exited without a result; see {run_dir / 'rank0.log'}")
-    return pickle.loads(result.read_bytes())
+        self._logs = []
+        self._store = None
+
+    def raise_failure(self, failed: int):
+        _raise_failure(self.run_dir, self.procs, failed)
 
 
 def _wait(procs: list[subprocess.Popen]) -> int | None:
@@ -454,6 +514,7 @@ def _rank_main(job_path: str) -> int:
     run_dir = Path(job_path).parent
     job = pickle.loads(Path(job_path).read_bytes())
     signal.signal(signal.SIGTERM, lambda *_: request_stop())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: its stacks into its log
     device = job["device"]
     if device.startswith("cuda"):
         torch.cuda.set_device(rank)
@@ -463,7 +524,8 @@ def _rank_main(job_path: str) -> int:
                             world_size=world)
     try:
         module, _, name = job["target"].partition(":")
-        result = getattr(importlib.import_module(module), name)(job["payload"], Rank(rank, world, device))
+        channel = Connection(int(os.environ[_ENV_CHANNEL])) if _ENV_CHANNEL in os.environ else None
+        result = getattr(importlib.import_module(module), name)(job["payload"], Rank(rank, world, device, channel))
         if rank == 0:
             tmp = run_dir / "result.pkl.tmp"
             tmp.write_bytes(pickle.dumps(result))

@@ -15,12 +15,14 @@ not yet trained; `resume=true` continues from the newest.
 `rollouts.jsonl` records, per step, the tasks trained, their rewards and staleness.
 With `train.lora` the learner trains an adapter (train/lora.py); the engines get the merged
 weights at each publish, checkpoints and the final model are adapter folders.
+The learner (train/learner.py: model, optimizer, schedule) runs in this process, or as
+`train.world_size` FSDP2 ranks (`train.strategy: fsdp2`) in local processes or on Ray actors
+(`rollout.ray.learner: actors`), driven from here through the same calls
+(train/learner_group.py); rollouts, the feeder, evaluation and the logs stay in this process.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import json
 import os
 import secrets
@@ -38,15 +40,12 @@ from flywheel.envs.splits import eval_overlap
 from flywheel.rollout.data_order import DataOrder
 from flywheel.rollout.evaluate import evaluate
 from flywheel.inference.lora import adapter_base, is_adapter_folder
-from flywheel.train.checkpoint import load_state, save_checkpoint, save_model_folder
-from flywheel.train.lora import MergedWeights, is_peft, load_trainable, merged_model, trainable_count
+from flywheel.train.checkpoint import load_state
 from flywheel.train.metrics import MetricsWriter, drop_rows_after
 from flywheel.train.progress import StepProgress
-from flywheel.train.rl_step import RLStepConfig, rl_step
 from flywheel.errors import TrainError
-from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
+from flywheel.train.run_state import start_run
 from flywheel.train.stop import Deadline, interrupted, interrupted_message
-from flywheel.train.schedule import warmup_cosine
 
 SHM_RECORD = "rollout-weights.shm"  # name of the run's shared-memory segment, for cleanup after a kill
 
@@ -165,10 +164,10 @@ def _shared_memory_name(out: Path, log: Callable[[str], None]) -> str:
 
 
 def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_workers: int, worker_model: str,
-                    stack: ExitStack, log: Callable[[str], None]):
+                    stack: ExitStack, log: Callable[[str], None], learner):
     """The rollout source and the engine used for evaluation. engine_model: a plain model the
     evaluation engine owns (the learner's policy); worker_model: the folder workers load before
-    the first weights arrive."""
+    the first weights arrive; learner: where it runs goes into a Ray run's placement.json."""
     from flywheel.inference import LocalEngine
     from flywheel.orchestrate.pool import InProcessRollouts, ProcessRollouts, rollout_transport
     from flywheel.orchestrate.worker import WorkerSpec
@@ -191,26 +190,35 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
                       seed=cfg.train.seed, device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine,
                       in_flight=cfg.rollout.in_flight_updates)
     if cfg.rollout.backend == "ray":  # actors on this node read the segment; the others, the object store
-        return _ray_source(cfg, n_workers, spec, transport, stack, log), engine
+        return _ray_source(cfg, n_workers, spec, transport, stack, log, learner), engine
     source = ProcessRollouts(spec, n_workers, cfg.rollout.max_restarts, log)
     stack.callback(source.close)
     return source, engine
 
 
-def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack, log: Callable[[str], None]):
-    """Rollout actors on a Ray cluster (orchestrate/ray_rollouts.py), each built from `spec`;
-    where each went is logged and written to placement.json."""
+def _connect_ray(cfg: RLConfig, stack: ExitStack, log: Callable[[str], None]) -> None:
+    """Join or start the run's Ray cluster (rollout.backend=ray), shut down at the end if started here."""
     try:
         import ray
 
-        from flywheel.orchestrate.ray_rollouts import RayRollouts, connect
+        from flywheel.orchestrate.ray_rollouts import connect
     except ImportError as e:
         raise TrainError(f"rollout.backend=ray needs Ray: pip install 'flywheel[ray]' ({e})") from None
     if connect(cfg.rollout.ray, log):
         stack.callback(ray.shutdown)
+
+
+def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack, log: Callable[[str], None],
+                learner):
+    """Rollout actors on a Ray cluster (orchestrate/ray_rollouts.py), each built from `spec`;
+    where each went, and the learner's ranks (the driver for a learner in this process), is
+    logged and written to placement.json."""
+    from flywheel.orchestrate.ray_rollouts import RayRollouts, where
+
     source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log, transport=transport)
     stack.callback(source.close)
-    placement = source.placement()
+    placement = {**source.placement(),
+                 "learner": learner.placement() if hasattr(learner, "placement") else [{"rank": 0, **where()}]}
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
     for part, actors in placement.items():
@@ -229,88 +237,60 @@ def _in_flight_tokens(groups) -> int:
     return count
 
 
-def _reference(cfg: RLConfig, model, learner):
-    """(reference model, the context it runs under) for the KL term: the starting model. A
-    fresh adapter's is the learner with its adapter off; else a frozen copy of cfg.model (an
-    adapter folder: its base with that adapter)."""
-    if not cfg.algo.kl_beta:
-        return None, contextlib.nullcontext
-    if is_peft(model) and not is_adapter_folder(cfg.model):
-        return learner, model.disable_adapter
-    reference, _ = load_trainable(cfg.model, None, dtype="float32", device=cfg.device)
-    reference.requires_grad_(False)
-    return (reference.get_base_model() if is_peft(reference) else reference), contextlib.nullcontext
-
-
 def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
-    if cfg.train.strategy != "single":
-        raise TrainError(f"train.strategy={cfg.train.strategy} is not supported by run_rl yet (its rollout engines "
-                         "and weight publishing take an unsharded learner): use train.strategy=single. Under FSDP2, "
-                         "SFT runs whole (run_sft) and the RL update runs on given trajectory groups "
-                         "(flywheel.train.fsdp2.rl_step_fsdp2 / run_rl_updates)")
     with ExitStack() as stack:
         return _run(cfg, log, stack)
 
 
 def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResult:
     from flywheel.envs import load_env
-    from flywheel.models import ChatRenderer
+    from flywheel.models import ChatRenderer, load
     from flywheel.orchestrate.feeder import RolloutFeeder
+    from flywheel.train.learner_group import start_learner
 
     n_workers = _workers(cfg)
     out = Path(cfg.output_dir)
-    ckpt = start_run(out, cfg.resume, _learner_threads(cfg, n_workers), cfg.train.seed, log)
+    threads = _learner_threads(cfg, n_workers)
+    ckpt = start_run(out, cfg.resume, threads, cfg.train.seed, log)
     env = load_env(cfg.env.name, **cfg.env.settings)
     tasks = env.tasks("train", seed=cfg.train.seed)
     _check_held_out(env, tasks, cfg, log)
-    model, tokenizer = load_trainable(ckpt or cfg.model, cfg.train.lora, dtype="float32", device=cfg.device)
-    lora = is_peft(model)
-    learner = model.get_base_model() if lora else model  # LoRA layers injected: the forward rl_step runs
-    if lora:
-        trained, total = trainable_count(model)
-        log(f"LoRA: training {trained:,} of {total:,} parameters")
-    ref_model, ref_context = _reference(cfg, model, learner)
+    if cfg.rollout.backend == "ray":
+        _connect_ray(cfg, stack, log)
+    learner = start_learner(cfg, ckpt, log, threads)  # in this process, or ranks elsewhere (learner_group.py)
+    stack.callback(learner.close)
+    start = ckpt or cfg.model
+    plain = adapter_base(start) if is_adapter_folder(start) else str(start)  # what engines load before weights
+    engine_model, tokenizer = load(plain, dtype="float32", device=cfg.device)
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
-    oc = cfg.optim
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay,
-                            fused=True)  # one kernel for all parameters: ~20 % of a tiny-model step otherwise
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: warmup_cosine(s, oc.warmup_steps, cfg.train.steps, oc.min_lr_ratio))
     order = DataOrder(len(tasks), cfg.train.seed)
     step = 0
     feeder_state: dict = {}
     if ckpt is not None:
-        step = restore_trainer_state(ckpt, opt, sched, order, log)
-        feeder_state = load_state(ckpt).get("feeder", {})
-    if lora:
-        policy = MergedWeights(model).refresh  # () -> the plain model's names -> current weights
-    else:
-        params = dict(model.named_parameters())
-        policy = lambda: params  # noqa: E731
-    start = ckpt or cfg.model
-    source, eval_engine = _rollout_source(cfg, merged_model(model) if lora else copy.deepcopy(model), tokenizer, env,
-                                          renderer, n_workers, adapter_base(start) if is_adapter_folder(start)
-                                          else str(start), stack, log)
+        state = load_state(ckpt)
+        step, feeder_state = state["step"], state.get("feeder", {})
+        order.load_state_dict(state["data_order"])
+    source, eval_engine = _rollout_source(cfg, engine_model, tokenizer, env, renderer, n_workers, plain, stack, log,
+                                          learner)
     feeder = RolloutFeeder(source, tasks, order, cfg.train.groups_per_step, cfg.max_off_policy_steps,
                            items_per_step=max(1, n_workers))
     feeder.load_state_dict(feeder_state)
-    algo = RLStepConfig.from_config(cfg)
     metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
                                 start_step=step)
     stack.callback(metrics_out.close)
     drop_rows_after(out / "rollouts.jsonl", step)
     rollouts_log = stack.enter_context(open(out / "rollouts.jsonl", "a", encoding="utf-8"))
     evals: list[dict] = []
-    source.publish(policy(), step)
+    weights = learner.weights()
+    source.publish(weights, step)
 
     def save() -> Path:
-        state = {**trainer_state(step, opt, sched, order, cfg), "feeder": feeder.state_dict()}
-        return save_checkpoint(out, step, model, tokenizer, state, keep=cfg.checkpoint.keep)
+        return learner.save_checkpoint(step, {"data_order": order.state_dict(), "feeder": feeder.state_dict()})
 
     def run_eval() -> None:
         if eval_engine.version != step:
             with torch.no_grad():
-                eval_engine.update_weights(policy(), step)
+                eval_engine.update_weights(weights, step)
         record = _eval_record(env, eval_engine, renderer, cfg)
         evals.append({"step": step, **record})
         metrics_out.log(step, **record)
@@ -328,23 +308,21 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             roll = feeder.take(step)
             groups = roll.groups
             t1 = time.perf_counter()
-            lr = sched.get_last_lr()[0]
             staleness = [step - g.oldest_version for g in groups]
             rewards = [t.reward for g in groups for t in g.trajectories]  # before dynamic sampling drops any
-            m = rl_step(learner, opt, groups, algo, tokenizer.pad_token_id, ref_model, ref_context)
+            m = learner.update(groups)
+            lr = m.pop("lr")
             tokens_trained += int(m.get("trained_tokens", 0))
             tokens_generated += int(roll.work.get("tokens", 0))
             rollout_seconds += t1 - t0
-            with warnings.catch_warnings():  # a skipped update still advances the schedule, by design
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-                sched.step()
             t2 = time.perf_counter()
             skipped_in_row = skipped_in_row + 1 if m.get("skipped") and m.get("groups", 1) else 0
             if skipped_in_row >= cfg.max_skipped_steps:
                 raise TrainError(f"step {step + 1}: {skipped_in_row} updates in a row had a non-finite loss or "
                                  "gradient; stopping (see metrics.jsonl)")
             step += 1
-            source.publish(policy(), step)
+            weights = learner.weights()
+            source.publish(weights, step)
             t3 = time.perf_counter()
             samples = len(rewards)
             tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
@@ -374,7 +352,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     run_eval()
     save()
     final = out / "final"
-    save_model_folder(model, tokenizer, final)
+    learner.save_final(final)
     return RLResult(out, final, step, evals, tokens_trained, tokens_generated, rollout_seconds)
 
 

@@ -41,18 +41,25 @@ def start_run(output_dir: str | Path, resume: bool, threads: int | None, seed: i
     return ckpt
 
 
-def trainer_state(step: int, optimizer, scheduler, order: DataOrder, config) -> dict:
-    """Everything besides the weights that a checkpoint holds."""
-    return {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "data_order": order.state_dict(), "rng": rng_state(), "config": config.model_dump()}
+def trainer_state(step: int, optimizer, scheduler, order: DataOrder | None, config) -> dict:
+    """Everything besides the weights that a checkpoint holds (the data order: where the caller
+    keeps it; None: a learner apart from its data, train/learner.py, whose driver adds it)."""
+    state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "rng": rng_state(), "config": config.model_dump()}
+    if order is not None:
+        state["data_order"] = order.state_dict()
+    return state
 
 
-def restore_trainer_state(ckpt: Path, optimizer, scheduler, order: DataOrder, log: Callable[[str], None]) -> int:
-    """Load a checkpoint's trainer state into the live objects; returns its step."""
+def restore_trainer_state(ckpt: Path, optimizer, scheduler, order: DataOrder | None,
+                          log: Callable[[str], None]) -> int:
+    """Load a checkpoint's trainer state into the live objects (order None: left to the
+    caller); returns its step."""
     state = load_state(ckpt)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    order.load_state_dict(state["data_order"])
+    if order is not None:
+        order.load_state_dict(state["data_order"])
     set_rng_state(state["rng"])
     log(f"resumed from {ckpt} (step {state['step']})")
     return state["step"]

@@ -1,0 +1,234 @@
+"""A learner of several ranks, driven from run_rl's process as if it were one.
+
+run_rl (train/rl.py) keeps the rollouts, the feeder, evaluation and the logs; the learner's
+ranks (train/learner.py's RLLearner, each holding 1/world of the sharded model) run elsewhere.
+`LearnerGroup` gives run_rl the learner's four calls: each is sent to every rank with the same
+arguments (the ranks join the same collectives in the same order), and rank 0's answer is
+returned; the other ranks answer None / {}. Two ways to run the ranks:
+
+- `ProcessLearner`: `train.world_size` local processes (train/fsdp2.py's RankProcesses), one
+  socket each to this process, messages plain pickles (torch's fd-passing reductions need a
+  multiprocessing parent, which these fresh interpreters do not have);
+- `RayLearner` (train/ray_learner.py): one Ray actor per rank, placed by `rollout.ray.learner_*`.
+
+Failure. A rank that raises sends its exception and exits; one that dies (SIGKILL, its node
+lost) closes its connection. Either way every rank is stopped at once (the others would wait
+in a collective) and the call raises: the rank's own exception, or TrainError naming the rank
+and how it died. The driver's checkpoints are written whole or not at all, so `resume: true`
+continues from the newest one exactly as after a single-process kill.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from flywheel.config import RLConfig
+from flywheel.errors import TrainError
+
+
+class LearnerGroup:
+    """run_rl's learner over ranks that `_call` reaches; subclasses say how."""
+
+    world_size: int
+
+    def update(self, groups: list) -> dict[str, float]:
+        return self._call("update", groups)
+
+    def weights(self) -> Mapping[str, torch.Tensor]:
+        return self._call("weights")
+
+    def save_checkpoint(self, step: int, extra: dict) -> Path:
+        return self._call("save_checkpoint", step, extra)
+
+    def save_final(self, dest: Path) -> None:
+        self._call("save_final", dest)
+
+    def placement(self) -> list[dict]:
+        """Where each rank runs: [{"rank", "node_id", "ip", "pid", "resources"}]."""
+        return self._call_all("where")
+
+    def _call(self, name: str, *args) -> Any:
+        return self._call_all(name, *args)[0]
+
+    def _call_all(self, name: str, *args) -> list:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def rank_where(rank: int) -> dict:
+    """A local rank's place: this machine, this process."""
+    import os
+    import socket
+
+    return {"rank": rank, "node_id": "local", "ip": socket.gethostbyname(socket.gethostname()),
+            "pid": os.getpid(), "resources": {}}
+
+
+class ProcessLearner(LearnerGroup):
+    """`cfg.train.world_size` ranks as local processes (output_dir/fsdp2: ranks.json, logs)."""
+
+    def __init__(self, cfg: RLConfig, ckpt: Path | None, log: Callable[[str], None] = print,
+                 threads: int | None = None):
+        from flywheel.train.fsdp2 import RankProcesses
+
+        self.world_size = cfg.train.world_size
+        device = "cuda" if cfg.device.startswith("cuda") else cfg.device
+        payload = {"cfg": cfg.model_dump(mode="json"), "ckpt": None if ckpt is None else str(ckpt)}
+        self.ranks = RankProcesses("flywheel.train.learner_group:_serve", payload, self.world_size, device,
+                                   cfg.output_dir, log, threads, channels=True)
+        self._closed = False
+        try:
+            self._collect()  # each rank answers once its learner is built (and restored)
+        except BaseException:
+            self.ranks.kill()
+            raise
+
+    def _call_all(self, name: str, *args) -> list:
+        message = pickle.dumps((name, args))
+        for conn in self.ranks.conns:
+            try:
+                conn.send_bytes(message)
+            except (BrokenPipeError, OSError):
+                pass  # that rank is gone: _collect names it
+        return self._collect()
+
+    def _collect(self) -> list:
+        """Every rank's answer to the last call, in rank order; on a failure, stop all, raise."""
+        conns = self.ranks.conns
+        answers: dict[int, Any] = {}
+        while len(answers) < len(conns):
+            waiting = [c for r, c in enumerate(conns) if r not in answers]
+            for conn in wait(waiting, timeout=1.0):
+                r = conns.index(conn)
+                try:
+                    kind, value = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    self._fail(None)
+                if kind == "error":
+                    self._fail(value)
+                answers[r] = value
+            if len(answers) < len(conns) and self.ranks.dead() is not None:
+                self._fail(None)
+        return [answers[r] for r in range(len(conns))]
+
+    def _fail(self, error: BaseException | None):
+        """Stop every rank and raise the cause: a rank killed by a signal (the others then fail
+        in a collective), else the exception a rank sent, else how the first rank exited."""
+        deadline = time.monotonic() + 2.0
+        while self.ranks.dead() is None and time.monotonic() < deadline:
+            time.sleep(0.02)  # a closed connection comes a moment before its process is reaped
+        codes = [p.poll() for p in self.ranks.procs]
+        signalled = [r for r, c in enumerate(codes) if c is not None and c < 0]
+        self.ranks.kill()
+        self._closed = True
+        if signalled:
+            self.ranks.raise_failure(signalled[0])
+        if error is not None:
+            raise error
+        first = next((r for r, c in enumerate(codes) if c is not None), 0)
+        self.ranks.raise_failure(first)
+
+    def close(self) -> None:
+        """Let the ranks exit (SIGKILL after 30 s)."""
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self.ranks.conns:
+            try:
+                conn.send_bytes(pickle.dumps(None))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + 30.0
+        while any(p.poll() is None for p in self.ranks.procs) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.ranks.kill()
+
+
+def serve(learner_factory: Callable[[], Any], receive: Callable[[], Any], answer: Callable[[tuple], None],
+          where: Callable[[], dict]) -> None:
+    """A rank's loop: build the learner, answer ("ok", None); then for each (name, args)
+    received, answer ("ok", learner.name(*args)) until None arrives. An exception is answered
+    ("error", it) and raised (the rank exits: its peers may be stuck in a collective)."""
+    try:
+        learner = learner_factory()
+    except BaseException as e:
+        answer(("error", _picklable(e)))
+        raise
+    answer(("ok", None))
+    while (message := receive()) is not None:
+        name, args = message
+        try:
+            value = where() if name == "where" else getattr(learner, _CALLS[name])(*args)
+        except BaseException as e:
+            answer(("error", _picklable(e)))
+            raise
+        answer(("ok", value))
+
+
+_CALLS = {name: name for name in ("update", "weights", "save_checkpoint", "save_final")}
+
+
+def _picklable(e: BaseException) -> BaseException:
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        return TrainError(f"{type(e).__name__}: {e}")
+
+
+def _serve(payload: dict, rank) -> None:
+    """A local rank (train/fsdp2.py's launcher runs it): serve run_rl over `rank.channel`."""
+    from flywheel.train.learner import RLLearner
+    from flywheel.train.run_state import seed_everything
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the driver decides
+    cfg = RLConfig.model_validate(payload["cfg"])
+    seed_everything(cfg.train.seed)
+    ckpt = None if payload["ckpt"] is None else Path(payload["ckpt"])
+    log = (lambda m: print(m, flush=True)) if rank.is_main else (lambda m: None)
+    conn = rank.channel
+
+    def receive():
+        try:
+            return pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return None  # the driver is gone
+
+    serve(lambda: RLLearner(cfg, ckpt, rank, log), receive, lambda a: conn.send_bytes(pickle.dumps(a)),
+          lambda: rank_where(rank.rank))
+
+
+def start_learner(cfg: RLConfig, ckpt: Path | None, log: Callable[[str], None], threads: int | None):
+    """run_rl's learner: in this process (train.strategy single), or `train.world_size` ranks
+    (fsdp2) as local processes or, with rollout.ray.learner = actors, Ray actors. `threads`:
+    the torch threads the learner may use in all (shared by its local ranks)."""
+    from flywheel.train.learner import RLLearner
+
+    if cfg.rollout.backend == "ray" and cfg.rollout.ray.learner == "actors":
+        if cfg.train.strategy == "fsdp2":
+            check_sharded(cfg)
+        from flywheel.train.ray_learner import RayLearner
+
+        return RayLearner(cfg, ckpt, log)
+    if cfg.train.strategy == "single":
+        return RLLearner(cfg, ckpt, None, log)
+    check_sharded(cfg)
+    return ProcessLearner(cfg, ckpt, log, threads=max(1, threads // cfg.train.world_size) if threads else None)
+
+
+def check_sharded(cfg: RLConfig) -> None:
+    """Refuse, before any rank starts, what the sharded learner does not run."""
+    if cfg.train.lora is not None:
+        raise TrainError("train.strategy=fsdp2 does not train LoRA adapters (train.lora): use train.strategy=single")
+    if cfg.algo.kl_beta:
+        raise TrainError(f"train.strategy=fsdp2 does not run the KL reference model (algo.kl_beta="
+                         f"{cfg.algo.kl_beta}): set algo.kl_beta=0 or train.strategy=single")
