@@ -170,3 +170,42 @@ def test_grpo_on_ray_lands_in_the_band_of_local_processes(cluster, arith_warm_st
         assert after >= before + 0.10, (backend, before, after)
         finals[backend] = after
     assert abs(finals["ray"] - finals["local"]) <= 0.10, finals
+
+
+def test_the_learner_runs_as_ray_actors_where_its_resources_say(cluster, model, tmp_path):
+    """`rollout.ray.learner: actors` with two FSDP2 ranks placed on the env node (by the
+    env_cpu resource) while rollouts run on the head: placement.json says so; a learner actor
+    SIGKILLed after the first checkpoint stops the run naming its rank, and resume=true ends
+    it with nothing lost and nothing trained twice."""
+    _, env_node = cluster
+    out = tmp_path / "run"
+    raw = ray_config(model, out, train={"steps": 8, "groups_per_step": 2, "group_size": 4, "strategy": "fsdp2",
+                                        "world_size": 2})
+    raw["rollout"]["ray"].update(learner="actors", learner_cpus=0.5, learner_resources={"env_cpu": 0.25})
+    failure: list[BaseException] = []
+
+    def target():
+        try:
+            run_rl(validate(raw, RLConfig), log=lambda m: None)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            failure.append(e)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    deadline = time.time() + 180
+    while time.time() < deadline and not (out / "checkpoints").exists() and thread.is_alive():
+        time.sleep(0.05)
+    placement = json.loads((out / "placement.json").read_text())
+    assert [(a["rank"], a["node_id"]) for a in placement["learner"]] == [(0, env_node), (1, env_node)]
+    assert all(a["resources"].get("env_cpu") == 0.25 for a in placement["learner"])
+    assert all(a["node_id"] != env_node for a in placement["rollout"])
+    os.kill(placement["learner"][1]["pid"], signal.SIGKILL)
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert failure and "learner rank 1" in str(failure[0]), failure
+    assert not (out / "final").exists()
+    logs: list[str] = []
+    result = run_rl(validate({**raw, "resume": True}, RLConfig), log=logs.append)
+    assert result.steps == 8 and result.final_model is not None
+    assert any("resumed from" in m for m in logs), logs
+    each_once(out, 8, 2)

@@ -58,11 +58,11 @@ class RLLearner:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: warmup_cosine(s, oc.warmup_steps, cfg.train.steps, oc.min_lr_ratio))
         self.algo = RLStepConfig.from_config(cfg)
-        if ckpt is not None:
+        if ckpt is not None:  # (run_rl says it resumed)
             if rank is None:
-                restore_trainer_state(ckpt, self.optimizer, self.scheduler, None, log)
+                restore_trainer_state(ckpt, self.optimizer, self.scheduler, None, lambda m: None)
             else:
-                rank.restore(ckpt, model, self.optimizer, self.scheduler, None, log)
+                rank.restore(ckpt, model, self.optimizer, self.scheduler, None, lambda m: None)
         if self.lora:
             self._weights = MergedWeights(model).refresh  # () -> plain names -> current merged weights
         elif rank is None:

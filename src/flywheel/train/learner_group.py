@@ -50,10 +50,6 @@ class LearnerGroup:
     def save_final(self, dest: Path) -> None:
         self._call("save_final", dest)
 
-    def placement(self) -> list[dict]:
-        """Where each rank runs: [{"rank", "node_id", "ip", "pid", "resources"}]."""
-        return self._call_all("where")
-
     def _call(self, name: str, *args) -> Any:
         return self._call_all(name, *args)[0]
 
@@ -62,15 +58,6 @@ class LearnerGroup:
 
     def close(self) -> None:
         raise NotImplementedError
-
-
-def rank_where(rank: int) -> dict:
-    """A local rank's place: this machine, this process."""
-    import os
-    import socket
-
-    return {"rank": rank, "node_id": "local", "ip": socket.gethostbyname(socket.gethostname()),
-            "pid": os.getpid(), "resources": {}}
 
 
 class ProcessLearner(LearnerGroup):
@@ -153,8 +140,7 @@ class ProcessLearner(LearnerGroup):
         self.ranks.kill()
 
 
-def serve(learner_factory: Callable[[], Any], receive: Callable[[], Any], answer: Callable[[tuple], None],
-          where: Callable[[], dict]) -> None:
+def serve(learner_factory: Callable[[], Any], receive: Callable[[], Any], answer: Callable[[tuple], None]) -> None:
     """A rank's loop: build the learner, answer ("ok", None); then for each (name, args)
     received, answer ("ok", learner.name(*args)) until None arrives. An exception is answered
     ("error", it) and raised (the rank exits: its peers may be stuck in a collective)."""
@@ -167,7 +153,7 @@ def serve(learner_factory: Callable[[], Any], receive: Callable[[], Any], answer
     while (message := receive()) is not None:
         name, args = message
         try:
-            value = where() if name == "where" else getattr(learner, _CALLS[name])(*args)
+            value = getattr(learner, _CALLS[name])(*args)
         except BaseException as e:
             answer(("error", _picklable(e)))
             raise
@@ -203,8 +189,7 @@ def _serve(payload: dict, rank) -> None:
         except (EOFError, OSError):
             return None  # the driver is gone
 
-    serve(lambda: RLLearner(cfg, ckpt, rank, log), receive, lambda a: conn.send_bytes(pickle.dumps(a)),
-          lambda: rank_where(rank.rank))
+    serve(lambda: RLLearner(cfg, ckpt, rank, log), receive, lambda a: conn.send_bytes(pickle.dumps(a)))
 
 
 def start_learner(cfg: RLConfig, ckpt: Path | None, log: Callable[[str], None], threads: int | None):

@@ -78,7 +78,7 @@ class LearnerActor:
         return to_arrays(value) if name == "weights" and value else value
 
     def where(self) -> dict:
-        return {"rank": self.rank, **where()}
+        return {"actor": f"rank {self.rank}", "rank": self.rank, **where()}
 
 
 class RayLearner(LearnerGroup):
@@ -104,9 +104,11 @@ class RayLearner(LearnerGroup):
             raise
         log(f"ray: learner of {self.world_size} actor(s) started ({options})")
 
+    def placement(self) -> list[dict]:
+        """Where each rank's actor runs: [{"actor", "rank", "node_id", "ip", "pid", "resources"}]."""
+        return self._get([a.where.remote() for a in self.actors])
+
     def _call_all(self, name: str, *args) -> list:
-        if name == "where":
-            return self._get([a.where.remote() for a in self.actors])
         shared = ray.put(args)  # once, not once per rank
         answers = self._get([a.call.remote(name, shared) for a in self.actors])
         if name == "weights":

@@ -217,8 +217,8 @@ def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack
 
     source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log, transport=transport)
     stack.callback(source.close)
-    placement = {**source.placement(),
-                 "learner": learner.placement() if hasattr(learner, "placement") else [{"rank": 0, **where()}]}
+    here = {"actor": "driver", "rank": 0, **where()}  # a learner in this process, or local ranks (fsdp2/ranks.json)
+    placement = {**source.placement(), "learner": learner.placement() if hasattr(learner, "placement") else [here]}
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
     for part, actors in placement.items():
@@ -270,6 +270,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
         state = load_state(ckpt)
         step, feeder_state = state["step"], state.get("feeder", {})
         order.load_state_dict(state["data_order"])
+        log(f"resumed from {ckpt} (step {step})")
     source, eval_engine = _rollout_source(cfg, engine_model, tokenizer, env, renderer, n_workers, plain, stack, log,
                                           learner)
     feeder = RolloutFeeder(source, tasks, order, cfg.train.groups_per_step, cfg.max_off_policy_steps,
