@@ -264,8 +264,7 @@ class RolloutConfig(Config):
     in_flight_updates: bool = Field(False, description=(
         "workers take newer weights between two decode steps, not only between work items: rows in "
         "flight go on under the new weights (keys and values recomputed), each token tagged with its "
-        "version (worker processes, and Ray actors on the learner's node; other actors take weights "
-        "between items)"))
+        "version (worker processes and Ray actors: rollout.workers >= 1)"))
     engine: Literal["local", "vllm"] = Field("local", description=(
         "the rollout actors' inference engine: flywheel's LocalEngine, or vLLM on a CUDA GPU (extra "
         "`vllm`; needs backend: ray, one GPU per actor by ray.worker_gpus)"))

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from flywheel.config import RLConfig, validate
 from flywheel.models import TinySpec, build_tiny_model
@@ -86,11 +87,14 @@ def ray_config(model, out: Path, address: str | None = None, rollout_on: str = "
 
 
 def test_env_actors_run_on_the_env_node_and_the_run_says_where(cluster, model, tmp_path):
-    """Rollout actors on the env node too: off the learner's node, they read the object store."""
+    """Rollout actors on the env node too: off the learner's node, they read the object store
+    (in-flight updates on: from the board, between decode steps)."""
     _, env_node = cluster
     out = tmp_path / "run"
     logs: list[str] = []
-    result = run_rl(validate(ray_config(model, out, rollout_on="env_cpu"), RLConfig), log=logs.append)
+    raw = ray_config(model, out, rollout_on="env_cpu")
+    raw["rollout"]["in_flight_updates"] = True
+    result = run_rl(validate(raw, RLConfig), log=logs.append)
     assert result.steps == 6 and result.final_model is not None
     placement = json.loads((out / "placement.json").read_text())
     assert [a["node_id"] for a in placement["env"]] == [env_node, env_node]
@@ -209,3 +213,35 @@ def test_the_learner_runs_as_ray_actors_where_its_resources_say(cluster, model, 
     assert result.steps == 8 and result.final_model is not None
     assert any("resumed from" in m for m in logs), logs
     each_once(out, 8, 2)
+
+
+def test_board_weights_take_a_newer_version_between_decode_steps_without_waiting(cluster, model):
+    """BoardWeights (actors off the learner's node, in-flight updates): a step with nothing newer
+    on the board neither waits nor loads; once a version is published the next step loads it."""
+    from flywheel.inference import LocalEngine
+    from flywheel.models import load
+    from flywheel.orchestrate.ray_rollouts import BoardWeights, WeightBoard, to_arrays
+
+    net, tok = load(str(model))
+    engine = LocalEngine(net, tok, version=-1)
+    board = WeightBoard.remote()
+    weights = BoardWeights(board, engine, in_flight=True)
+    assert engine.between_steps == weights.take_if_published
+    v0 = {k: v.detach().clone() for k, v in net.named_parameters()}
+    ray.get(board.set.remote(0, [ray.put(to_arrays(v0))]))
+    wait_s, _ = weights.take(0)
+    assert engine.version == 0
+    started = time.perf_counter()
+    for _ in range(3):
+        engine.between_steps()
+    assert engine.version == 0 and time.perf_counter() - started < 1.0
+    v1 = {k: v + 0.5 for k, v in v0.items()}
+    ray.get(board.set.remote(1, [ray.put(to_arrays(v1))]))
+    deadline = time.time() + 10
+    while engine.version == 0 and time.time() < deadline:
+        engine.between_steps()
+        time.sleep(0.01)
+    assert engine.version == 1
+    name = next(iter(v1))
+    assert torch.equal(dict(net.named_parameters())[name].detach(), v1[name])
+    ray.kill(board)

@@ -16,8 +16,9 @@ exact resume (orchestrate/feeder.py, train/rl.py) keep their meaning unchanged. 
   store, as numpy arrays, behind the `WeightBoard` (one, async: the newest (version, object
   ref)); such an actor fetches a version over the network once and copies it into its engine.
   The object-store copy is made only while some actor runs on another node. With
-  `rollout.in_flight_updates`, actors on the learner's node take newer weights between decode
-  steps as worker processes do; the others, between work items.
+  `rollout.in_flight_updates`, every actor takes newer weights between decode steps: those on
+  the learner's node from the segment, as worker processes do, the others from the board
+  (`BoardWeights`: one request for a newer version kept pending, checked without waiting).
 - `EnvActor` (`rollout.ray.env_actors` of them, placed by `env_resources`, e.g. on CPU
   nodes labelled `env_cpu`): the environment's episodes live there; a rollout actor plays
   against them through `RemoteEnvironment`, one actor call per episode step. With 0 env
@@ -29,8 +30,8 @@ twice; more than `rollout.max_restarts` deaths stop the run. A dead env actor fa
 that were using it (their rollout actor reports the error); those are sent again in the same
 way, to a replaced env actor. `where()` tells where each part runs; `placement()` collects it.
 
-The learner stays in the driver process: run the driver where the learner should be (on a
-GPU node, `ray job submit` from there).
+The learner is not this module's: it runs in the driver, or on its own actors
+(train/ray_learner.py); the driver publishes its weights here either way.
 """
 
 from __future__ import annotations
@@ -202,34 +203,65 @@ class RemoteEnvironment(Environment):
 # ---------------------------------------------------------------- rollout actors
 
 
+class BoardWeights:
+    """An actor's weights from the object store, behind the WeightBoard (actors off the
+    learner's node). `take(min_version)` before an item waits for that version and loads the
+    newest; with `in_flight`, the engine also takes a newer version between decode steps: one
+    request for a version newer than its own is kept pending on the board and checked without
+    waiting, so a decode step costs no round trip."""
+
+    def __init__(self, board, engine, in_flight: bool = False):
+        self.board, self.engine = board, engine
+        self._pending = None  # board.newest(engine.version + 1), not yet answered
+        if in_flight:
+            engine.between_steps = self.take_if_published
+
+    def take(self, min_version: int) -> tuple[float, float]:
+        """(seconds waiting for min_version, seconds loading the newest)."""
+        t0 = time.perf_counter()
+        answer = ray.get(self.board.newest.remote(min_version))
+        t1 = time.perf_counter()
+        self._load(*answer)
+        return t1 - t0, time.perf_counter() - t1
+
+    def take_if_published(self) -> None:
+        if self._pending is None:
+            self._pending = self.board.newest.remote(self.engine.version + 1)
+        ready, _ = ray.wait([self._pending], timeout=0)
+        if ready:
+            answer, self._pending = ray.get(self._pending), None
+            self._load(*answer)
+
+    def _load(self, version: int, box: list) -> None:
+        if version > self.engine.version:
+            with torch.no_grad():
+                self.engine.update_weights(from_arrays(ray.get(box[0])), version)
+
+
 @ray.remote
 class RolloutActor:
     def __init__(self, spec: WorkerSpec, worker_id: int, board, env_actors: list, env_name: str,
                  learner_node: str):
         env = RemoteEnvironment(env_actors, env_name) if env_actors else None
         self.runner = EpisodeRunner(spec, worker_id, env=env)
-        self.board = board
         self.segment = None  # the learner's shared-memory segment, read by actors on its node
+        self.board = None  # else the object store's copy
         if spec.transport_name and ray.get_runtime_context().get_node_id() == learner_node:
             self.segment = SegmentWeights(spec.transport_name, self.runner.engine, spec.in_flight)
+        else:
+            self.board = BoardWeights(board, self.runner.engine, spec.in_flight)
 
     def where(self) -> dict[str, Any]:
         return {**where(), "weights": "shared_memory" if self.segment is not None else "object_store"}
 
     def run(self, item: WorkItem) -> WorkResult:
-        engine = self.runner.engine
         t0 = time.perf_counter()
         if self.segment is not None:
             self.segment.wait(item.min_version)
             t1 = time.perf_counter()
             self.segment.take_newest()
             return self.runner.play(item, t1 - t0, time.perf_counter() - t1, self.segment.pickup)
-        version, (ref,) = ray.get(self.board.newest.remote(item.min_version))
-        t1 = time.perf_counter()
-        if version > engine.version:
-            with torch.no_grad():
-                engine.update_weights(from_arrays(ray.get(ref)), version)
-        return self.runner.play(item, t1 - t0, time.perf_counter() - t1, "object_store")
+        return self.runner.play(item, *self.board.take(item.min_version), "object_store")
 
 
 class RayRollouts:
@@ -279,12 +311,10 @@ class RayRollouts:
             self._remote[i] = place["weights"] == "object_store"
 
     def placement(self) -> dict[str, Any]:
-        """Where each part runs: {"learner": [...], "rollout": [...], "env": [...]}, each where()
-        plus its index."""
+        """Where each actor runs: {"rollout": [...], "env": [...]}, each where() plus its index."""
         rollout = ray.get([a.where.remote() for a in self.actors])
         env = ray.get([a.where.remote() for a in self.env_actors])
-        return {"learner": [{"actor": "driver", **where()}],  # the learner runs in the driver
-                "rollout": [{"actor": i, **w} for i, w in enumerate(rollout)],
+        return {"rollout": [{"actor": i, **w} for i, w in enumerate(rollout)],
                 "env": [{"actor": i, **w} for i, w in enumerate(env)]}
 
     # ------------------------------------------------------------------ protocol
