@@ -132,6 +132,29 @@ def test_rl_update_two_gloo_ranks_match_the_single_process_step(setup, tmp_path)
         assert abs(m["loss"] - r["loss"]) < 1e-5 and abs(m["grad_norm"] - r["grad_norm"]) < 1e-5, (m, r)
 
 
+def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(setup, tmp_path):
+    """A NaN behaviour logprob in the last trajectory (rank 1's share only): both ranks skip
+    that update, as the single-process learner skips it, instead of rank 0 waiting forever in
+    a backward rank 1 never runs; the next step trains on both. Run with a deadline: a
+    deadlock shows as a failure, not a hung suite."""
+    model, _ = setup
+    batches = [groups_for(s) for s in range(2)]
+    last = batches[0][-1].trajectories[-1]
+    last.behavior_logprobs = last.behavior_logprobs[:-1] + [float("nan")]
+    cfg = RLStepConfig(minibatches=1, aggregation="token", grad_clip=1.0)
+    _, ref = run_rl_updates(model, batches, cfg, tmp_path / "single", lr=1e-3, world_size=1)
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(
+        run_rl_updates(model, batches, cfg, tmp_path / "fsdp2", lr=1e-3, world_size=2, log=lambda m: None)),
+        daemon=True)
+    thread.start()
+    thread.join(120)
+    assert result, "the two ranks did not finish (a rank waited in a collective)"
+    _, metrics = result[0]
+    assert ref[0]["skipped"] == 1.0 and metrics[0]["skipped"] == 1.0, (ref[0], metrics[0])
+    assert ref[1]["skipped"] == 0.0 and metrics[1]["skipped"] == 0.0
+
+
 @pytest.mark.slow  # three FSDP2 runs of two ranks: ~40 s on 2 cores
 def test_sigkill_of_rank_1_then_resume_ends_at_the_uninterrupted_parameters(setup, tmp_path):
     model, data = setup

@@ -43,11 +43,13 @@ with the launcher (PR_SET_PDEATHSIG on Linux). A stop requested of the launcher 
 request_stop) is forwarded as SIGTERM; ranks agree on stopping once per step (all-reduce of
 the stop and deadline flags), so all stop after the same step and checkpoint together.
 
-Limits: one machine (ranks are local processes; many machines go through Ray), no LoRA, no
-evaluator callables (validation loss via data.val works); `run_rl` refuses fsdp2 (its
-rollout engines and weight publishing take a plain module) — the RL update itself runs under
-FSDP2 here (`rl_step_fsdp2`, `run_rl_updates`). A non-finite loss on some ranks but not all
-would leave the others waiting in a collective until the process-group timeout.
+RL: run_rl drives `train.world_size` ranks of train/learner.py's RLLearner through
+train/learner_group.py (`RankProcesses(channels=True)`: a socket per rank to the driver), each
+updating with `rl_step_fsdp2`; `run_rl_updates` runs the update alone on given groups.
+
+Limits: ranks started here are local processes (on several machines they are Ray actors,
+train/ray_learner.py), no LoRA, no evaluator callables (validation loss via data.val works).
+`kill -USR1` of a rank prints its stacks into its log.
 """
 
 from __future__ import annotations
@@ -310,22 +312,23 @@ def rl_step_fsdp2(model, optimizer, groups: list, cfg, pad_id: int, rank: Rank, 
     runs rl_step's `update` on its share of every minibatch with its gradient scale
     (`rl_share`), and the reduce-scatter sums the shares into the single-process gradient.
     Metrics: loss summed over ranks (the global loss), trained_tokens summed, the other
-    means weighted by each rank's tokens; grad_norm is already global. The forward is the
-    plain one (cfg.shared_prefix is ignored)."""
+    means weighted by each rank's tokens; grad_norm is already global. Plans of one model
+    call only (RLStepConfig.one_forward); a non-finite loss on any rank skips the update on all."""
     from flywheel.train.rl_step import assign_advantages, merge_minibatches, split_groups, update
 
     groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
     if not groups:
         return {"skipped": 1.0, "groups": 0.0}
-    # one plain forward per update on every rank: the shared-prefix plan picks its kind (one
-    # forward or two) from each rank's rows, and ranks whose module calls differ would wait on
+    # one model call per update on every rank (plain or prefix-tree plans): the KV-cache prefix
+    # plan makes one or two from each rank's rows, and ranks whose module calls differ wait on
     # each other's all-gathers and reduce-scatters forever
-    cfg = dataclasses.replace(cfg, shared_prefix=False)
+    cfg = dataclasses.replace(cfg, one_forward=True)
     parts = []
     for chunk in split_groups(groups, cfg.minibatches):
         mine, scale = rl_share(chunk, rank, cfg.aggregation)
         with _scaled_logit_gradients(model, scale):
-            m = update(model, optimizer, mine, cfg, pad_id, ref_model, ref_context)
+            m = update(model, optimizer, mine, cfg, pad_id, ref_model, ref_context,
+                       all_finite=lambda finite: rank.sum([float(not finite)])[0] == 0)
         parts.append(_global_metrics(m, scale, rank))
     return merge_minibatches(groups, parts)
 

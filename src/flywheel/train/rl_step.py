@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -33,7 +34,7 @@ from flywheel.types import TrajectoryGroup
 # The learner's settings RLConfig holds outside its `algo` section, by section; every AlgoConfig
 # field is carried too, by name. LEARNER_ONLY settings are not in RLConfig: they keep their defaults.
 FROM_SECTIONS = {"sampling": ("max_tokens", "temperature"), "optim": ("grad_clip",), "train": ("minibatches",)}
-LEARNER_ONLY = ("shared_prefix", "autocast_bf16")
+LEARNER_ONLY = ("shared_prefix", "autocast_bf16", "one_forward")
 
 
 @dataclass
@@ -58,6 +59,10 @@ class RLStepConfig:
     # bf16 autocast for the learner's forward. Off: on the tiny bench model (CPU) it is no
     # faster and moves logprobs by up to ~0.2 nats (mean ~0.008), which the IS ratio sees
     autocast_bf16: bool = False
+    # only plans of one model call per update (plain or the prefix tree, not the KV-cache prefix
+    # plan, whose suffix call depends on the rows): every rank of a sharded learner then makes
+    # the same module calls, which FSDP's collectives need (train/fsdp2.py)
+    one_forward: bool = False
 
     @classmethod
     def from_config(cls, cfg: RLConfig) -> RLStepConfig:
@@ -189,13 +194,18 @@ def merge_minibatches(groups: list[TrajectoryGroup], parts: list[dict[str, float
 
 
 def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int,
-           ref_model=None, ref_context=contextlib.nullcontext) -> dict[str, float]:
+           ref_model=None, ref_context=contextlib.nullcontext,
+           all_finite: Callable[[bool], bool] = lambda finite: finite) -> dict[str, float]:
     """One optimizer update on groups whose advantages are assigned; its loss and gradient
-    metrics (the step's groups and rewards are rl_step's)."""
+    metrics (the step's groups and rewards are rl_step's). all_finite(this loss is finite)
+    -> whether to go on: a sharded learner's ranks agree there, so none skips the backward
+    that the others' collectives wait for."""
     device = next(model.parameters()).device
     batch = pack(groups, pad_id, device)
     use_ref = ref_model is not None and bool(cfg.kl_beta)
     kinds = plan_kinds(model) if cfg.shared_prefix else ()
+    if cfg.one_forward:
+        kinds = tuple(k for k in kinds if k == "tree")
     if use_ref:
         kinds = tuple(k for k in kinds if k in plan_kinds(ref_model))
     rows, b = [], 0
@@ -221,7 +231,7 @@ def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, p
                                 max_tokens=cfg.max_tokens, ref_logp_B_T=ref, kl_beta=cfg.kl_beta,
                                 behavior_logp_B_T=batch["behavior"], is_cap=cfg.is_cap)
     optimizer.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):
+    if not all_finite(bool(torch.isfinite(loss))):
         return {"skipped": 1.0, "loss": loss.item()}
     loss.backward()
     grad_norm = clip_grad_norm(list(model.parameters()), cfg.grad_clip)
