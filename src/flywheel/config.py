@@ -239,6 +239,11 @@ class RayConfig(Config):
         "custom resources each environment actor needs, e.g. {env_cpu: 1}: CPU environment nodes"))
     env_cpus: float = Field(1.0, gt=0, description="CPUs each environment actor holds")
     namespace: str = Field("flywheel", description="the Ray namespace of the run's actors")
+    weights: Literal["store", "broadcast"] = Field("store", description=(
+        "how rollout actors get weights: store = the run's shared memory on the learner's node, Ray's "
+        "object store elsewhere; broadcast = a torch.distributed group from the driver to every "
+        "rollout actor, NCCL when the learner's weights and the actors are on GPUs, gloo otherwise "
+        "(weights/broadcast.py)"))
     learner: Literal["driver", "actors"] = Field("driver", description=(
         "where the learner runs: in the driver process (run the driver where it should be), or as "
         "Ray actors, one per rank (train.world_size under train.strategy=fsdp2, else one), placed by "

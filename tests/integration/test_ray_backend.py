@@ -245,3 +245,39 @@ def test_board_weights_take_a_newer_version_between_decode_steps_without_waiting
     name = next(iter(v1))
     assert torch.equal(dict(net.named_parameters())[name].detach(), v1[name])
     ray.kill(board)
+
+
+def test_weights_by_broadcast_reach_actors_on_another_node_and_survive_a_death(cluster, model, tmp_path):
+    """`rollout.ray.weights: broadcast`: one gloo group from the driver to two rollout actors on
+    the other node (in-flight updates on); one actor SIGKILLed mid-run is replaced, the group
+    formed again with it, and the run ends with nothing lost and nothing trained twice."""
+    _, env_node = cluster
+    out = tmp_path / "run"
+    raw = ray_config(model, out, rollout_on="env_cpu", train={"steps": 10, "groups_per_step": 2, "group_size": 4})
+    raw["rollout"]["in_flight_updates"] = True
+    raw["rollout"]["ray"]["weights"] = "broadcast"
+    logs: list[str] = []
+    errors: list[BaseException] = []
+
+    def target():
+        try:
+            run_rl(validate(raw, RLConfig), log=logs.append)
+        except BaseException as e:  # noqa: BLE001 - the test reads it
+            errors.append(e)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    deadline = time.time() + 120
+    while time.time() < deadline and (not (out / "rollouts.jsonl").exists()
+                                      or (out / "rollouts.jsonl").read_text().count("\n") < 3):
+        time.sleep(0.05)
+    placement = json.loads((out / "placement.json").read_text())
+    assert [(a["weights"], a["node_id"]) for a in placement["rollout"]] == [("broadcast", env_node)] * 2
+    os.kill(placement["rollout"][1]["pid"], signal.SIGKILL)
+    thread.join(timeout=300)
+    assert not thread.is_alive() and not errors, errors
+    last = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r][-1]
+    assert last["step"] == 10 and last["rollout/worker_restarts"] >= 1
+    assert last["rollout/duplicate_results"] == 0.0
+    each_once(out, 10, 2)
+    assert any("rollout actor 1 died" in m for m in logs), logs

@@ -40,6 +40,7 @@ import asyncio
 import dataclasses
 import itertools
 import os
+import threading
 import time
 import warnings
 from typing import Any, Callable, Mapping
@@ -238,24 +239,82 @@ class BoardWeights:
                 self.engine.update_weights(from_arrays(ray.get(box[0])), version)
 
 
-@ray.remote
+class GroupWeights:
+    """An actor's weights from the run's broadcast group (weights/broadcast.py;
+    `rollout.ray.weights: broadcast`): joined, and joined again after the group is re-formed,
+    from a concurrency group of its own while `run` may be waiting for weights."""
+
+    def __init__(self, engine, in_flight: bool = False):
+        self.engine = engine
+        self.transport = None
+        self._joined = threading.Condition()
+        if in_flight:
+            engine.between_steps = self.take_newest
+
+    def join(self, host: str, port: int, rank: int, world_size: int, specs: list, backend: str) -> None:
+        from flywheel.weights.broadcast import BroadcastTransport
+
+        like = {n: torch.empty(shape, dtype=getattr(torch, d), device="meta") for n, d, shape in specs}
+        device = str(self.engine.device) if backend == "nccl" else "cpu"
+        fresh = BroadcastTransport.receiver(like, host, port, rank, world_size, backend, device)
+        with self._joined:
+            old, self.transport = self.transport, fresh
+            self._joined.notify_all()
+        if old is not None:
+            old.close()
+
+    def take(self, min_version: int) -> tuple[float, float]:
+        """(seconds waiting for min_version, seconds loading the newest)."""
+        t0 = time.perf_counter()
+        while True:
+            with self._joined:
+                self._joined.wait_for(lambda: self.transport is not None)
+                transport = self.transport
+            if transport.version() >= min_version:
+                break
+            try:  # a broken group is re-formed by the driver: wait for the new one
+                transport.wait_newer(transport.version(), timeout_s=1.0)
+            except (TimeoutError, RuntimeError):
+                time.sleep(0.01)
+        t1 = time.perf_counter()
+        self.take_newest()
+        return t1 - t0, time.perf_counter() - t1
+
+    def take_newest(self) -> None:
+        transport = self.transport
+        if transport is not None:
+            self.engine.receive(transport)
+
+
+@ray.remote(concurrency_groups={"weights": 1, "info": 1})  # neither waits behind `run`
 class RolloutActor:
     def __init__(self, spec: WorkerSpec, worker_id: int, board, env_actors: list, env_name: str,
-                 learner_node: str):
+                 learner_node: str, broadcast: bool = False):
         env = RemoteEnvironment(env_actors, env_name) if env_actors else None
         self.runner = EpisodeRunner(spec, worker_id, env=env)
         self.segment = None  # the learner's shared-memory segment, read by actors on its node
         self.board = None  # else the object store's copy
-        if spec.transport_name and ray.get_runtime_context().get_node_id() == learner_node:
+        self.group = None  # or the run's broadcast group
+        if broadcast:
+            self.group = GroupWeights(self.runner.engine, spec.in_flight)
+        elif spec.transport_name and ray.get_runtime_context().get_node_id() == learner_node:
             self.segment = SegmentWeights(spec.transport_name, self.runner.engine, spec.in_flight)
         else:
             self.board = BoardWeights(board, self.runner.engine, spec.in_flight)
 
+    @ray.method(concurrency_group="info")
     def where(self) -> dict[str, Any]:
-        return {**where(), "weights": "shared_memory" if self.segment is not None else "object_store"}
+        how = "broadcast" if self.group else "shared_memory" if self.segment is not None else "object_store"
+        return {**where(), "weights": how}
+
+    @ray.method(concurrency_group="weights")
+    def join_weights(self, host: str, port: int, rank: int, world_size: int, specs: list, backend: str) -> None:
+        self.group.join(host, port, rank, world_size, specs, backend)
 
     def run(self, item: WorkItem) -> WorkResult:
         t0 = time.perf_counter()
+        if self.group is not None:
+            return self.runner.play(item, *self.group.take(item.min_version), "broadcast")
         if self.segment is not None:
             self.segment.wait(item.min_version)
             t1 = time.perf_counter()
@@ -286,6 +345,8 @@ class RayRollouts:
         # late (a replacement on another node); the learner's params do not change between a
         # publish and its next update, which comes after the poll that replaces actors
         self._last = None
+        self.broadcast = cfg.weights == "broadcast"
+        self.group = None  # the broadcast group's publisher end, formed at the first publish
         self.env_actors = [self._env_actor() for _ in range(cfg.env_actors)]
         self.actors = [self._actor(i) for i in range(n_workers)]
         self._reads_object_store(list(range(n_workers)))
@@ -301,7 +362,7 @@ class RayRollouts:
         actor = RolloutActor.options(
             num_cpus=self.cfg.worker_cpus, num_gpus=self.cfg.worker_gpus,
             resources=self.cfg.worker_resources or None).remote(
-            self.spec, worker_id, self.board, self.env_actors, self.spec.env_name, self.node)
+            self.spec, worker_id, self.board, self.env_actors, self.spec.env_name, self.node, self.broadcast)
         return actor
 
     def _reads_object_store(self, indices: list[int]) -> None:
@@ -334,7 +395,21 @@ class RayRollouts:
     def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
         """Into the shared-memory segment, and, while some actor runs on another node, one copy
         into the object store; the board is told without waiting for it (an actor that asks
-        first waits on the board for the version its item needs)."""
+        first waits on the board for the version its item needs). With `weights: broadcast`:
+        over the group instead (formed at the first publish; a publish that fails on a broken
+        group replaces the dead actors and forms it again)."""
+        if self.broadcast:
+            self._last = (params, version)
+            try:
+                if self.group is None:
+                    self._form_group()
+                self.group.publish(params, version)
+            except RuntimeError as e:  # torch.distributed's errors: a member is gone
+                self.log(f"weight group broken ({type(e).__name__}: {e}); forming it again")
+                self._recover(regroup=False)
+                self._form_group()
+                self.group.publish(params, version)
+            return
         if self.transport is not None:
             self.transport.publish(params, version)
         self._last = (params, version)
@@ -377,20 +452,49 @@ class RayRollouts:
             out.append(result)
         return out
 
-    def _recover(self) -> None:
+    def _form_group(self) -> None:
+        """The broadcast group of this process (rank 0) and every rollout actor (rank 1 + slot),
+        its layout that of the last params published; NCCL when those are on a GPU and the
+        actors have GPUs, else gloo."""
+        from flywheel.weights.broadcast import BroadcastTransport
+
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        params, _ = self._last
+        cuda = next(iter(params.values())).device.type == "cuda"
+        backend = "nccl" if cuda and self.cfg.worker_gpus > 0 else "gloo"
+        specs = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in params.items()]
+        store = BroadcastTransport.host(ray.util.get_node_ip_address())
+        world = 1 + len(self.actors)
+        joins = [a.join_weights.remote(store.host, store.port, 1 + i, world, specs, backend)
+                 for i, a in enumerate(self.actors)]
+        self.group = BroadcastTransport.publisher(params, store, world, backend,
+                                                  "cuda" if backend == "nccl" else "cpu")
+        ray.get(joins)
+
+    def _recover(self, regroup: bool = True) -> None:
         """Replace every actor that does not answer: a dead rollout actor's unfinished items go
         to its replacement; when an env actor is replaced, the rollout actors (which hold the
-        env actors' handles) are renewed too, their unfinished items sent again."""
+        env actors' handles) are renewed too, their unfinished items sent again. With a
+        broadcast group, one that lost a member is formed again (unless `regroup` is false:
+        the caller does) and the last weights sent over it."""
         dead_env = [i for i, a in enumerate(self.env_actors) if not _alive(a)]
         for i in dead_env:
             self._count_restart(f"environment actor {i} died", env=True)
             self.env_actors[i] = self._env_actor()
+        renewed = False
         for index, actor in enumerate(self.actors):
             if not _alive(actor):
                 self._count_restart(f"rollout actor {index} died")
                 self._renew(index)
+                renewed = True
             elif dead_env:
                 self._renew(index)
+                renewed = True
+        if self.broadcast and renewed and regroup and self._last is not None:
+            self._form_group()
+            self.group.publish(*self._last)
 
     def _resend(self, index: int, item: WorkItem) -> None:
         self.resubmitted_items += 1
@@ -426,6 +530,8 @@ class RayRollouts:
                 "rollout/duplicate_results": float(self.duplicate_results)}
 
     def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
         for actor in [*self.actors, *self.env_actors, self.board]:
             ray.kill(actor, no_restart=True)
         self._pending.clear()

@@ -1,0 +1,168 @@
+"""Weights by broadcast over a torch.distributed group: one publisher, N receivers, NCCL
+between GPUs (GPU to GPU, no host copy) and gloo otherwise.
+
+The group. Rank 0 publishes, ranks 1..N receive; it is a process group of its own
+(ProcessGroupGloo / ProcessGroupNCCL built on a TCPStore the publisher hosts, `port` 0: the OS
+picks one), so a process that already belongs to another group (an FSDP2 rank) can join it.
+Every member must construct its end before any of them returns (the rendezvous): start the
+receivers, then the publisher, or each in a thread of its own.
+
+The wire, per version: an int64 tensor [version], then one flat buffer per dtype (the
+tensors of `like` in their order, flattened back to back), each broadcast from rank 0. The
+publisher packs its tensors into its buffers (one copy) and broadcasts; a receiver's thread
+takes each version into a back buffer and swaps it in whole under a lock, so `read_into`
+copies one version entirely, never a mix (the WeightTransport contract), and
+`LocalEngine.receive(transport)` picks it up like any transport's.
+
+Failure: a member that dies breaks the group: the publisher's next `publish` raises (gloo:
+the peer's connection closed) and the surviving receivers' threads end with the error kept in
+`error`; the group is then formed again with fresh members (orchestrate/ray_rollouts.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from flywheel.weights.base import WeightTransport
+
+TIMEOUT = timedelta(seconds=120)
+
+
+def _layout(like: Mapping[str, torch.Tensor]) -> list[tuple[torch.dtype, list[tuple[str, int, int, torch.Size]]]]:
+    """[(dtype, [(name, offset, numel, shape)])]: the flat buffers, one per dtype, in first-seen order."""
+    groups: dict[torch.dtype, list] = {}
+    sizes: dict[torch.dtype, int] = {}
+    for name, t in like.items():
+        entries = groups.setdefault(t.dtype, [])
+        offset = sizes.get(t.dtype, 0)
+        entries.append((name, offset, t.numel(), t.shape))
+        sizes[t.dtype] = offset + t.numel()
+    return list(groups.items())
+
+
+def _group(backend: str, host: str, port: int, rank: int, world_size: int, store=None):
+    """(store, process group) of this member."""
+    if store is None:
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=TIMEOUT)
+    prefixed = dist.PrefixStore("flywheel-weights", store)
+    if backend == "nccl":
+        if not hasattr(dist, "ProcessGroupNCCL"):
+            raise RuntimeError("weight broadcast over NCCL needs a CUDA build of torch")
+        return store, dist.ProcessGroupNCCL(prefixed, rank, world_size)
+    return store, dist.ProcessGroupGloo(prefixed, rank, world_size, TIMEOUT)
+
+
+class BroadcastTransport(WeightTransport):
+    """One member's end of the group: `publisher(...)` (rank 0) or `receiver(...)`."""
+
+    def __init__(self, like: Mapping[str, torch.Tensor], rank: int, world_size: int, backend: str, device: str):
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.device = torch.device(device)
+        self._layout = _layout(like)
+        self._front = self._buffers()
+        self._version = -1
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self.error: BaseException | None = None  # a receiver's: why its thread ended
+        self.store, self.group, self._thread = None, None, None
+
+    def _buffers(self) -> list[torch.Tensor]:
+        return [torch.empty(sum(n for _, _, n, _ in entries), dtype=dtype, device=self.device)
+                for dtype, entries in self._layout]
+
+    @classmethod
+    def host(cls, host: str = "127.0.0.1") -> dist.TCPStore:
+        """The publisher's store, made first so its port can be handed to the receivers."""
+        return dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+
+    @classmethod
+    def publisher(cls, like: Mapping[str, torch.Tensor], store: dist.TCPStore, world_size: int,
+                  backend: str = "gloo", device: str = "cpu") -> "BroadcastTransport":
+        """Rank 0, on `store` (from `host`); returns once every receiver has joined."""
+        self = cls(like, 0, world_size, backend, device)
+        self.store, self.group = _group(backend, "", 0, 0, world_size, store=store)
+        return self
+
+    @classmethod
+    def receiver(cls, like: Mapping[str, torch.Tensor], host: str, port: int, rank: int, world_size: int,
+                 backend: str = "gloo", device: str = "cpu") -> "BroadcastTransport":
+        """Rank `rank` >= 1; returns once the group is formed, then receives in a thread."""
+        self = cls(like, rank, world_size, backend, device)
+        self.store, self.group = _group(backend, host, port, rank, world_size)
+        self._thread = threading.Thread(target=self._receive, daemon=True, name=f"weights-rank{rank}")
+        self._thread.start()
+        return self
+
+    # ------------------------------------------------------------------ publisher
+
+    @torch.no_grad()
+    def publish(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 of a weight group publishes")
+        for buffer, (_, entries) in zip(self._front, self._layout):
+            for name, offset, n, shape in entries:
+                t = tensors[name]
+                if t.shape != shape:
+                    raise ValueError(f"publish: {name!r} has shape {tuple(t.shape)}, the group's is {tuple(shape)}")
+                buffer[offset:offset + n].copy_(t.detach().reshape(-1))
+        self._broadcast(self._header(version), self._front)
+        self._version = int(version)
+
+    def _header(self, version: int) -> torch.Tensor:
+        return torch.tensor([version], dtype=torch.int64, device=self.device)
+
+    def _broadcast(self, header: torch.Tensor, buffers: Sequence[torch.Tensor]) -> None:
+        for t in (header, *buffers):
+            self.group.broadcast(t, 0).wait()
+
+    # ------------------------------------------------------------------ receiver
+
+    def _receive(self) -> None:
+        back = self._buffers()
+        try:
+            while True:
+                header = self._header(-1)
+                self._broadcast(header, back)
+                with self._changed:
+                    self._front, back = back, self._front
+                    self._version = int(header.item())
+                    self._changed.notify_all()
+        except BaseException as e:  # noqa: BLE001 - the group broke (a member died, or close)
+            with self._changed:
+                self.error = e
+                self._changed.notify_all()
+
+    def version(self) -> int:
+        return self._version
+
+    def wait_newer(self, than: int, timeout_s: float | None = None) -> int:
+        """Block until a version newer than `than` arrived; raises what broke the group."""
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._version > than or self.error is not None, timeout_s):
+                raise TimeoutError(f"no weights newer than v{than} within {timeout_s} s")
+            if self._version <= than:
+                raise RuntimeError(f"the weight group broke: {self.error}")
+            return self._version
+
+    @torch.no_grad()
+    def read_into(self, dest: Mapping[str, torch.Tensor]) -> int:
+        with self._lock:
+            for buffer, (_, entries) in zip(self._front, self._layout):
+                for name, offset, n, shape in entries:
+                    if name in dest:
+                        dest[name].copy_(buffer[offset:offset + n].view(shape))
+            return self._version
+
+    def close(self) -> None:
+        group, self.group = self.group, None
+        if group is not None and hasattr(group, "abort"):
+            try:
+                group.abort()
+            except Exception:  # noqa: BLE001
+                pass
+        self.store = None
