@@ -15,7 +15,10 @@ Weights. The paths `flywheel rl` uses on Ray: `RayRollouts.publish` and the acto
 (`WorkResult.weight_load_s`), for an actor on the learner's node (the run's shared-memory
 segment: the engine binds the leased buffer, or reorders from it for packed kernels) and
 for one that reads the object store as actors on other nodes do (the learner's tensors put
-there, the WeightBoard told; the actor fetches them and `LocalEngine.update_weights`), against
+there, the WeightBoard told; the actor fetches them and `LocalEngine.update_weights`), and
+for one in the run's broadcast group (`rollout.ray.weights: broadcast`, gloo here: publish is
+the broadcast, which returns once the actor's receiving thread has the bytes; pickup copies
+them into the engine), against
 `dst.copy_(src)` of every parameter into preallocated tensors (one copy of the bytes). ratio =
 memcpy / (publish + pickup), per round; the tiny model and a ~100M-parameter Qwen2
 (bench/weights.py's). Both sides on this one node.
@@ -34,6 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+HANDOFFS = {"shared_memory": "shared memory (learner node)", "object_store": "object store (other nodes)",
+            "broadcast": "broadcast group (gloo)"}
+
 
 def rl_samples_per_s(backend: str, model: Path, out: Path, steps: int) -> float:
     from flywheel.config import RLConfig, validate
@@ -51,10 +57,11 @@ def rl_samples_per_s(backend: str, model: Path, out: Path, steps: int) -> float:
     return 64 * len(rows) / sum(r["time/step_s"] for r in rows)
 
 
-def publish_vs_memcpy(folder: Path, rounds: int, shared_memory: bool) -> dict:
+def publish_vs_memcpy(folder: Path, rounds: int, how: str) -> dict:
     """Medians over rounds of memcpy and of the Ray hand-off (publish + pickup), in seconds.
-    shared_memory: the actor reads the run's segment (an actor on the learner's node, as
-    `flywheel rl` sets it up); else the object store (what an actor on another node reads)."""
+    how: "shared_memory" (the actor reads the run's segment: an actor on the learner's node, as
+    `flywheel rl` sets it up), "object_store" (what an actor on another node reads) or
+    "broadcast" (`rollout.ray.weights: broadcast`: the gloo group, publish = the broadcast)."""
     import torch
 
     from flywheel.config import RayConfig
@@ -68,11 +75,12 @@ def publish_vs_memcpy(folder: Path, rounds: int, shared_memory: bool) -> dict:
     params = {k: v.detach() for k, v in model.named_parameters()}
     copies = {k: torch.empty_like(v) for k, v in params.items()}
     nbytes = sum(v.numel() * v.element_size() for v in params.values())
-    transport = rollout_transport(model, 1) if shared_memory else None
+    transport = rollout_transport(model, 1) if how == "shared_memory" else None
     spec = WorkerSpec(model=str(folder), env_name="arithmetic", env_settings={},
                       transport_name=transport.name if transport else "",
                       sampling={"temperature": 1.0, "max_tokens": 1}, group_size=1, threads=1)
-    source = RayRollouts(spec, 1, RayConfig(), log=lambda m: None, transport=transport)
+    config = RayConfig(weights="broadcast" if how == "broadcast" else "store")
+    source = RayRollouts(spec, 1, config, log=lambda m: None, transport=transport)
     task = load_env("arithmetic").tasks("train", n=1, seed=0)
     memcpy, handoff, publish, pickup = [], [], [], []
     try:
@@ -135,8 +143,8 @@ def main() -> None:
             ratios.append(got["ray"] / got["local"])
         weights = {}
         for name, folder in [("tiny", model)] + ([] if args.smoke else [("100M", qwen2_100m_folder())]):
-            for shm in (True, False):
-                weights[(name, shm)] = publish_vs_memcpy(folder, args.weight_rounds, shm)
+            for how in HANDOFFS:
+                weights[(name, how)] = publish_vs_memcpy(folder, args.weight_rounds, how)
     finally:
         ray.shutdown()
     mr = common.median_range
@@ -149,16 +157,17 @@ def main() -> None:
              f"ray / local, paired per round: {mr(ratios)}.", "",
              "| model | actor reads | MB | memcpy ms | publish ms | pickup ms | memcpy / (publish + pickup) |",
              "|---|---|---|---|---|---|---|"]
-    for (name, shm), w in weights.items():
-        lines.append(f"| {name} | {'shared memory (learner node)' if shm else 'object store (other nodes)'} | "
+    for (name, how), w in weights.items():
+        lines.append(f"| {name} | {HANDOFFS[how]} | "
                      f"{w['mb']:.0f} | {w['memcpy'] * 1e3:.1f} | {w['publish'] * 1e3:.1f} | "
                      f"{w['pickup'] * 1e3:.1f} | {mr(w['ratios'])} |")
-    big = "100M" if ("100M", True) in weights else "tiny"
+    big = "100M" if ("100M", "shared_memory") in weights else "tiny"
     last = (f"backends: ratio={statistics.median(ratios):.2f} local_samples_s={statistics.median(rates['local']):.1f} "
             f"ray_samples_s={statistics.median(rates['ray']):.1f} "
-            f"weights_ratio_tiny={weights[('tiny', True)]['ratio']:.2f} "
-            f"weights_ratio_100m={weights[(big, True)]['ratio']:.2f} "
-            f"object_store_ratio_100m={weights[(big, False)]['ratio']:.2f} rounds={args.rounds}")
+            f"weights_ratio_tiny={weights[('tiny', 'shared_memory')]['ratio']:.2f} "
+            f"weights_ratio_100m={weights[(big, 'shared_memory')]['ratio']:.2f} "
+            f"object_store_ratio_100m={weights[(big, 'object_store')]['ratio']:.2f} "
+            f"broadcast_ratio_100m={weights[(big, 'broadcast')]['ratio']:.2f} rounds={args.rounds}")
     common.append_report("bench/backends.py: the same RL run on local processes and on Ray; weights through Ray",
                          "\n".join(lines), last, write=not args.smoke)
 
