@@ -15,7 +15,10 @@ Sections, each timed and recorded even when another fails (its error is the reco
             VLLMSampler.update_weights where vLLM is installed.
   rl        a short arithmetic GRPO run on `rollout.backend: ray` (the vLLM engine where
             installed, else LocalEngine on the GPU) from a short SFT warm start: reward of the
-            first and last five steps, held-out accuracy before and after.
+            first and last five steps, held-out accuracy before and after, median step time,
+            the largest sampler/learner mismatch_kl.
+  rl_fsdp2  the same run, 10 steps, with the learner as one FSDP2 rank (NCCL) in its own
+            process, driven by run_rl (train/learner_group.py): that the path runs on a GPU.
 Writes OUT/gpu_check.json and OUT/gpu_check.md. `--device cpu --smoke` runs every section
 at toy sizes on a CPU (what a machine without a GPU can check of this script).
 """
@@ -164,30 +167,20 @@ def update_time(engine, folder: Path, dtype: str, device: str) -> float:
     return statistics.median(times)
 
 
-def rl(args, root: Path) -> dict:
+_WARM: dict[str, Path] = {}
+
+
+def rl(args, root: Path, strategy: str = "single", steps: int | None = None) -> dict:
+    """A short GRPO run from the warm start (built once, shared by the rl sections); strategy
+    fsdp2: the learner as one NCCL rank in its own process, driven by run_rl."""
     import common
     from flywheel.config import RLConfig, validate
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
 
-    from flywheel.config import SFTConfig
-    from flywheel.envs import load_env
-    from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
-    from flywheel.train.env_eval import heldout_success
-    from flywheel.train.sft import run_sft
-
-    data = write_sft_jsonl(root / "arithmetic_train.jsonl", split_pairs()[0])
-    # the learning tests' warm start (tests/integration/conftest.py): SFT until held-out greedy
-    # accuracy reaches 0.3, checked every 20 steps, at most `warm_steps`
-    warm = run_sft(validate(dict(model=str(common.tiny_model()), output_dir=str(root / f"warm-{time.time_ns()}"),
-                                 data={"train": [str(data)], "format": "prompt_completion"}, device=args.device,
-                                 train={"steps": 60 if args.smoke else args.warm_steps, "batch_size": 128,
-                                        "micro_batch_size": 128},
-                                 optim={"lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 1.0, "weight_decay": 0.01},
-                                 eval={"every": 20, "stop_at": {"eval/success": 0.3}}, log={"progress": False}),
-                            SFTConfig),
-                   evaluator=heldout_success(load_env("arithmetic"), tasks=100, max_tokens=6),
-                   log=lambda m: None).final_model
+    if "model" not in _WARM:
+        _WARM["model"] = warm_start(args, root, common.tiny_model())
+    warm = _WARM["model"]
     cuda = args.device.startswith("cuda")
     engine = "vllm" if (cuda and vllm_available()) else "local"
     backend = args.rl_backend
@@ -197,10 +190,11 @@ def rl(args, root: Path) -> dict:
             backend = "ray"
         except ImportError:  # the Ray wheel is too large to carry to a bare GPU machine
             backend = "local"
-    steps = 6 if args.smoke else args.rl_steps
-    out = root / f"rl-{time.time_ns()}"
+    steps = steps or (6 if args.smoke else args.rl_steps)
+    out = root / f"rl-{strategy}-{time.time_ns()}"
     cfg = validate(dict(model=str(warm), output_dir=str(out), env={"name": "arithmetic"},
-                        train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": 0},
+                        train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": 0,
+                               "strategy": strategy, "world_size": 1},
                         sampling={"temperature": 1.0, "max_tokens": 6}, optim={"lr": 1e-4},
                         eval={"tasks": 50 if args.smoke else 200}, log={"progress": False}, device=args.device,
                         threads=2,
@@ -209,11 +203,35 @@ def rl(args, root: Path) -> dict:
                                  **({"ray": {"worker_gpus": 0.5 if cuda else 0.0}} if backend == "ray" else {})}),
                    RLConfig)
     result = run_rl(cfg, log=lambda m: None)
-    rewards = [r["reward_mean"] for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
-    return {"backend": backend, "engine": cfg.rollout.engine, "steps": steps, "reward_first5": statistics.mean(rewards[:5]),
-            "reward_last5": statistics.mean(rewards[-5:]),
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
+    rewards = [r["reward_mean"] for r in rows]
+    return {"backend": backend, "engine": cfg.rollout.engine, "strategy": strategy, "steps": steps,
+            "reward_first5": statistics.mean(rewards[:5]), "reward_last5": statistics.mean(rewards[-5:]),
             "accuracy_before": result.evals[0]["eval/greedy_accuracy"],
-            "accuracy_after": result.evals[-1]["eval/greedy_accuracy"]}
+            "accuracy_after": result.evals[-1]["eval/greedy_accuracy"],
+            "step_s_median": statistics.median(r["time/step_s"] for r in rows[2:] or rows),
+            "mismatch_kl_max": max(r.get("mismatch_kl", 0.0) for r in rows)}
+
+
+def warm_start(args, root: Path, tiny: Path) -> Path:
+    from flywheel.config import SFTConfig, validate
+    from flywheel.envs import load_env
+    from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
+    from flywheel.train.env_eval import heldout_success
+    from flywheel.train.sft import run_sft
+
+    data = write_sft_jsonl(root / "arithmetic_train.jsonl", split_pairs()[0])
+    # the learning tests' warm start (tests/integration/conftest.py): SFT until held-out greedy
+    # accuracy reaches 0.3, checked every 20 steps, at most `warm_steps`
+    return run_sft(validate(dict(model=str(tiny), output_dir=str(root / f"warm-{time.time_ns()}"),
+                                 data={"train": [str(data)], "format": "prompt_completion"}, device=args.device,
+                                 train={"steps": 60 if args.smoke else args.warm_steps, "batch_size": 128,
+                                        "micro_batch_size": 128},
+                                 optim={"lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 1.0, "weight_decay": 0.01},
+                                 eval={"every": 20, "stop_at": {"eval/success": 0.3}}, log={"progress": False}),
+                            SFTConfig),
+                   evaluator=heldout_success(load_env("arithmetic"), tasks=100, max_tokens=6),
+                   log=lambda m: None).final_model
 
 
 def main() -> None:
@@ -254,6 +272,7 @@ def main() -> None:
     section("learner", lambda: learner(args, root, mm["tflops"] if mm else None))
     section("sampler", lambda: sampler_rates(args, root))
     section("rl", lambda: rl(args, root))
+    section("rl_fsdp2", lambda: rl(args, root, "fsdp2", steps=6 if args.smoke else 10))
     lines = [f"# gpu_check ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"Command: `{' '.join(sys.argv)}`", "", f"Machine: {json.dumps(report['machine'])}", ""]
     for name, s in report["sections"].items():

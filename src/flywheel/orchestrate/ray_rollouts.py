@@ -53,7 +53,8 @@ from flywheel.config import RayConfig
 from flywheel.envs import load_env
 from flywheel.envs.base import Env, EnvGroupBuilder, Environment, StepResult
 from flywheel.orchestrate.pool import RolloutError
-from flywheel.orchestrate.worker import EpisodeRunner, SegmentWeights, WorkerSpec, WorkItem, WorkResult
+from flywheel.orchestrate.worker import (EpisodeRunner, SegmentWeights, WorkerSpec, WorkItem, WorkResult,
+                                        reuse_freed_memory)
 from flywheel.weights import SharedMemoryTransport
 from flywheel.types import Task
 
@@ -290,6 +291,7 @@ class GroupWeights:
 class RolloutActor:
     def __init__(self, spec: WorkerSpec, worker_id: int, board, env_actors: list, env_name: str,
                  learner_node: str, broadcast: bool = False):
+        reuse_freed_memory()  # as a worker process: packed pickups reuse the heap, no fresh pages
         env = RemoteEnvironment(env_actors, env_name) if env_actors else None
         self.runner = EpisodeRunner(spec, worker_id, env=env)
         self.segment = None  # the learner's shared-memory segment, read by actors on its node

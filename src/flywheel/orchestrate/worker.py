@@ -77,7 +77,7 @@ class WorkResult:
     weight_pickup: str = ""  # "bind" (zero-copy, a leased reader slot) or "copy" (read_into)
 
 
-def _reuse_freed_memory() -> None:
+def reuse_freed_memory() -> None:
     """glibc: serve large allocations from the heap and keep freed memory there. By default
     each block over 32 MB is mapped fresh and unmapped when freed, so every weight pickup
     with packed kernels (the old packed weights go, new ones of the same sizes come) paid a
@@ -172,7 +172,7 @@ def worker_main(worker_id: int, conn) -> None:
     """Serve work items on `conn` (the first message is the WorkerSpec) until told to stop."""
     parent = os.getppid()
     die_with_parent()
-    _reuse_freed_memory()
+    reuse_freed_memory()
     if os.getppid() != parent or parent == 1:
         return
     try:
