@@ -98,6 +98,7 @@ def test_an_fsdp2_run_follows_the_single_process_run(setup, tmp_path):
     assert [e["eval/greedy_accuracy"] for e in single.evals] == [e["eval/greedy_accuracy"] for e in sharded.evals]
     ranks = json.loads((tmp_path / "fsdp2" / "fsdp2" / "ranks.json").read_text())
     assert sorted(ranks) == ["0", "1"]
+    assert not (tmp_path / "fsdp2" / "learner-weights.shm").exists()  # the weights' hand-off segment is gone
     # a single-process run resumes the sharded run's checkpoint (the same format)
     resumed = run_rl(cfg(model, tmp_path / "fsdp2", resume=True, train={"steps": 6}), log=logs.append)
     assert resumed.steps == 6 and any("(step 4)" in m for m in logs)
@@ -131,6 +132,7 @@ def test_a_sigkilled_rank_stops_the_run_by_name_and_it_resumes(setup, tmp_path):
     assert failure and isinstance(failure[0], TrainError), failure
     assert "rank 1" in str(failure[0]) and "SIGKILL" in str(failure[0]), failure[0]
     assert not (out / "final").exists()
+    assert not (out / "learner-weights.shm").exists()  # removed on the failure too
     killed_at = int(list_checkpoints(out)[-1].name.split("_")[1])
     assert killed_at < 12
     logs: list[str] = []

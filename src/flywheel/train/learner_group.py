@@ -8,7 +8,9 @@ returned; the other ranks answer None / {}. Two ways to run the ranks:
 
 - `ProcessLearner`: `train.world_size` local processes (train/fsdp2.py's RankProcesses), one
   socket each to this process, messages plain pickles (torch's fd-passing reductions need a
-  multiprocessing parent, which these fresh interpreters do not have);
+  multiprocessing parent, which these fresh interpreters do not have); weights come back
+  through a shared-memory segment instead (rank 0 publishes, this process leases the newest
+  buffer without a copy);
 - `RayLearner` (train/ray_learner.py): one Ray actor per rank, placed by `rollout.ray.learner_*`.
 
 Failure. A rank that raises sends its exception and exits; one that dies (SIGKILL, its node
@@ -61,23 +63,40 @@ class LearnerGroup:
 
 
 class ProcessLearner(LearnerGroup):
-    """`cfg.train.world_size` ranks as local processes (output_dir/fsdp2: ranks.json, logs)."""
+    """`cfg.train.world_size` ranks as local processes (output_dir/fsdp2: ranks.json, logs).
+    `like`: the weights' names, shapes and dtypes (the plain model's parameters), the layout
+    of the hand-off segment (its name recorded in output_dir/HANDOFF_RECORD)."""
 
-    def __init__(self, cfg: RLConfig, ckpt: Path | None, log: Callable[[str], None] = print,
-                 threads: int | None = None):
+    def __init__(self, cfg: RLConfig, ckpt: Path | None, like: Mapping[str, torch.Tensor],
+                 log: Callable[[str], None] = print, threads: int | None = None):
         from flywheel.train.fsdp2 import RankProcesses
+        from flywheel.weights.shm import SharedMemoryTransport, recorded_segment_name
 
         self.world_size = cfg.train.world_size
-        device = "cuda" if cfg.device.startswith("cuda") else cfg.device
-        payload = {"cfg": cfg.model_dump(mode="json"), "ckpt": None if ckpt is None else str(ckpt)}
-        self.ranks = RankProcesses("flywheel.train.learner_group:_serve", payload, self.world_size, device,
-                                   cfg.output_dir, log, threads, channels=True)
+        self._record = Path(cfg.output_dir) / HANDOFF_RECORD
+        self.handoff = SharedMemoryTransport.create(like, name=recorded_segment_name(self._record, log), readers=1)
+        self.reader = self.handoff.reader()
         self._closed = False
+        device = "cuda" if cfg.device.startswith("cuda") else cfg.device
+        payload = {"cfg": cfg.model_dump(mode="json"), "ckpt": None if ckpt is None else str(ckpt),
+                   "handoff": self.handoff.name}
+        try:
+            self.ranks = RankProcesses("flywheel.train.learner_group:_serve", payload, self.world_size, device,
+                                       cfg.output_dir, log, threads, channels=True)
+        except BaseException:
+            self._close_handoff()
+            raise
         try:
             self._collect()  # each rank answers once its learner is built (and restored)
         except BaseException:
-            self.ranks.kill()
+            self.close()
             raise
+
+    def weights(self) -> Mapping[str, torch.Tensor]:
+        """The newest weights: views of the hand-off buffer rank 0 just wrote, leased to this
+        process until the next call (never written to meanwhile)."""
+        self._call("weights")
+        return self.reader.acquire()[1]
 
     def _call_all(self, name: str, *args) -> list:
         message = pickle.dumps((name, args))
@@ -117,6 +136,7 @@ class ProcessLearner(LearnerGroup):
         signalled = [r for r, c in enumerate(codes) if c is not None and c < 0]
         self.ranks.kill()
         self._closed = True
+        self._close_handoff()
         if signalled:
             self.ranks.raise_failure(signalled[0])
         if error is not None:
@@ -125,7 +145,7 @@ class ProcessLearner(LearnerGroup):
         self.ranks.raise_failure(first)
 
     def close(self) -> None:
-        """Let the ranks exit (SIGKILL after 30 s)."""
+        """Let the ranks exit (SIGKILL after 30 s); remove the hand-off segment."""
         if self._closed:
             return
         self._closed = True
@@ -138,11 +158,19 @@ class ProcessLearner(LearnerGroup):
         while any(p.poll() is None for p in self.ranks.procs) and time.monotonic() < deadline:
             time.sleep(0.02)
         self.ranks.kill()
+        self._close_handoff()
+
+    def _close_handoff(self) -> None:
+        self.reader.close()
+        self.handoff.close()
+        self._record.unlink(missing_ok=True)
 
 
-def serve(learner_factory: Callable[[], Any], receive: Callable[[], Any], answer: Callable[[tuple], None]) -> None:
+def serve(learner_factory: Callable[[], Any], receive: Callable[[], Any], answer: Callable[[tuple], None],
+          hand_off: Callable[[Mapping], Any]) -> None:
     """A rank's loop: build the learner, answer ("ok", None); then for each (name, args)
-    received, answer ("ok", learner.name(*args)) until None arrives. An exception is answered
+    received, answer ("ok", learner.name(*args)) until None arrives; what `weights` returns
+    goes through hand_off(weights) and its result is the answer. An exception is answered
     ("error", it) and raised (the rank exits: its peers may be stuck in a collective)."""
     try:
         learner = learner_factory()
@@ -154,12 +182,15 @@ def serve(learner_factory: Callable[[], Any], receive: Callable[[], Any], answer
         name, args = message
         try:
             value = getattr(learner, _CALLS[name])(*args)
+            if name == "weights":
+                value = hand_off(value)
         except BaseException as e:
             answer(("error", _picklable(e)))
             raise
         answer(("ok", value))
 
 
+HANDOFF_RECORD = "learner-weights.shm"  # the hand-off segment's name, for cleanup after a kill
 _CALLS = {name: name for name in ("update", "weights", "save_checkpoint", "save_final")}
 
 
@@ -189,13 +220,26 @@ def _serve(payload: dict, rank) -> None:
         except (EOFError, OSError):
             return None  # the driver is gone
 
-    serve(lambda: RLLearner(cfg, ckpt, rank, log), receive, lambda a: conn.send_bytes(pickle.dumps(a)))
+    handoff, versions = None, iter(range(1 << 62))
+
+    def hand_off(weights: Mapping) -> None:  # rank 0 publishes into the driver's segment; others hold {}
+        nonlocal handoff
+        if weights:
+            if handoff is None:
+                from flywheel.weights.shm import SharedMemoryTransport
+
+                handoff = SharedMemoryTransport.attach(payload["handoff"])
+            handoff.publish(weights, next(versions))
+
+    serve(lambda: RLLearner(cfg, ckpt, rank, log), receive, lambda a: conn.send_bytes(pickle.dumps(a)), hand_off)
 
 
-def start_learner(cfg: RLConfig, ckpt: Path | None, log: Callable[[str], None], threads: int | None):
+def start_learner(cfg: RLConfig, ckpt: Path | None, log: Callable[[str], None], threads: int | None,
+                  like: Mapping[str, torch.Tensor]):
     """run_rl's learner: in this process (train.strategy single), or `train.world_size` ranks
     (fsdp2) as local processes or, with rollout.ray.learner = actors, Ray actors. `threads`:
-    the torch threads the learner may use in all (shared by its local ranks)."""
+    the torch threads the learner may use in all (shared by its local ranks); `like`: the
+    plain model's parameters (what `weights()` returns the newest values of)."""
     from flywheel.train.learner import RLLearner
 
     if cfg.rollout.backend == "ray" and cfg.rollout.ray.learner == "actors":
@@ -207,7 +251,7 @@ def start_learner(cfg: RLConfig, ckpt: Path | None, log: Callable[[str], None], 
     if cfg.train.strategy == "single":
         return RLLearner(cfg, ckpt, None, log)
     check_sharded(cfg)
-    return ProcessLearner(cfg, ckpt, log, threads=max(1, threads // cfg.train.world_size) if threads else None)
+    return ProcessLearner(cfg, ckpt, like, log, threads=max(1, threads // cfg.train.world_size) if threads else None)
 
 
 def check_sharded(cfg: RLConfig) -> None:

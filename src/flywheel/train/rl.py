@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
 import warnings
 from contextlib import ExitStack
@@ -46,6 +45,7 @@ from flywheel.train.progress import StepProgress
 from flywheel.errors import TrainError
 from flywheel.train.run_state import start_run
 from flywheel.train.stop import Deadline, interrupted, interrupted_message
+from flywheel.weights.shm import recorded_segment_name
 
 SHM_RECORD = "rollout-weights.shm"  # name of the run's shared-memory segment, for cleanup after a kill
 
@@ -142,27 +142,6 @@ def _learner_threads(cfg: RLConfig, n_workers: int) -> int | None:
     return max(1, (os.cpu_count() or 1) - n_workers * (_worker_threads(cfg) or 1))
 
 
-def _shared_memory_name(out: Path, log: Callable[[str], None]) -> str:
-    """A fresh segment name for this run, recorded in the output folder; a segment left by a
-    killed earlier run of the same folder is removed first."""
-    from multiprocessing import shared_memory
-
-    record = out / SHM_RECORD
-    if record.exists():
-        old = record.read_text().strip()
-        try:
-            leftover = shared_memory.SharedMemory(name=old)
-            leftover.close()
-            leftover.unlink()
-            log(f"removed shared memory {old} left by an earlier run")
-        except (FileNotFoundError, ValueError):
-            pass
-    name = f"flywheel-{os.getpid()}-{secrets.token_hex(4)}"
-    out.mkdir(parents=True, exist_ok=True)
-    record.write_text(name + "\n")
-    return name
-
-
 def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_workers: int, worker_model: str,
                     stack: ExitStack, log: Callable[[str], None], learner):
     """The rollout source and the engine used for evaluation. engine_model: a plain model the
@@ -179,8 +158,8 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
         return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer,
                                  threads=cfg.rollout.threads), engine
     out = Path(cfg.output_dir)
-    transport = rollout_transport(engine_model, n_workers, name=_shared_memory_name(out, log))  # a reader slot each
-    stack.callback(transport.close)
+    transport = rollout_transport(engine_model, n_workers, name=recorded_segment_name(out / SHM_RECORD, log))
+    stack.callback(transport.close)  # (a reader slot per worker)
     stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
     if cfg.rollout.in_flight_updates and cfg.max_off_policy_steps == 0:
         log("warning: rollout.in_flight_updates with max_off_policy_steps=0: no update lands while a "
@@ -255,13 +234,14 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     env = load_env(cfg.env.name, **cfg.env.settings)
     tasks = env.tasks("train", seed=cfg.train.seed)
     _check_held_out(env, tasks, cfg, log)
-    if cfg.rollout.backend == "ray":
-        _connect_ray(cfg, stack, log)
-    learner = start_learner(cfg, ckpt, log, threads)  # in this process, or ranks elsewhere (learner_group.py)
-    stack.callback(learner.close)
     start = ckpt or cfg.model
     plain = adapter_base(start) if is_adapter_folder(start) else str(start)  # what engines load before weights
     engine_model, tokenizer = load(plain, dtype="float32", device=cfg.device)
+    if cfg.rollout.backend == "ray":
+        _connect_ray(cfg, stack, log)
+    # in this process, or ranks elsewhere (learner_group.py), publishing the engine model's parameters
+    learner = start_learner(cfg, ckpt, log, threads, like=dict(engine_model.named_parameters()))
+    stack.callback(learner.close)
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
     order = DataOrder(len(tasks), cfg.train.seed)
     step = 0

@@ -20,11 +20,13 @@ import fcntl
 import json
 import math
 import os
+import secrets
 import threading
 import time
 import weakref
 from multiprocessing import resource_tracker, shared_memory
-from typing import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Callable, Iterator, Mapping, Sequence
 
 import _posixshmem
 import numpy as np
@@ -76,6 +78,25 @@ class TornRead(RuntimeError):
 
 class NoFreeBuffer(RuntimeError):
     """Every buffer is current, being written or leased by a reader: the writer gave up."""
+
+
+def recorded_segment_name(record: Path, log: Callable[[str], None] = print) -> str:
+    """A fresh segment name, written to the file `record` (in a run's output folder); a
+    segment named there by a killed earlier run of the same folder is removed first."""
+    record = Path(record)
+    if record.exists():
+        old = record.read_text().strip()
+        try:
+            leftover = shared_memory.SharedMemory(name=old)
+            leftover.close()
+            leftover.unlink()
+            log(f"removed shared memory {old} left by an earlier run")
+        except (FileNotFoundError, ValueError):
+            pass
+    name = f"flywheel-{os.getpid()}-{secrets.token_hex(4)}"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(name + "\n")
+    return name
 
 
 def _unlink(name: str) -> None:
