@@ -242,8 +242,9 @@ class RayConfig(Config):
     weights: Literal["store", "broadcast"] = Field("store", description=(
         "how rollout actors get weights: store = the run's shared memory on the learner's node, Ray's "
         "object store elsewhere; broadcast = a torch.distributed group from the driver to every "
-        "rollout actor, NCCL when the learner's weights and the actors are on GPUs, gloo otherwise "
-        "(weights/broadcast.py)"))
+        "rollout actor, NCCL when the weights the driver publishes are on a GPU (a learner in the "
+        "driver on CUDA, whose GPU Ray must not also give an actor) and the actors have GPUs, gloo "
+        "otherwise (weights/broadcast.py)"))
     learner: Literal["driver", "actors"] = Field("driver", description=(
         "where the learner runs: in the driver process (run the driver where it should be), or as "
         "Ray actors, one per rank (train.world_size under train.strategy=fsdp2, else one), placed by "

@@ -89,3 +89,34 @@ def test_lora_rl_with_worker_processes_runs_the_published_adapter(model, env_fil
     fresh = [r for r in records if r["staleness_mean"] == 0]
     assert fresh and all(r["mismatch_kl"] < 1e-6 for r in fresh)  # the worker's engine is the learner's policy
     assert is_adapter_folder(result.final_model)
+
+
+@pytest.mark.slow  # a LoRA run, then one from its adapter with a worker process (~15 s)
+def test_a_run_from_an_adapter_folder_evaluates_the_adapted_model_at_step_0(model, env_file, tmp_path, monkeypatch):
+    """The evaluation engine is built from the adapter's base; before the first evaluation it
+    must take the learner's (merged) weights, also when rollouts run in worker processes and
+    so never write into it."""
+    import torch
+
+    from flywheel.models import load
+    from flywheel.train import rl as rl_module
+    from flywheel.train.lora import merged_folder
+
+    adapter = run_rl(cfg(model, tmp_path / "first", env_file, train={
+        "steps": 2, "groups_per_step": 2, "group_size": 4, "lora": {"rank": 4, "alpha": 8}}),
+        log=lambda m: None).final_model
+    seen: list[dict] = []
+    real = rl_module._eval_record
+
+    def spy(env, engine, renderer, config):
+        seen.append({k: v.detach().clone() for k, v in engine.model.named_parameters()})
+        return real(env, engine, renderer, config)
+
+    monkeypatch.setattr(rl_module, "_eval_record", spy)
+    run_rl(cfg(adapter, tmp_path / "second", env_file, max_off_policy_steps=1, rollout={"workers": 1}, train={
+        "steps": 1, "groups_per_step": 2, "group_size": 4, "lora": {"rank": 4, "alpha": 8}}), log=lambda m: None)
+    merged, _ = load(merged_folder(adapter, tmp_path / "merged"))
+    base, _ = load(str(model))
+    want, old = dict(merged.named_parameters()), dict(base.named_parameters())
+    assert max(float((want[k] - old[k]).abs().max()) for k in want) > 1e-4  # the adapter moved some weight
+    assert max(float((seen[0][k] - want[k]).abs().max()) for k in want) < 1e-5

@@ -85,3 +85,24 @@ def test_a_broken_group_ends_the_receivers_with_the_error():
         with pytest.raises(RuntimeError, match="the weight group broke"):
             r.wait_newer(1, timeout_s=20)
         r.close()
+
+
+def test_a_pause_longer_than_the_groups_timeout_loses_nothing(monkeypatch):
+    """Receivers wait for the next version on the store, not inside a collective, so a pause
+    between two publishes longer than the group's timeout (2 s here) breaks nothing."""
+    import time
+    from datetime import timedelta
+
+    from flywheel.weights import broadcast
+
+    monkeypatch.setattr(broadcast, "TIMEOUT", timedelta(seconds=2))
+    publisher, receivers = group(weights(0.0))
+    try:
+        publisher.publish(weights(1.0), 1)
+        time.sleep(3.0)
+        publisher.publish(weights(2.0), 2)
+        for r in receivers:
+            assert r.wait_newer(1, timeout_s=10) == 2 and r.error is None
+    finally:
+        for end in (publisher, *receivers):
+            end.close()

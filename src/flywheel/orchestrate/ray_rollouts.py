@@ -265,18 +265,21 @@ class GroupWeights:
             old.close()
 
     def take(self, min_version: int) -> tuple[float, float]:
-        """(seconds waiting for min_version, seconds loading the newest)."""
+        """(seconds waiting for min_version, seconds loading the newest). Raises (failing the
+        item) when the group broke before that version came: the driver then forms it again
+        and sends the item again."""
         t0 = time.perf_counter()
-        while True:
-            with self._joined:
-                self._joined.wait_for(lambda: self.transport is not None)
-                transport = self.transport
-            if transport.version() >= min_version:
-                break
-            try:  # a broken group is re-formed by the driver: wait for the new one
+        with self._joined:
+            self._joined.wait_for(lambda: self.transport is not None)
+            transport = self.transport
+        while transport.version() < min_version:
+            if transport.error is not None and transport is self.transport:
+                raise RuntimeError(f"{GROUP_BROKE}: {transport.error}")
+            try:
                 transport.wait_newer(transport.version(), timeout_s=1.0)
             except (TimeoutError, RuntimeError):
-                time.sleep(0.01)
+                pass
+            transport = self.transport  # re-formed meanwhile, perhaps
         t1 = time.perf_counter()
         self.take_newest()
         return t1 - t0, time.perf_counter() - t1
@@ -316,7 +319,12 @@ class RolloutActor:
     def run(self, item: WorkItem) -> WorkResult:
         t0 = time.perf_counter()
         if self.group is not None:
-            return self.runner.play(item, *self.group.take(item.min_version), "broadcast")
+            try:
+                waited = self.group.take(item.min_version)
+            except RuntimeError as e:  # the group broke: the driver forms it again and resends
+                return WorkResult(item.item_id, self.runner.worker_id, [], self.runner.engine.version, 0.0, 0.0, 0.0,
+                                  error=str(e))
+            return self.runner.play(item, *waited, "broadcast")
         if self.segment is not None:
             self.segment.wait(item.min_version)
             t1 = time.perf_counter()
@@ -409,8 +417,7 @@ class RayRollouts:
             except RuntimeError as e:  # torch.distributed's errors: a member is gone
                 self.log(f"weight group broken ({type(e).__name__}: {e}); forming it again")
                 self._recover(regroup=False)
-                self._form_group()
-                self.group.publish(params, version)
+                self._regroup()
             return
         if self.transport is not None:
             self.transport.publish(params, version)
@@ -442,6 +449,12 @@ class RayRollouts:
                 self._resend(index, item)
                 continue
             if result.error is not None:
+                if self.broadcast and GROUP_BROKE in result.error:
+                    self.log(f"rollout actor {index}: {result.error}; forming the weight group again")
+                    self._recover(regroup=False)
+                    self._regroup()
+                    self._resend(index, item)
+                    continue
                 if self.env_actors and any(w in result.error for w in _ENV_LOST):
                     self._recover()
                     self._resend(index, item)
@@ -494,7 +507,12 @@ class RayRollouts:
             elif dead_env:
                 self._renew(index)
                 renewed = True
-        if self.broadcast and renewed and regroup and self._last is not None:
+        if self.broadcast and renewed and regroup:
+            self._regroup()
+
+    def _regroup(self) -> None:
+        """Form the broadcast group again and send it the last weights published."""
+        if self._last is not None:
             self._form_group()
             self.group.publish(*self._last)
 
@@ -540,6 +558,7 @@ class RayRollouts:
         self._weights_ref = None
 
 
+GROUP_BROKE = "the weight group broke"  # an item's error when its actor's broadcast group failed
 _ENV_LOST = ("ActorDied", "RayActorError", "not open on this")  # an item's error when its env actor went
 
 

@@ -40,7 +40,7 @@ class RLLearner:
 
     def __init__(self, cfg: RLConfig, ckpt: Path | None, rank=None, log: Callable[[str], None] = print):
         self.cfg, self.rank = cfg, rank
-        device = rank.device if rank is not None else cfg.device
+        self.device = device = rank.device if rank is not None else cfg.device
         model, self.tokenizer = load_trainable(ckpt or cfg.model, cfg.train.lora, dtype="float32", device=device)
         self.lora = is_peft(model)
         if self.lora:
@@ -81,7 +81,7 @@ class RLLearner:
             return None, contextlib.nullcontext
         if self.lora and not is_adapter_folder(cfg.model):
             return self.module, model.disable_adapter
-        reference, _ = load_trainable(cfg.model, None, dtype="float32", device=cfg.device)
+        reference, _ = load_trainable(cfg.model, None, dtype="float32", device=self.device)
         reference.requires_grad_(False)
         return (reference.get_base_model() if is_peft(reference) else reference), contextlib.nullcontext
 

@@ -33,6 +33,7 @@ import torch
 
 from flywheel.config import RLConfig
 from flywheel.errors import TrainError
+from flywheel.inference.lora import is_adapter_folder
 
 
 class LearnerGroup:
@@ -113,15 +114,20 @@ class ProcessLearner(LearnerGroup):
         answers: dict[int, Any] = {}
         while len(answers) < len(conns):
             waiting = [c for r, c in enumerate(conns) if r not in answers]
+            errors, closed = [], False
             for conn in wait(waiting, timeout=1.0):
-                r = conns.index(conn)
                 try:
                     kind, value = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
-                    self._fail(None)
+                    closed = True
+                    continue
                 if kind == "error":
-                    self._fail(value)
-                answers[r] = value
+                    errors.append(value)
+                else:
+                    answers[conns.index(conn)] = value
+            if errors or closed:  # the cause rather than a peer's failed collective, where both came
+                own = [e for e in errors if not isinstance(e, getattr(torch.distributed, "DistError", ()))]
+                self._fail((own or errors or [None])[0])
             if len(answers) < len(conns) and self.ranks.dead() is not None:
                 self._fail(None)
         return [answers[r] for r in range(len(conns))]
@@ -258,6 +264,9 @@ def check_sharded(cfg: RLConfig) -> None:
     """Refuse, before any rank starts, what the sharded learner does not run."""
     if cfg.train.lora is not None:
         raise TrainError("train.strategy=fsdp2 does not train LoRA adapters (train.lora): use train.strategy=single")
+    if is_adapter_folder(cfg.model):
+        raise TrainError(f"train.strategy=fsdp2 does not train LoRA adapters, and model={cfg.model} is an adapter "
+                         "folder: merge it first (flywheel.train.lora.merged_folder) or use train.strategy=single")
     if cfg.algo.kl_beta:
         raise TrainError(f"train.strategy=fsdp2 does not run the KL reference model (algo.kl_beta="
                          f"{cfg.algo.kl_beta}): set algo.kl_beta=0 or train.strategy=single")

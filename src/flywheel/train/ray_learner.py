@@ -62,6 +62,8 @@ class LearnerActor:
         from flywheel.train.run_state import seed_everything
 
         cfg = RLConfig.model_validate(cfg_json)
+        if cfg.device.startswith("cuda"):  # Ray shows each actor its own GPU(s), from cuda:0
+            cfg = cfg.model_copy(update={"device": "cuda:0"})
         seed_everything(cfg.train.seed)
         rank = None
         if cfg.train.strategy == "fsdp2":
@@ -90,6 +92,9 @@ class RayLearner(LearnerGroup):
             raise TrainError(f"device={cfg.device} with rollout.ray.learner=actors: give each learner actor a GPU "
                              "(rollout.ray.learner_gpus=1)")
         self.world_size = cfg.train.world_size if cfg.train.strategy == "fsdp2" else 1
+        if cfg.device.startswith("cuda") and cfg.train.strategy == "fsdp2" and rc.learner_gpus < 1:
+            raise TrainError(f"rollout.ray.learner_gpus={rc.learner_gpus}: FSDP2's NCCL ranks need a whole GPU each "
+                             "(learner_gpus >= 1)")
         threads = cfg.threads or max(1, int(rc.learner_cpus))
         options = {"num_cpus": rc.learner_cpus, "num_gpus": rc.learner_gpus, "resources": dict(rc.learner_resources)}
         self.actors = [LearnerActor.options(**options).remote(r, self.world_size, threads)

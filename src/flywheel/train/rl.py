@@ -145,27 +145,32 @@ def _learner_threads(cfg: RLConfig, n_workers: int) -> int | None:
 def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_workers: int, worker_model: str,
                     stack: ExitStack, log: Callable[[str], None], learner):
     """The rollout source and the engine used for evaluation. engine_model: a plain model the
-    evaluation engine owns (the learner's policy); worker_model: the folder workers load before
+    evaluation engine owns (the start folder's, loaded with the learner's weights before the
+    first evaluation); worker_model: the folder workers load before
     the first weights arrive; learner: where it runs goes into a Ray run's placement.json."""
     from flywheel.inference import LocalEngine
     from flywheel.orchestrate.pool import InProcessRollouts, ProcessRollouts, rollout_transport
     from flywheel.orchestrate.worker import WorkerSpec
 
-    engine = LocalEngine(engine_model, tokenizer, seed=cfg.train.seed)
+    # version -1: the first evaluation loads the learner's weights (engine_model is the start
+    # folder's plain model, which for an adapter start is only its base)
+    engine = LocalEngine(engine_model, tokenizer, seed=cfg.train.seed, version=-1)
     if n_workers == 0:
         if cfg.rollout.in_flight_updates:
             raise TrainError("rollout.in_flight_updates needs rollout worker processes: set rollout.workers >= 1")
         return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer,
                                  threads=cfg.rollout.threads), engine
     out = Path(cfg.output_dir)
-    transport = rollout_transport(engine_model, n_workers, name=recorded_segment_name(out / SHM_RECORD, log))
-    stack.callback(transport.close)  # (a reader slot per worker)
-    stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
+    transport = None  # the shared-memory segment, a reader slot per worker; not for a broadcast group
+    if not (cfg.rollout.backend == "ray" and cfg.rollout.ray.weights == "broadcast"):
+        transport = rollout_transport(engine_model, n_workers, name=recorded_segment_name(out / SHM_RECORD, log))
+        stack.callback(transport.close)
+        stack.callback(lambda: (out / SHM_RECORD).unlink(missing_ok=True))
     if cfg.rollout.in_flight_updates and cfg.max_off_policy_steps == 0:
         log("warning: rollout.in_flight_updates with max_off_policy_steps=0: no update lands while a "
             "synchronous step's rollouts decode")
     spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings,
-                      transport_name=transport.name, group_size=cfg.train.group_size, threads=_worker_threads(cfg),
+                      transport_name=transport.name if transport else "", group_size=cfg.train.group_size, threads=_worker_threads(cfg),
                       seed=cfg.train.seed, device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine,
                       in_flight=cfg.rollout.in_flight_updates)
     if cfg.rollout.backend == "ray":  # actors on this node read the segment; the others, the object store

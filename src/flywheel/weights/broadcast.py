@@ -7,16 +7,20 @@ picks one), so a process that already belongs to another group (an FSDP2 rank) c
 Every member must construct its end before any of them returns (the rendezvous): start the
 receivers, then the publisher, or each in a thread of its own.
 
-The wire, per version: an int64 tensor [version], then one flat buffer per dtype (the
-tensors of `like` in their order, flattened back to back), each broadcast from rank 0. The
-publisher packs its tensors into its buffers (one copy) and broadcasts; a receiver's thread
-takes each version into a back buffer and swaps it in whole under a lock, so `read_into`
-copies one version entirely, never a mix (the WeightTransport contract), and
-`LocalEngine.receive(transport)` picks it up like any transport's.
+The wire, per version: the publisher sets the store key `seq{n}` (n = 1, 2, ...) to the
+version, then broadcasts one flat buffer per dtype (the tensors of `like` in their order,
+flattened back to back). A receiver's thread waits on the store for the next key (polling, so
+a long pause between versions is no collective timing out) and only then joins the
+broadcast, into a back buffer it swaps in whole under a lock: `read_into` copies one version
+entirely, never a mix (the WeightTransport contract), and `LocalEngine.receive(transport)`
+picks it up like any transport's. On GPUs the receiving thread broadcasts on a CUDA stream
+of its own and waits for it before the swap, so the engine's stream never waits on a
+broadcast.
 
 Failure: a member that dies breaks the group: the publisher's next `publish` raises (gloo:
-the peer's connection closed) and the surviving receivers' threads end with the error kept in
-`error`; the group is then formed again with fresh members (orchestrate/ray_rollouts.py).
+the peer's connection closed, or the timeout) and the surviving receivers' threads end with
+the error kept in `error`; the group is then formed again with fresh members
+(orchestrate/ray_rollouts.py). `close` ends a receiver's thread at its next poll.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import torch.distributed as dist
 
 from flywheel.weights.base import WeightTransport
 
-TIMEOUT = timedelta(seconds=120)
+TIMEOUT = timedelta(seconds=120)  # forming the group; one version's broadcast once all have joined
+_POLL = timedelta(seconds=1)  # a receiver's wait on the store between two checks of close()
+_KEYS = "flywheel-weights/"
 
 
 def _layout(like: Mapping[str, torch.Tensor]) -> list[tuple[torch.dtype, list[tuple[str, int, int, torch.Size]]]]:
@@ -70,6 +76,8 @@ class BroadcastTransport(WeightTransport):
         self._changed = threading.Condition(self._lock)
         self.error: BaseException | None = None  # a receiver's: why its thread ended
         self.store, self.group, self._thread = None, None, None
+        self._seq, self._closed = 0, False
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def _buffers(self) -> list[torch.Tensor]:
         return [torch.empty(sum(n for _, _, n, _ in entries), dtype=dtype, device=self.device)
@@ -110,15 +118,21 @@ class BroadcastTransport(WeightTransport):
                 if t.shape != shape:
                     raise ValueError(f"publish: {name!r} has shape {tuple(t.shape)}, the group's is {tuple(shape)}")
                 buffer[offset:offset + n].copy_(t.detach().reshape(-1))
-        self._broadcast(self._header(version), self._front)
+        self._seq += 1
+        self.store.set(f"{_KEYS}seq{self._seq}", str(int(version)))
+        self._broadcast(self._front)
         self._version = int(version)
 
-    def _header(self, version: int) -> torch.Tensor:
-        return torch.tensor([version], dtype=torch.int64, device=self.device)
-
-    def _broadcast(self, header: torch.Tensor, buffers: Sequence[torch.Tensor]) -> None:
-        for t in (header, *buffers):
-            self.group.broadcast(t, 0).wait()
+    def _broadcast(self, buffers: Sequence[torch.Tensor]) -> None:
+        if self._stream is None:
+            for t in buffers:
+                self.group.broadcast(t, 0).wait()
+            return
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))  # the buffers are written
+        with torch.cuda.stream(self._stream):
+            for t in buffers:
+                self.group.broadcast(t, 0).wait()
+        self._stream.synchronize()
 
     # ------------------------------------------------------------------ receiver
 
@@ -126,16 +140,32 @@ class BroadcastTransport(WeightTransport):
         back = self._buffers()
         try:
             while True:
-                header = self._header(-1)
-                self._broadcast(header, back)
+                version = self._next_version()
+                if version is None:
+                    return  # closed
+                self._broadcast(back)
                 with self._changed:
                     self._front, back = back, self._front
-                    self._version = int(header.item())
+                    self._version = version
                     self._changed.notify_all()
-        except BaseException as e:  # noqa: BLE001 - the group broke (a member died, or close)
+        except BaseException as e:  # noqa: BLE001 - the group broke (a member died)
             with self._changed:
                 self.error = e
                 self._changed.notify_all()
+
+    def _next_version(self) -> int | None:
+        """Wait on the store for the next version's key (None once closed)."""
+        key = f"{_KEYS}seq{self._seq + 1}"
+        while not self._closed:
+            try:
+                self.store.wait([key], _POLL)
+            except Exception as e:  # noqa: BLE001 - a timeout: poll again; the store gone: the group broke
+                if "timeout" in str(e).lower() or "timed out" in str(e).lower():
+                    continue
+                raise
+            self._seq += 1
+            return int(self.store.get(key))
+        return None
 
     def version(self) -> int:
         return self._version
@@ -159,6 +189,7 @@ class BroadcastTransport(WeightTransport):
             return self._version
 
     def close(self) -> None:
+        self._closed = True
         group, self.group = self.group, None
         if group is not None and hasattr(group, "abort"):
             try:
