@@ -1,11 +1,14 @@
 """Facts about local processes that several parts need (shared-memory leases, sandbox
-cgroups, the registry's half-copied folders)."""
+cgroups, the registry's half-copied folders), and pausing the cycle collector."""
 
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import signal
+from contextlib import contextmanager
+from typing import Iterator
 
 
 def pid_alive(pid: int) -> bool:
@@ -28,3 +31,21 @@ def die_with_parent() -> None:
         libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+@contextmanager
+def cycle_collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for the block, then back as it was. For work that
+    builds many long-lived, acyclic containers (a batch of episodes, a result being pickled
+    or unpickled): each allocation counts toward a collection, and every full collection
+    walks every live container, so their cost grows with what the block holds. Reference
+    counting still frees everything acyclic; cycles made in the block wait for the next
+    collection after it."""
+    if not gc.isenabled():  # the caller turned it off: leave it so
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -25,6 +25,9 @@ import orjson
 from flywheel.types import Message
 
 
+ENCODE_MEMO = 256  # texts whose ids a ChatRenderer remembers (a group's members are played side by side)
+
+
 class ChatTemplateError(ValueError):
     """The chat template cannot be rendered incrementally for these messages."""
 
@@ -46,6 +49,9 @@ class ChatRenderer:
         self.memo_size = memo_size
         self._memo: OrderedDict[bytes, str] = OrderedDict()
         self._memo_lock = threading.Lock()  # rollouts render from asyncio's worker threads too
+        # encodings of recent texts (text -> ids): the same pieces recur across a batch of
+        # episodes, e.g. the generation prompt every turn, a group's shared opening messages
+        self._encoded: OrderedDict[str, tuple[int, ...]] = OrderedDict()
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict] | None = None,
                add_generation_prompt: bool = False) -> str:
@@ -78,7 +84,21 @@ class ChatRenderer:
             return None
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        """The ids of `text` (no special tokens added), a fresh list. Remembered for the last
+        ENCODE_MEMO texts: encoding is a pure function of the text."""
+        if not text:
+            return []
+        with self._memo_lock:
+            ids = self._encoded.get(text)
+            if ids is not None:
+                self._encoded.move_to_end(text)
+                return list(ids)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        with self._memo_lock:
+            self._encoded[text] = tuple(ids)
+            if len(self._encoded) > ENCODE_MEMO:
+                self._encoded.popitem(last=False)
+        return ids
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
         """Ids of `messages` followed by the assistant generation prompt."""

@@ -29,6 +29,7 @@ import torch
 from flywheel.errors import TrainError
 from flywheel.inference.decoder import fusion_groups, unsupported_reason
 from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
+from flywheel.process import cycle_collector_paused
 from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
 from flywheel.weights import SharedMemoryTransport
 
@@ -158,7 +159,8 @@ class ProcessRollouts:
                 continue
             try:
                 while worker.conn.poll():
-                    result: WorkResult = worker.conn.recv()
+                    with cycle_collector_paused():  # unpickling makes every trajectory's lists
+                        result: WorkResult = worker.conn.recv()
                     if result.item_id == STARTUP_FAILED:
                         raise RolloutError(f"rollout worker {worker.worker_id} failed to start:\n{result.error}")
                     if result.error is not None:

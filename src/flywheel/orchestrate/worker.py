@@ -29,7 +29,7 @@ from flywheel.envs import load_env
 from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.models import ChatRenderer, load
 from flywheel.models.loading import quiet_transformers
-from flywheel.process import die_with_parent
+from flywheel.process import cycle_collector_paused, die_with_parent
 from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
 from flywheel.types import Task, TrajectoryGroup
 from flywheel.weights import SharedMemoryTransport
@@ -197,7 +197,8 @@ def worker_main(worker_id: int, conn) -> None:
             t1 = time.perf_counter()
             weights.take_newest()
             t2 = time.perf_counter()
-            conn.send(runner.play(item, t1 - t0, t2 - t1, weights.pickup))
+            with cycle_collector_paused():  # pickling the result, too, makes containers by the trajectory
+                conn.send(runner.play(item, t1 - t0, t2 - t1, weights.pickup))
     finally:
         runner.close()
         weights.close()

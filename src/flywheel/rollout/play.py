@@ -24,6 +24,7 @@ from typing import Sequence, overload
 from flywheel.envs.base import Env, Environment, Policy
 from flywheel.inference.sampler import Sampler, SamplingParams
 from flywheel.models import ChatRenderer, Conversation
+from flywheel.process import cycle_collector_paused
 from flywheel.types import Message, Task, Trajectory, TrajectoryGroup
 
 
@@ -220,13 +221,20 @@ async def _play_text(env_spec: Environment, tasks: list[Task], policy: Policy, g
 class EpisodeLoop:
     """One event loop kept for every batch a rollout source plays: `asyncio.run` per batch
     would make a new loop, a new executor thread for `to_thread` and, on the main thread, a
-    SIGINT handler each time, a cost of the order of a short step (docs/benchmarks.md)."""
+    SIGINT handler each time, a cost of the order of a short step (docs/benchmarks.md).
+
+    A batch runs with the cycle collector paused (process.cycle_collector_paused): its
+    episodes hold their tokens in plain lists (ids, masks, logprobs, versions: about five per
+    episode, each as long as the episode) and their messages in dicts, all acyclic, and while
+    they grow they would set off full collections that walk every element of every live list:
+    ~40% of the batch's CPU at 10,000 episodes in flight (bench/scale_sim.py)."""
 
     def __init__(self):
         self._loop = asyncio.new_event_loop()
 
     def run(self, coro):
-        return self._loop.run_until_complete(coro)
+        with cycle_collector_paused():
+            return self._loop.run_until_complete(coro)
 
     def close(self) -> None:
         if not self._loop.is_closed():
