@@ -155,33 +155,41 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(setup, tmp
     assert ref[1]["skipped"] == 0.0 and metrics[1]["skipped"] == 0.0
 
 
+def kill_rank_1_after_a_checkpoint(run, out) -> int:
+    """Call run() (a training run writing to `out` under fsdp2, 2 ranks) in a thread, SIGKILL
+    its rank 1 once the first checkpoint exists, check the run raised TrainError naming the
+    rank and its signal and left no final model; return the newest checkpoint's step."""
+    failure: list[BaseException] = []
+
+    def target():
+        try:
+            run()
+        except BaseException as e:  # noqa: BLE001 - read below
+            failure.append(e)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    deadline = time.time() + 120
+    while not list_checkpoints(out) and thread.is_alive() and time.time() < deadline:
+        time.sleep(0.005)
+    ranks = json.loads((out / "fsdp2" / "ranks.json").read_text())
+    os.kill(ranks["1"], signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert failure and isinstance(failure[0], TrainError), failure
+    assert "rank 1" in str(failure[0]) and "SIGKILL" in str(failure[0]), failure[0]
+    assert not (out / "final").exists()
+    return int(list_checkpoints(out)[-1].name.split("_")[1])
+
+
 @pytest.mark.slow  # three FSDP2 runs of two ranks: ~40 s on 2 cores
 def test_sigkill_of_rank_1_then_resume_ends_at_the_uninterrupted_parameters(setup, tmp_path):
     model, data = setup
     over = dict(train={"strategy": "fsdp2", "world_size": 2, "steps": 30, "batch_size": 8, "micro_batch_size": 4},
                 checkpoint={"every": 5, "keep": 2})
     run_dir = tmp_path / "killed"
-    failure: list[BaseException] = []
-
-    def killed_run():
-        try:
-            run_sft(sft_cfg(model, data, run_dir, **over), log=lambda m: None)
-        except BaseException as e:  # noqa: BLE001 - the test reads it
-            failure.append(e)
-
-    t = threading.Thread(target=killed_run)
-    t.start()
-    deadline = time.time() + 120
-    while not list_checkpoints(run_dir) and t.is_alive() and time.time() < deadline:
-        time.sleep(0.005)
-    ranks = json.loads((run_dir / "fsdp2" / "ranks.json").read_text())
-    os.kill(ranks["1"], signal.SIGKILL)
-    t.join(60)
-    assert not t.is_alive()
-    assert failure and isinstance(failure[0], TrainError), failure
-    assert "rank 1" in str(failure[0]) and "SIGKILL" in str(failure[0]), failure[0]
-    assert not (run_dir / "final").exists()
-    killed_at = int(list_checkpoints(run_dir)[-1].name.split("_")[1])
+    killed_at = kill_rank_1_after_a_checkpoint(lambda: run_sft(sft_cfg(model, data, run_dir, **over),
+                                                               log=lambda m: None), run_dir)
     assert killed_at < 30
     spare = tmp_path / "spare"  # the same checkpoints, resumed by the single-process learner below
     shutil.copytree(run_dir, spare)

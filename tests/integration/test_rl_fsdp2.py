@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import threading
-import time
 
 import pytest
 import torch
@@ -20,9 +17,10 @@ import torch
 from flywheel.config import RLConfig, validate
 from flywheel.errors import TrainError
 from flywheel.models import TinySpec, build_tiny_model, load
-from flywheel.train.checkpoint import list_checkpoints
 from flywheel.train.metrics import read_metrics
 from flywheel.train.rl import run_rl
+
+from test_fsdp2 import kill_rank_1_after_a_checkpoint  # noqa: E402  (tests/integration is on sys.path)
 
 DIGITS_ENV = '''
 from flywheel.envs.arithmetic import ArithmeticEnvironment
@@ -112,28 +110,8 @@ def test_a_sigkilled_rank_stops_the_run_by_name_and_it_resumes(setup, tmp_path):
     over = dict(train={"steps": 12, "strategy": "fsdp2", "world_size": 2}, max_off_policy_steps=1,
                 rollout={"workers": 1}, checkpoint={"every": 2, "keep": 3})
     out = tmp_path / "run"
-    failure: list[BaseException] = []
-
-    def killed_run():
-        try:
-            run_rl(cfg(model, out, **over), log=lambda m: None)
-        except BaseException as e:  # noqa: BLE001 - the test reads it
-            failure.append(e)
-
-    thread = threading.Thread(target=killed_run)
-    thread.start()
-    deadline = time.time() + 120
-    while not list_checkpoints(out) and thread.is_alive() and time.time() < deadline:
-        time.sleep(0.005)
-    ranks = json.loads((out / "fsdp2" / "ranks.json").read_text())
-    os.kill(ranks["1"], signal.SIGKILL)
-    thread.join(60)
-    assert not thread.is_alive()
-    assert failure and isinstance(failure[0], TrainError), failure
-    assert "rank 1" in str(failure[0]) and "SIGKILL" in str(failure[0]), failure[0]
-    assert not (out / "final").exists()
+    killed_at = kill_rank_1_after_a_checkpoint(lambda: run_rl(cfg(model, out, **over), log=lambda m: None), out)
     assert not (out / "learner-weights.shm").exists()  # removed on the failure too
-    killed_at = int(list_checkpoints(out)[-1].name.split("_")[1])
     assert killed_at < 12
     logs: list[str] = []
     result = run_rl(cfg(model, out, resume=True, **over), log=logs.append)
