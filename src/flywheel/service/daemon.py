@@ -112,12 +112,14 @@ class LoopDaemon:
                                  fw.since_cursor(prod.id) if prod is not None else 0)
                     if counter is None or counter.cursor != cursor:  # a cycle moved the cursor
                         counter = FailureCounter(self.cfg.curation, cursor)
-                    failures = counter.update(fw.traces)
                     waited = states[-1] if states and states[-1].outcome == WAITING \
                         and states[-1].trace_cursor >= cursor else None
                     if waited is not None and (since_wait is None or since_wait.cursor != waited.trace_cursor):
                         since_wait = FailureCounter(self.cfg.curation, waited.trace_cursor)
+                    # since the wait first, then all: feedback stored between the two reads is in
+                    # `failures` too, so `failures` never lags the `fresh` that triggers a cycle
                     fresh = since_wait.update(fw.traces) if waited is not None else None
+                    failures = counter.update(fw.traces)
                     due = (self.cfg.trigger.every_s is not None
                            and time.monotonic() - last_cycle_at >= self.cfg.trigger.every_s)
                     why = trigger_reason(failures, threshold, since_wait=fresh, pending=pending_cycle(fw) is not None,
