@@ -160,17 +160,20 @@ def test_the_run_resumes_exactly_after_its_driver_is_killed(cluster, model, tmp_
 
 def test_grpo_on_ray_lands_in_the_band_of_local_processes(cluster, arith_warm_start, tmp_path):
     """The same learning run (seed, steps, one step off-policy, one rollout worker) on both
-    backends: each lifts held-out accuracy by >= 10 points, and they end within 10 points."""
+    backends: each lifts held-out accuracy by >= 10 points, and they end within 10 points.
+    60 steps: at 40 the Ray run's lift was 9.5 to 14.5 points on 200 tasks (its groups depend
+    on timing), too near the bar when the suite loads the machine."""
     finals = {}
     for backend in ("local", "ray"):
         cfg = validate(dict(
             model=str(arith_warm_start), output_dir=str(tmp_path / backend), env={"name": "arithmetic"},
-            train={"steps": 40, "groups_per_step": 8, "group_size": 8, "seed": 0},
+            train={"steps": 60, "groups_per_step": 8, "group_size": 8, "seed": 0},
             sampling={"temperature": 1.0, "max_tokens": 6}, optim={"lr": 1e-4},
             eval={"tasks": 200}, log={"progress": False}, threads=2, max_off_policy_steps=1,
             rollout={"workers": 1, "backend": backend}), RLConfig)
         result = run_rl(cfg, log=lambda m: None)
         before, after = result.evals[0]["eval/greedy_accuracy"], result.evals[-1]["eval/greedy_accuracy"]
+        print(f"{backend}: held-out accuracy {before:.3f} -> {after:.3f} in {result.steps} steps")
         assert after >= before + 0.10, (backend, before, after)
         finals[backend] = after
     assert abs(finals["ray"] - finals["local"]) <= 0.10, finals
