@@ -187,7 +187,9 @@ def serve(learner_factory: Callable[[], Any], receive: Callable[[], Any], answer
     while (message := receive()) is not None:
         name, args = message
         try:
-            value = getattr(learner, _CALLS[name])(*args)
+            if name not in CALLS:
+                raise KeyError(f"a learner rank has no call {name!r} (it answers {', '.join(CALLS)})")
+            value = getattr(learner, name)(*args)
             if name == "weights":
                 value = hand_off(value)
         except BaseException as e:
@@ -197,7 +199,7 @@ def serve(learner_factory: Callable[[], Any], receive: Callable[[], Any], answer
 
 
 HANDOFF_RECORD = "learner-weights.shm"  # the hand-off segment's name, for cleanup after a kill
-_CALLS = {name: name for name in ("update", "weights", "save_checkpoint", "save_final")}
+CALLS = ("update", "weights", "save_checkpoint", "save_final")  # what a rank answers (RLLearner's)
 
 
 def _picklable(e: BaseException) -> BaseException:
