@@ -34,7 +34,7 @@ class FakeSource:
         assert v >= item.min_version
         groups = [TrajectoryGroup(t.id, [Trajectory(t.id, [1, 2], [0, 1], [0.0, -1.0], [-1, v], reward=1.0)])
                   for t in item.tasks]
-        return [WorkResult(item.item_id, 0, groups, v, 0.5, 0.0, 0.1, tokens=len(groups))]
+        return [WorkResult(item.item_id, 0, groups, v, 0.5, 0.0, 0.1, tokens=len(groups), kernel_rebuild_s=0.05)]
 
 
 def tasks(n):
@@ -46,7 +46,7 @@ def test_synchronous_feeder_submits_one_step_at_the_current_version():
     feeder = RolloutFeeder(src, tasks(10), DataOrder(10, seed=0), groups_per_step=3, max_off_policy_steps=0)
     got = feeder.take(0)
     assert len(got.groups) == 3 and [i.min_version for i in src.submitted] == [0]
-    assert got.work == {"generate_s": 0.5, "weight_wait_s": 0.0, "weight_load_s": 0.1, "tokens": 3.0, "items": 1.0}
+    assert got.work == {"generate_s": 0.5, "weight_wait_s": 0.0, "weight_load_s": 0.1, "kernel_rebuild_s": 0.05, "tokens": 3.0, "items": 1.0}
     src.version = 1
     feeder.take(1)
     assert [i.min_version for i in src.submitted] == [0, 1]

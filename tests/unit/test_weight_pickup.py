@@ -76,8 +76,12 @@ def test_a_zero_copy_pickup_decodes_exactly_the_published_weights(model_dir, seg
     for v in (1, 2, 3):  # the buffers rotate: every pickup rebinds to another one
         w = _weights(learner, v)
         writer.publish(w, v)
+        rebuilt = engine.kernel_rebuild_s
         assert engine.receive(reader) and engine.version == v
+        assert engine.kernel_rebuild_s > rebuilt  # the kernels rebuilt, and timed
+        rebuilt = engine.kernel_rebuild_s
         assert not engine.receive(reader)  # nothing newer
+        assert engine.kernel_rebuild_s == rebuilt
         reference.update_weights(w, v)
         _same(_outputs(engine), _outputs(reference))
         b = _leased(reader)

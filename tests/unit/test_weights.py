@@ -399,3 +399,48 @@ def test_adjacent_groups_are_laid_out_back_to_back():
         SharedMemoryTransport.create(like, adjacent=[["q", "k"], ["k", "v"]])
     with pytest.raises(ValueError, match="concatenates along dim 0"):
         SharedMemoryTransport.create(like, adjacent=[["q", "bias"]])
+
+
+def _resident_bytes(name: str) -> list[int]:
+    """Rss of each of this process's mappings of shared-memory segment `name` (/proc/self/smaps)."""
+    sizes, inside = [], False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:  # a mapping's header line
+            inside = fields[-1] == f"/dev/shm/{name}"
+        elif inside and fields[0] == "Rss:":
+            sizes.append(int(fields[1]) * 1024)
+    return sizes
+
+
+def test_segments_are_paged_in_at_create_and_attach():
+    like = {"w": torch.zeros(2_000_000)}  # 8 MB a buffer: first touches would fault ~2,000 pages each
+    w = SharedMemoryTransport.create(like, readers=1)
+    try:
+        size = w.shm.size
+        assert _resident_bytes(w.name) == [pytest.approx(size, abs=4096)]  # before any publish
+        r = SharedMemoryTransport.attach(w.name)
+        assert sorted(_resident_bytes(w.name)) == [pytest.approx(size, abs=4096)] * 2  # before any pickup
+        r.close()
+    finally:
+        w.close()
+
+
+def test_paging_in_names_the_segment_when_dev_shm_is_full_and_falls_back_on_old_kernels():
+    import errno
+    from types import SimpleNamespace
+
+    from flywheel.weights.shm import _populate
+
+    def stand_in(err):
+        def madvise(option):
+            raise OSError(err, os.strerror(err))
+        return SimpleNamespace(_mmap=SimpleNamespace(madvise=madvise), buf=bytearray(3 * 4096),
+                               name="flywheel-x", size=3 * 4096)
+
+    with pytest.raises(MemoryError, match=r"'flywheel-x': cannot back its 0.00 GB.*--shm-size"):
+        _populate(stand_in(errno.EFAULT), write=True)
+    for write in (True, False):  # kernels before 5.14: one byte a page touched instead
+        _populate(stand_in(errno.EINVAL), write=write)
+    with pytest.raises(PermissionError):
+        _populate(stand_in(errno.EPERM), write=False)

@@ -12,6 +12,7 @@ pinned to the current weights and land between two steps of those that follow up
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable, Mapping, Sequence
 
@@ -69,6 +70,9 @@ class LocalEngine:
         self._params = dict(model.named_parameters(remove_duplicate=False))
         self._unique_params = dict(model.named_parameters())  # tied weights once: what a learner publishes
         self._lease = None  # the SharedMemoryReader whose leased buffer the parameters view, if any
+        # seconds spent rebuilding kernels after weight changes, summed (packed kernels: the
+        # reorder, a weight pickup's cost beyond moving the bytes; dense kernels: ~0)
+        self.kernel_rebuild_s = 0.0
 
     @classmethod
     def from_path(cls, path: str, dtype: str = "float32", device: str = "cpu", **kw) -> "LocalEngine":
@@ -97,8 +101,7 @@ class LocalEngine:
             self._own_weights()
             for name, t in items.items():
                 self._params[name].copy_(t)
-            if hasattr(self.runner, "refresh"):
-                self.runner.refresh()  # packed kernel weights are copies
+            self._rebuild_kernels()
             self.version = int(version)
 
     def receive(self, source) -> bool:
@@ -119,10 +122,17 @@ class LocalEngine:
             else:
                 self._own_weights()
                 version = source.read_into(self._unique_params)
-            if hasattr(self.runner, "refresh"):
-                self.runner.refresh()
+            self._rebuild_kernels()
             self.version = int(version)
         return True
+
+    def _rebuild_kernels(self) -> None:
+        """After the parameters changed (held: the update lock): the lean decoder's kernels
+        again (packed ones are copies), timed into `kernel_rebuild_s`."""
+        if hasattr(self.runner, "refresh"):
+            t0 = time.perf_counter()
+            self.runner.refresh()
+            self.kernel_rebuild_s += time.perf_counter() - t0
 
     def _own_weights(self) -> None:
         """Before writing into the parameters: if they view a leased shared buffer (never to be

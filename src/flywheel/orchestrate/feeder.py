@@ -25,7 +25,7 @@ from flywheel.rollout.data_order import DataOrder
 from flywheel.types import Task, TrajectoryGroup
 
 
-WORK_KEYS = ("generate_s", "weight_wait_s", "weight_load_s", "tokens", "items")  # StepRollouts.work, summed
+WORK_KEYS = ("generate_s", "weight_wait_s", "weight_load_s", "kernel_rebuild_s", "tokens", "items")  # StepRollouts.work, summed
 
 
 @dataclass
@@ -99,7 +99,7 @@ class RolloutFeeder:
         for r in results:
             indices = self._item_tasks.pop(r.item_id)
             self._in_flight_groups -= len(indices)
-            for key, value in zip(WORK_KEYS, (r.generate_s, r.weight_wait_s, r.weight_load_s, r.tokens, 1)):
+            for key, value in zip(WORK_KEYS, (r.generate_s, r.weight_wait_s, r.weight_load_s, r.kernel_rebuild_s, r.tokens, 1)):
                 self._work[key] = self._work.get(key, 0.0) + value
             for index, group in zip(indices, r.groups):
                 group.task_index = index

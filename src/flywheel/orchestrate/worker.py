@@ -75,6 +75,9 @@ class WorkResult:
     tokens: int = 0
     error: str | None = None  # set when the episodes raised; groups is then empty
     weight_pickup: str = ""  # "bind" (zero-copy, a leased reader slot) or "copy" (read_into)
+    # of the weight loads since the worker's previous result (the pickup before this item and
+    # in-flight ones during the previous), seconds spent rebuilding the engine's kernels
+    kernel_rebuild_s: float = 0.0
 
 
 def reuse_freed_memory() -> None:
@@ -117,6 +120,7 @@ class EpisodeRunner:
         renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
         self.policy = SamplerPolicy(self.engine, SamplingParams(**spec.sampling), renderer)
         self.loop = EpisodeLoop()
+        self._rebuild_seen = 0.0  # engine.kernel_rebuild_s at the previous result
 
     def play(self, item: WorkItem, weight_wait_s: float, weight_load_s: float, pickup: str) -> WorkResult:
         """Play `item` on the engine's current weights; an environment error is reported in
@@ -129,8 +133,10 @@ class EpisodeRunner:
         except Exception as e:  # noqa: BLE001 - reported to the learner, which decides
             groups, error = [], f"{type(e).__name__}: {e}"
         tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
+        rebuilt = getattr(self.engine, "kernel_rebuild_s", 0.0)
+        rebuild_s, self._rebuild_seen = rebuilt - self._rebuild_seen, rebuilt
         return WorkResult(item.item_id, self.worker_id, groups, version, time.perf_counter() - t0, weight_wait_s,
-                          weight_load_s, tokens, error, pickup)
+                          weight_load_s, tokens, error, pickup, rebuild_s)
 
     def close(self) -> None:
         self.loop.close()

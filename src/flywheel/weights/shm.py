@@ -16,6 +16,7 @@ reclaimed. The segment layout and the locking protocol are described above `MAGI
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -114,6 +115,36 @@ def _untrack(shm: shared_memory.SharedMemory) -> None:
     resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
 
 
+MADV_POPULATE_READ, MADV_POPULATE_WRITE = 22, 23  # Linux >= 5.14
+PAGE = 4096
+
+
+def _populate(shm: shared_memory.SharedMemory, write: bool) -> None:
+    """Fault every page of the segment into this process now, not on its first use: the
+    creator allocates them (`write`), a reader maps them. Otherwise the first publish into
+    each buffer and each reader's first pickup of it pay a page fault per 4 KB, several times
+    a memcpy of the bytes (docs/benchmarks.md). Where the kernel lacks MADV_POPULATE_* one
+    byte per page is touched instead. Raises MemoryError, naming the segment and sizes, when
+    /dev/shm cannot hold it: better at the start of a run than a SIGBUS in a publish."""
+    try:
+        shm._mmap.madvise(MADV_POPULATE_WRITE if write else MADV_POPULATE_READ)  # noqa: SLF001
+        return
+    except OSError as e:
+        if e.errno in (errno.EFAULT, errno.ENOMEM):
+            free = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
+            where = "" if free is None else f" ({free.f_bavail * free.f_frsize / 1e9:.2f} GB free in /dev/shm)"
+            raise MemoryError(f"shared memory {shm.name!r}: cannot back its {shm.size / 1e9:.2f} GB{where}; "
+                              "give /dev/shm more room (docker: --shm-size) or publish fewer buffers") from e
+        if e.errno != errno.EINVAL:
+            raise
+    pages = np.frombuffer(shm.buf, np.uint8)[::PAGE]
+    if write:
+        pages[:] = 0  # a new segment is zeros already
+    else:
+        int(pages.max())
+    del pages
+
+
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
@@ -206,6 +237,12 @@ class SharedMemoryTransport(WeightTransport):
         total = _align(h_bytes + len(manifest)) + buffers * offset
         shm = shared_memory.SharedMemory(name=name, create=True, size=total)
         _untrack(shm)
+        try:
+            _populate(shm, write=True)
+        except BaseException:
+            shm.close()
+            shm.unlink()
+            raise
         header = np.ndarray((h_bytes // 8,), dtype=np.int64, buffer=shm.buf[:h_bytes])
         header[:] = 0
         header[CURRENT] = header[CURRENT_VERSION] = -1
@@ -221,6 +258,7 @@ class SharedMemoryTransport(WeightTransport):
     def attach(cls, name: str) -> "SharedMemoryTransport":
         shm = shared_memory.SharedMemory(name=name)
         _untrack(shm)
+        _populate(shm, write=False)
         return cls(shm, owner=False)
 
     @property
