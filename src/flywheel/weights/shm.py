@@ -9,8 +9,9 @@ pick the newest weights up in one of two ways:
   reader releases it or acquires a newer one; `bind(module)` points a module's parameters at them.
 Memory: B buffers of the whole model, B = readers + 2 by default, so one writer never waits
 (W concurrent writers need B >= readers + 1 + W); short of buffers, `publish` raises
-`NoFreeBuffer` after `timeout_s`. Versions only go up, and a reader slot whose process died is
-reclaimed. The segment layout and the locking protocol are described above `MAGIC` below.
+`NoFreeBuffer` after `timeout_s`. All of it is paged in when the segment is created and in
+each process that attaches it, so no publish or pickup faults page by page. Versions only go
+up, and a reader slot whose process died is reclaimed. The segment layout and the locking protocol are described above `MAGIC` below.
 """
 
 from __future__ import annotations
