@@ -214,9 +214,6 @@ def test_sampler_generates_with_the_version_it_holds():
     s.update_weights({"model.norm.weight": "tensor"}, version=4)
     assert llm.rpcs == [("flywheel_load_weights", ([("model.norm.weight", "tensor")],))] and llm.resets == 1
     assert all(x.version == 4 for row in s.generate([[1, 2], [3]], params) for x in row)
-    s.receive_weights([("lm_head.weight", "bfloat16", (4, 2))], version=5)
-    assert llm.rpcs[-1] == ("flywheel_receive_weights", ([("lm_head.weight", "bfloat16", [4, 2])],))
-    assert s.version == 5 and llm.resets == 2
 
 
 def test_sampler_refuses_before_calling_the_engine():
@@ -247,6 +244,119 @@ def test_extension_loads_named_tensors_into_the_model():
     worker.flywheel_load_weights([("w", t)])
     assert loaded == [("w", "on cpu")]
     assert EXTENSION.rsplit(".", 1)[1] == WeightUpdateExtension.__name__
+
+
+class WorkerLLM:
+    """Stands in for vllm.LLM with one worker in this process: collective_rpc runs the
+    WeightUpdateExtension method on it, as vLLM runs it in each worker. Its model is a
+    torch module whose load_weights copies named tensors in (vLLM's loader, by HF name)."""
+
+    def __init__(self, like: dict):
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                for name, t in like.items():
+                    self.register_parameter(name, torch.nn.Parameter(torch.zeros_like(t), requires_grad=False))
+
+            def load_weights(self, weights):
+                for name, t in weights:
+                    getattr(self, name).data.copy_(t)
+
+        self.worker = type("Worker", (WeightUpdateExtension,), {})()
+        self.worker.rank, self.worker.device = 0, "cpu"
+        self.worker.model_runner = SimpleNamespace(model=Model())
+        self.resets = 0
+
+    def collective_rpc(self, method, args=()):
+        return [getattr(self.worker, method)(*args)]
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+        return True
+
+
+def _broadcast_group(sampler, like):
+    """(publisher, the sampler's end) of a fresh gloo group: the sampler's worker as rank 1."""
+    import threading
+
+    from flywheel.weights.broadcast import BroadcastTransport
+
+    store = BroadcastTransport.host()
+    specs = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in like.items()]
+    ends = []
+    joining = threading.Thread(target=lambda: ends.append(
+        sampler.join_broadcast("127.0.0.1", store.port, 1, 2, specs, "gloo")))
+    joining.start()
+    publisher = BroadcastTransport.publisher(like, store, 2)
+    joining.join(30)
+    return publisher, ends[0]
+
+
+def test_vllm_workers_join_the_weight_broadcast_and_load_whole_versions():
+    import torch
+
+    like = {"w": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}
+    llm = WorkerLLM(like)
+    sampler = VLLMSampler(llm=llm, version=-1)
+    model = llm.worker.model_runner.model
+    publisher, end = _broadcast_group(sampler, like)
+    try:
+        assert end.version() == -1 and end.error is None and not sampler.receive(end)
+        for v in (1, 2):
+            sent = {"w": torch.full((3, 4), float(v)), "b": torch.arange(5, dtype=torch.bfloat16) + v}
+            publisher.publish(sent, v)
+            assert end.wait_newer(v - 1, timeout_s=10) == v
+            assert sampler.receive(end) and sampler.version == v and llm.resets == v
+            assert torch.equal(model.w, sent["w"]) and torch.equal(model.b, sent["b"])
+            assert not sampler.receive(end)  # nothing newer: no load, no cache reset
+            assert llm.resets == v
+        with pytest.raises(TimeoutError, match="newer than v2"):
+            end.wait_newer(2, timeout_s=0.2)
+        # the group formed again (a member died): the old end's close spares the new one
+        publisher.close()
+        publisher, fresh = _broadcast_group(sampler, like)
+        end.close()
+        publisher.publish({"w": torch.full((3, 4), 7.0), "b": torch.zeros(5, dtype=torch.bfloat16)}, 7)
+        assert fresh.wait_newer(2, timeout_s=10) == 7 and sampler.receive(fresh)
+        assert torch.equal(model.w, torch.full((3, 4), 7.0))
+        publisher.close()  # the publisher gone: the worker's end ends with the error, and says so
+        with pytest.raises(RuntimeError, match="the weight group broke"):
+            fresh.wait_newer(7, timeout_s=20)
+        assert fresh.error is not None
+    finally:
+        publisher.close()
+        llm.worker.flywheel_leave_broadcast(llm.worker._flywheel_broadcast_end)
+    assert end.error == "this vLLM worker has not joined a weight broadcast group"
+
+
+def test_a_ray_actors_group_weights_drive_a_vllm_sampler():
+    pytest.importorskip("ray")
+    import torch
+
+    from flywheel.orchestrate.ray_rollouts import GroupWeights
+    from flywheel.weights.broadcast import BroadcastTransport
+
+    like = {"w": torch.zeros(2, 2)}
+    llm = WorkerLLM(like)
+    sampler = VLLMSampler(llm=llm, version=-1)
+    weights = GroupWeights(sampler)
+    store = BroadcastTransport.host()
+    import threading
+
+    joining = threading.Thread(target=weights.join, args=("127.0.0.1", store.port, 1, 2, [("w", "float32", [2, 2])],
+                                                            "gloo"))
+    joining.start()
+    publisher = BroadcastTransport.publisher(like, store, 2)
+    joining.join(30)
+    try:
+        publisher.publish({"w": torch.ones(2, 2)}, 3)
+        waited, loaded = weights.take(3)  # waits for v3 through the worker's end, then loads it
+        assert sampler.version == 3 and torch.equal(llm.worker.model_runner.model.w, torch.ones(2, 2))
+    finally:
+        publisher.close()
+        weights.transport.close()
 
 
 # ---------------------------------------------------------------------------- without vLLM

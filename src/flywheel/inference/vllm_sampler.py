@@ -28,10 +28,11 @@ async_rl, training/weight_transfer, examples/offline_inference/rlhf_utils.py):
 Synchronous path (`VLLMSampler`, over `vllm.LLM`): `generate` and `update_weights` hold one
 lock, so a batch decodes wholly on one version and `Sample.version` is that version. Weights
 travel two ways: `update_weights(tensors, version)` passes the tensors through the RPC (they
-are pickled to worker processes: fine for small models and tests), and for real sizes the
-learner joins an NCCL group with the workers (`init_weight_group`, vLLM's
-StatelessProcessGroup + PyNcclCommunicator, learner = rank 0) and broadcasts each tensor
-while `receive_weights(specs, version)` has the workers take them.
+are pickled to worker processes: fine for small models and tests), and for real sizes vLLM's
+workers join the run's weight broadcast group (`join_broadcast`: weights/broadcast.py, NCCL
+between GPUs, the driver rank 0): each worker receives every version on its own GPU in a
+thread of its own, and `receive(end)` loads the newest whole version from those buffers
+into the model (`load_weights` by HF name) between batches.
 
 In-flight updates (designed, NOT run here; needs vLLM's AsyncLLM, a recent vLLM with
 `pause_generation(mode="keep")`): rows are not drained for an update.
@@ -53,15 +54,18 @@ In-flight updates (designed, NOT run here; needs vLLM's AsyncLLM, a recent vLLM 
   not an API vLLM offers; pausing between steps is what its docs prescribe.
 
 What has run: the pure functions and VLLMSampler against a stand-in LLM object, on CPU, with
-fixtures written from vLLM's output classes (tests/data/vllm/). What has not: anything with a
-real vLLM engine (no GPU here): the engine's actual logprobs against a learner's forward,
-the RPC and NCCL weight paths, prefix-cache reset, and the whole in-flight design.
+fixtures written from vLLM's output classes (tests/data/vllm/), and the broadcast join over
+gloo with a stand-in worker in the test's process. What has not: anything with a real vLLM
+engine (no GPU here): the engine's actual logprobs against a learner's forward, the RPC and
+NCCL weight paths, prefix-cache reset, and the whole in-flight design.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import threading
+import time
 from typing import Any, Mapping, Sequence
 
 from flywheel.config import ConfigError
@@ -290,17 +294,30 @@ class VLLMSampler:
             self.llm.collective_rpc("flywheel_load_weights", args=(named,))
             self._after_update(version)
 
-    def init_weight_group(self, host: str, port: int, world_size: int) -> None:
-        """Join the workers to an NCCL group with the learner (rank 0; worker w has rank
-        1 + w, world_size = 1 + workers). The learner joins at the same time."""
-        self.llm.collective_rpc("flywheel_init_weight_group", args=(host, port, 1, world_size))
+    def join_broadcast(self, host: str, port: int, rank: int, world_size: int,
+                       specs: Sequence[tuple[str, str, Sequence[int]]], backend: str) -> "WorkerBroadcast":
+        """Join the run's weight broadcast group (weights/broadcast.py, `rollout.ray.weights:
+        broadcast`) from inside vLLM's worker: worker w is rank `rank + w`, its receiving end
+        on the worker's own device, so under NCCL the weights go GPU to GPU straight into the
+        worker, never through this process. specs: (name, dtype, shape) of every tensor the
+        publisher sends. Returns this process's view of that end, for `receive`. Joining again
+        (the group formed anew) replaces the old end."""
+        end = secrets.token_hex(4)  # names this end, so closing it later spares a newer one
+        self.llm.collective_rpc("flywheel_join_broadcast", args=(
+            host, port, rank, world_size, [(n, d, list(sh)) for n, d, sh in specs], backend, end))
+        return WorkerBroadcast(self.llm, end)
 
-    def receive_weights(self, specs: Sequence[tuple[str, str, Sequence[int]]], version: int) -> None:
-        """Take tensors the learner broadcasts over the NCCL group, in `specs` order:
-        (Hugging Face name, torch dtype name, shape). Blocks until all arrived."""
+    def receive(self, source: "WorkerBroadcast") -> bool:
+        """Load the newest version the workers' broadcast ends hold, when newer than ours;
+        True if it was. Like `update_weights`, a batch decodes wholly on one version."""
         with self._lock:
-            self.llm.collective_rpc("flywheel_receive_weights", args=([(n, d, list(s)) for n, d, s in specs],))
-            self._after_update(version)
+            versions = self.llm.collective_rpc("flywheel_load_broadcast", args=(self.version,))
+            if min(versions) != max(versions):
+                raise RuntimeError(f"vLLM's workers hold different weight versions {versions}")
+            if versions[0] <= self.version:
+                return False
+            self._after_update(versions[0])
+        return True
 
     def _after_update(self, version: int) -> None:
         reset = getattr(self.llm, "reset_prefix_cache", None)
@@ -308,6 +325,46 @@ class VLLMSampler:
             raise RuntimeError("vLLM did not reset its prefix cache after a weight update: prompts sharing a "
                                "prefix would reuse keys and values of the old weights")
         self.version = int(version)
+
+
+class WorkerBroadcast:
+    """The broadcast group's receiving ends inside vLLM's workers, as the rollout actor sees
+    them (the WeightTransport reader surface GroupWeights uses): version, error, wait_newer,
+    close, each a collective_rpc. The version is the oldest any worker has whole."""
+
+    POLL_S = 0.05
+
+    def __init__(self, llm, end: str):
+        self.llm, self.end = llm, end
+
+    def _states(self) -> list[tuple[int, str | None]]:
+        return self.llm.collective_rpc("flywheel_broadcast_state")
+
+    def version(self) -> int:
+        return min(v for v, _ in self._states())
+
+    @property
+    def error(self) -> str | None:
+        errors = [e for _, e in self._states() if e is not None]
+        return errors[0] if errors else None
+
+    def wait_newer(self, than: int, timeout_s: float | None = None) -> int:
+        """Poll until every worker holds a version newer than `than`; raises what broke the group."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            states = self._states()
+            errors = [e for _, e in states if e is not None]
+            newest = min(v for v, _ in states)
+            if newest > than:
+                return newest
+            if errors:
+                raise RuntimeError(f"the weight group broke: {errors[0]}")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"no weights newer than v{than} within {timeout_s} s")
+            time.sleep(self.POLL_S)
+
+    def close(self) -> None:
+        self.llm.collective_rpc("flywheel_leave_broadcast", args=(self.end,))
 
 
 class WeightUpdateExtension:
@@ -318,22 +375,41 @@ class WeightUpdateExtension:
     def flywheel_load_weights(self, named_tensors) -> None:
         self.model_runner.model.load_weights(weights=[(n, t.to(self.device)) for n, t in named_tensors])
 
-    def flywheel_init_weight_group(self, host: str, port: int, rank_offset: int, world_size: int) -> None:
-        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-        from vllm.distributed.parallel_state import get_world_group
-        from vllm.distributed.utils import StatelessProcessGroup
-
-        group = StatelessProcessGroup.create(host=host, port=port, rank=get_world_group().rank + rank_offset,
-                                             world_size=world_size)
-        self._flywheel_group = PyNcclCommunicator(group, device=self.device)
-
-    def flywheel_receive_weights(self, specs) -> None:
+    def flywheel_join_broadcast(self, host: str, port: int, rank_offset: int, world_size: int, specs,
+                                backend: str, end: str) -> None:
         import torch
 
-        for name, dtype, shape in specs:
-            t = torch.empty(shape, dtype=getattr(torch, dtype), device=self.device)
-            self._flywheel_group.broadcast(t, src=0, stream=torch.cuda.current_stream())
-            self.model_runner.model.load_weights(weights=[(name, t)])
+        from flywheel.weights.broadcast import BroadcastTransport
+
+        like = {n: torch.empty(shape, dtype=getattr(torch, d), device="meta") for n, d, shape in specs}
+        device = str(self.device) if backend == "nccl" else "cpu"
+        fresh = BroadcastTransport.receiver(like, host, port, rank_offset + self.rank, world_size, backend, device)
+        old = getattr(self, "_flywheel_broadcast", None)
+        self._flywheel_broadcast, self._flywheel_broadcast_end = fresh, end
+        if old is not None:
+            old.close()
+
+    def flywheel_load_broadcast(self, than: int) -> int:
+        """Load the group's newest version into the model when newer than `than` (the
+        received buffers' views go to the loader: under NCCL already on this device); its
+        version, else `than`."""
+        with self._flywheel_broadcast.current() as (version, tensors):
+            if version > than:
+                self.model_runner.model.load_weights(weights=[(n, t.to(self.device)) for n, t in tensors.items()])
+                return version
+        return than
+
+    def flywheel_broadcast_state(self) -> tuple[int, str | None]:
+        end = getattr(self, "_flywheel_broadcast", None)
+        if end is None:
+            return -1, "this vLLM worker has not joined a weight broadcast group"
+        return end.version(), None if end.error is None else str(end.error)
+
+    def flywheel_leave_broadcast(self, end: str) -> None:
+        """Close the receiving end named `end`, if it is still this worker's."""
+        if getattr(self, "_flywheel_broadcast_end", None) == end:
+            transport, self._flywheel_broadcast = self._flywheel_broadcast, None
+            transport.close()
 
     def flywheel_weight_sum(self, name: str) -> float:
         """A parameter's sum as vLLM holds it (vLLM's own name), to check an update landed."""

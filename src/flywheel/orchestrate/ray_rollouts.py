@@ -255,9 +255,12 @@ class GroupWeights:
     def join(self, host: str, port: int, rank: int, world_size: int, specs: list, backend: str) -> None:
         from flywheel.weights.broadcast import BroadcastTransport
 
-        like = {n: torch.empty(shape, dtype=getattr(torch, d), device="meta") for n, d, shape in specs}
-        device = str(self.engine.device) if backend == "nccl" else "cpu"
-        fresh = BroadcastTransport.receiver(like, host, port, rank, world_size, backend, device)
+        if hasattr(self.engine, "join_broadcast"):  # vLLM: its worker joins, on its own GPU
+            fresh = self.engine.join_broadcast(host, port, rank, world_size, specs, backend)
+        else:
+            like = {n: torch.empty(shape, dtype=getattr(torch, d), device="meta") for n, d, shape in specs}
+            device = str(self.engine.device) if backend == "nccl" else "cpu"
+            fresh = BroadcastTransport.receiver(like, host, port, rank, world_size, backend, device)
         with self._joined:
             old, self.transport = self.transport, fresh
             self._joined.notify_all()

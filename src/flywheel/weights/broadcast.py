@@ -26,8 +26,9 @@ the error kept in `error`; the group is then formed again with fresh members
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -179,14 +180,23 @@ class BroadcastTransport(WeightTransport):
                 raise RuntimeError(f"the weight group broke: {self.error}")
             return self._version
 
+    @contextmanager
+    def current(self) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+        """(version, {name: view of its received buffer}) of the newest version, held: the
+        receiving thread swaps nothing in until the block ends (a version arriving meanwhile
+        waits in the back buffer). The views must not be kept past the block."""
+        with self._lock:
+            yield self._version, {name: buffer[offset:offset + n].view(shape)
+                                  for buffer, (_, entries) in zip(self._front, self._layout)
+                                  for name, offset, n, shape in entries}
+
     @torch.no_grad()
     def read_into(self, dest: Mapping[str, torch.Tensor]) -> int:
-        with self._lock:
-            for buffer, (_, entries) in zip(self._front, self._layout):
-                for name, offset, n, shape in entries:
-                    if name in dest:
-                        dest[name].copy_(buffer[offset:offset + n].view(shape))
-            return self._version
+        with self.current() as (version, tensors):
+            for name, t in dest.items():
+                if name in tensors:
+                    t.copy_(tensors[name])
+            return version
 
     def close(self) -> None:
         self._closed = True
