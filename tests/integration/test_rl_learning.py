@@ -1,6 +1,6 @@
 """RL learns: held-out greedy accuracy on the shared `ab+cd=` task rises by >= 10 points from a
-short SFT warm start (conftest's `arith_warm_start`, ~33 %), with rollouts one step
-off-policy in a worker process (seeded). Measured: +21 points at seed 0, 40 steps, ~6 s."""
+short SFT warm start (conftest's `arith_warm_start`, ~0.35-0.45), with rollouts one step
+off-policy (seeded). Measured on 2026-12-05: 0.43 -> 0.56 at seed 0, 40 steps, ~10 s."""
 
 import pytest
 
@@ -17,5 +17,5 @@ def test_async_grpo_raises_heldout_accuracy_by_ten_points(arith_warm_start, tmp_
         eval={"tasks": 200}, log={"progress": False}, threads=2, max_off_policy_steps=1), RLConfig)
     result = run_rl(cfg, log=lambda m: None)
     before, after = result.evals[0]["eval/greedy_accuracy"], result.evals[-1]["eval/greedy_accuracy"]
-    assert 0.05 < before < 0.8, f"the warm start is off its measured ~33 %: {before}"
+    assert 0.05 < before < 0.8, f"the warm start is off its target of 0.35: {before}"
     assert after >= before + 0.10, (before, after)
