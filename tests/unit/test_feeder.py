@@ -46,7 +46,8 @@ def test_synchronous_feeder_submits_one_step_at_the_current_version():
     feeder = RolloutFeeder(src, tasks(10), DataOrder(10, seed=0), groups_per_step=3, max_off_policy_steps=0)
     got = feeder.take(0)
     assert len(got.groups) == 3 and [i.min_version for i in src.submitted] == [0]
-    assert got.work == {"generate_s": 0.5, "weight_wait_s": 0.0, "weight_load_s": 0.1, "kernel_rebuild_s": 0.05, "tokens": 3.0, "items": 1.0}
+    assert got.work == {"generate_s": 0.5, "weight_wait_s": 0.0, "weight_load_s": 0.1, "kernel_rebuild_s": 0.05,
+                        "tokens": 3.0, "items": 1.0}
     src.version = 1
     feeder.take(1)
     assert [i.min_version for i in src.submitted] == [0, 1]

@@ -25,7 +25,8 @@ from flywheel.rollout.data_order import DataOrder
 from flywheel.types import Task, TrajectoryGroup
 
 
-WORK_KEYS = ("generate_s", "weight_wait_s", "weight_load_s", "kernel_rebuild_s", "tokens", "items")  # StepRollouts.work, summed
+# StepRollouts.work, summed over results: WorkResult fields of these names, and "items" (one per result)
+WORK_KEYS = ("generate_s", "weight_wait_s", "weight_load_s", "kernel_rebuild_s", "tokens", "items")
 
 
 @dataclass
@@ -99,8 +100,8 @@ class RolloutFeeder:
         for r in results:
             indices = self._item_tasks.pop(r.item_id)
             self._in_flight_groups -= len(indices)
-            for key, value in zip(WORK_KEYS, (r.generate_s, r.weight_wait_s, r.weight_load_s, r.kernel_rebuild_s, r.tokens, 1)):
-                self._work[key] = self._work.get(key, 0.0) + value
+            for key in WORK_KEYS:
+                self._work[key] = self._work.get(key, 0.0) + (1 if key == "items" else getattr(r, key))
             for index, group in zip(indices, r.groups):
                 group.task_index = index
                 self.buffer.put(group)

@@ -11,7 +11,8 @@ Memory: B buffers of the whole model, B = readers + 2 by default, so one writer 
 (W concurrent writers need B >= readers + 1 + W); short of buffers, `publish` raises
 `NoFreeBuffer` after `timeout_s`. All of it is paged in when the segment is created and in
 each process that attaches it, so no publish or pickup faults page by page. Versions only go
-up, and a reader slot whose process died is reclaimed. The segment layout and the locking protocol are described above `MAGIC` below.
+up, and a reader slot whose process died is reclaimed. The segment layout and the locking
+protocol are described above `MAGIC` below.
 """
 
 from __future__ import annotations
@@ -259,7 +260,11 @@ class SharedMemoryTransport(WeightTransport):
     def attach(cls, name: str) -> "SharedMemoryTransport":
         shm = shared_memory.SharedMemory(name=name)
         _untrack(shm)
-        _populate(shm, write=False)
+        try:
+            _populate(shm, write=False)
+        except BaseException:
+            shm.close()
+            raise
         return cls(shm, owner=False)
 
     @property
