@@ -19,11 +19,10 @@ def arith_warm_start(tmp_path_factory) -> Path:
     held-out greedy accuracy on the 200 test pairs reaches WARM_TARGET (checked every 25 steps,
     at most 1,000): the warm start bench/rl_vs_trl.py measures from. This model learns addition
     abruptly and where the jump lands depends on the machine's float rounding, so no step count
-    is portable, and warm starts stopped mid-jump can be poor RL starts: the earlier one
-    (hidden 128, 2 layers, target 0.3) lifted 20-33 points in 40 GRPO steps on 2026-12-01's
-    machine and 0 on a Xeon with AMX on 2026-12-05 (seeds 0-2: -0.5, +5, -0.5 points), where this
-    one lifted 13 (docs/benchmarks.md, "Learning tests across machines"). Shared by the RL
-    learning test, the Ray band test, the gate test and the flywheel cycle tests."""
+    is portable, and a warm start stopped mid-jump can be a poor RL start: the smaller model
+    stopped at 0.3 that these tests used before learned on one machine and not on another
+    (docs/benchmarks.md, "Learning tests across machines"). Shared by the RL learning test, the
+    Ray band test, the gate test and the flywheel cycle tests."""
     from flywheel.config import SFTConfig, validate
     from flywheel.envs import load_env
     from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
