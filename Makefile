@@ -5,23 +5,37 @@ PY := $(VENV)/bin/python
 # GPU users: make setup TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev
-STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC) $(EXTRAS)' | cksum | cut -d' ' -f1)
+# The stamp is per torch spec and lists the extras installed in $(VENV), one per line. A set of
+# extras counts as installed when it is a subset of that list (`make demo` after `make bench`
+# installs nothing); otherwise setup installs the union, so no extra installed earlier is lost.
+comma := ,
+empty :=
+space := $(empty) $(empty)
+STAMP := $(VENV)/.installed-$(shell echo '$(TORCH_SPEC)' | cksum | cut -d' ' -f1)
+NEEDED_EXTRAS := $(sort $(subst $(comma),$(space),$(EXTRAS)))
+INSTALLED_EXTRAS := $(sort $(shell cat $(STAMP) 2>/dev/null))
+MISSING_EXTRAS := $(filter-out $(INSTALLED_EXTRAS),$(NEEDED_EXTRAS))
+INSTALL_EXTRAS := $(subst $(space),$(comma),$(sort $(INSTALLED_EXTRAS) $(NEEDED_EXTRAS)))
 THREADS ?= 2
 SYSTEM_PACKAGES ?= bubblewrap
 
-.PHONY: setup demo test test-all bench clean system-deps
+.PHONY: setup demo test test-all bench clean system-deps missing-extras
 
 setup: $(STAMP)
 
-# Re-runs only when pyproject.toml or the torch spec changes; otherwise `make setup` is a no-op.
-$(STAMP): pyproject.toml
+# Re-runs only when pyproject.toml or the torch spec changes, or an extra asked for is missing;
+# otherwise `make setup` is a no-op.
+$(STAMP): pyproject.toml $(if $(MISSING_EXTRAS),missing-extras)
 	@$(MAKE) --no-print-directory system-deps
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
-	$(PY) -m pip install --quiet -e '.[$(EXTRAS)]'
+	$(PY) -m pip install --quiet -e '.[$(INSTALL_EXTRAS)]'
 	@rm -f $(VENV)/.installed-*
-	@touch $@
+	@printf '%s\n' $(subst $(comma),$(space),$(INSTALL_EXTRAS)) > $@
+
+missing-extras:
+	@echo "extras to install: $(MISSING_EXTRAS) (installed: $(or $(INSTALLED_EXTRAS),none))"
 
 # Debian packages the project needs (bubblewrap for the sandbox; make test-all adds postgresql),
 # installed when missing.
