@@ -83,8 +83,18 @@ class GateDecision:
         return ("promote: " if self.promote else "reject: ") + "; ".join(self.reasons)
 
 
-def _points(x: float) -> str:
-    return f"{100 * x:+.1f} pts"
+def _points(x: float, digits: int = 1) -> str:
+    return f"{100 * x:+.{digits}f} pts"
+
+
+def telling_digits(a: float, b: float, most: int = 6) -> int:
+    """Decimals (1 to `most`) that tell two fractions apart in points: the fewest at which
+    `100 a` and `100 b` print differently, so that a reason never reads "+5.0 pts < 5.0 pts".
+    telling_digits(0.0496, 0.05) == 2 ("+4.96" vs "5.00"); equal values: 1."""
+    for d in range(1, most + 1):
+        if f"{100 * a:.{d}f}" != f"{100 * b:.{d}f}":
+            return d
+    return 1
 
 
 def _accuracy(s: Score) -> float:
@@ -159,24 +169,26 @@ def _gain(suite: str, a: float, b: float, p: Paired | None, cfg: GateConfig, con
         return False, f"{few} ({suite} {a:.3f} -> {b:.3f})"
     lower = bounds[suite] = p.lower(cfg.confidence)
     passed = lower >= cfg.delta - 1e-12
-    return passed, (f"{suite} {a:.3f} -> {b:.3f} ({_points(p.mean)}, {conf} lower bound {_points(lower)}; "
-                    f"{p.counts()}) {'>=' if passed else '<'} delta {_points(cfg.delta)[1:]}")
+    digits = telling_digits(lower, cfg.delta) if not passed else 1  # a failed bound reads as below delta
+    return passed, (f"{suite} {a:.3f} -> {b:.3f} ({_points(p.mean)}, {conf} lower bound {_points(lower, digits)}; "
+                    f"{p.counts()}) {'>=' if passed else '<'} delta {_points(cfg.delta, digits)[1:]}")
 
 
 def _no_drop(suite: str, before: str, b: float, d: float, p: Paired | None, cfg: GateConfig, conf: str,
              bounds: dict[str, float], below: str) -> tuple[bool, str]:
     """The regression rule for a drop `d` (paired `p` when known): a reason `before -> b (...)`."""
-    if p is None:
-        passed = d >= -cfg.epsilon - 1e-12
-        detail = f"{_points(d)}" + (", point estimate" if below else "")
+    upper = None if p is None else p.upper(cfg.confidence)
+    if upper is not None and not below:
+        bounds[suite] = upper
+    worst = d if upper is None else min(d, upper)
+    passed = worst >= -cfg.epsilon - 1e-12
+    digits = 1 if passed else telling_digits(worst, -cfg.epsilon)  # a drop reads as beyond epsilon
+    if upper is None:
+        detail = f"{_points(d, digits)}" + (", point estimate" if below else "")
     else:
-        upper = p.upper(cfg.confidence)
-        if not below:
-            bounds[suite] = upper
-        passed = d >= -cfg.epsilon - 1e-12 and upper >= -cfg.epsilon - 1e-12
-        detail = f"{_points(d)}, {conf} upper bound {_points(upper)}; {p.counts()}"
+        detail = f"{_points(d, digits)}, {conf} upper bound {_points(upper, digits)}; {p.counts()}"
     return passed, (f"{before} -> {b:.3f} ({detail})"
-                    + ("" if passed else f": drops more than epsilon {_points(cfg.epsilon)[1:]}{below}"))
+                    + ("" if passed else f": drops more than epsilon {_points(cfg.epsilon, digits)[1:]}{below}"))
 
 
 def _below_best(suite: str, ref: Best, cand: Score, b: float, cfg: GateConfig, conf: str,
