@@ -62,3 +62,27 @@ def test_work_shorter_than_the_interval_stays_silent():
         p.update(done)
     p.close()
     assert lines == []
+
+
+def test_count_progress_follows_its_console():
+    import io
+
+    from rich.console import Console
+
+    from flywheel.train.progress import CountProgress
+
+    clock, lines = Clock(), []
+    piped = Console(file=io.StringIO())  # not a terminal
+    with CountProgress("day 1 traffic on v1", 100, piped, clock=clock, write=lines.append) as p:
+        for done in range(1, 101):
+            clock.t += 0.25
+            p.update(done, f"{done} solved")
+    assert lines == ["day 1 traffic on v1: 40/100 (40%), 40 solved, 10 s elapsed, eta 15 s",
+                     "day 1 traffic on v1: 80/100 (80%), 80 solved, 20 s elapsed, eta 5 s",
+                     "day 1 traffic on v1: 100/100 (100%), 100 solved, 25 s elapsed"]
+    assert piped.file.getvalue() == ""
+    terminal = Console(file=io.StringIO(), force_terminal=True)
+    with CountProgress("x", 3, terminal, clock=clock, write=lines.append) as p:
+        assert not p.plain
+        p.update(3, "3 solved")
+    assert len(lines) == 3  # the bar drew on the terminal instead

@@ -10,11 +10,14 @@ the served model up with it.
    report outcomes with verifiers and sometimes a corrected turn; then a cycle
    (loop/cycle.py) curates all traces so far, trains SFT (+ replay) and RL from production,
    scores candidate and incumbent on every family's frozen suite and on the held-out new
-   failures, and the gate promotes or rejects; the server follows the registry.
+   failures, and the gate promotes or rejects; the server follows the registry. The console
+   shows one line per stage; <out>/cycles.log holds every line (demo/cycle_log.py). Off a
+   terminal, progress is a plain line every 10 s (train/progress.py).
 4. After every cycle that changed production, production is scored on each family's
    independent final test (demo/final_test.py), which no decision and no training sees.
-5. The end: a table per day and cycle, plots and the economics report under <out>/report,
-   and the last line `demo: new_family_before=X new_family_after=Y old_delta=Z
+5. The end: a table per day and cycle (printed unwrapped, and <out>/report/demo-table.md), the
+   report page <out>/report/index.html (the demo's summary and per-day table with the gate's
+   reasons, then the economics report), plots, and the last line `demo: new_family_before=X new_family_after=Y old_delta=Z
    final_new_family_before=.. final_new_family_after=.. final_old_delta=.. points_per_usd=..
    cycles=N promoted=M`.
 
@@ -38,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.demo.base import BaseRecipe, base_demos, base_model
+from flywheel.demo.cycle_log import CycleLog
 from flywheel.demo.report import pct
+from flywheel.demo.summary import summarize, summary_lines  # noqa: F401  (summary_lines: cli/demo.py's)
 from flywheel.demo.world import ENV, WorldConfig, day_plan
 
 
@@ -61,6 +66,7 @@ class DemoRecipe:
 
 DEMO_RECIPE = DemoRecipe()
 FINAL_CYCLES = "final-test-cycles.jsonl"  # per cycle, production's mean final-test success before and after
+CYCLE_LOG = "cycles.log"  # every line the cycles logged (the console shows one per stage: demo/cycle_log.py)
 
 
 @dataclass
@@ -123,9 +129,11 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
     from flywheel.loop.loop_config import LoopConfig
     from flywheel.service.serving import serve_production
 
-    console = console or Console()
+    console = console or Console(soft_wrap=True)  # a piped log: long lines stay whole, not cut at 80 columns
     torch.set_num_threads(threads)
-    base = base_model(base_recipe, log=console.print)
+    built, t_base = [], time.perf_counter()
+    base = base_model(base_recipe, log=lambda m: (built.append(m), console.print(m)))  # it logs only when it builds
+    base_build_s = time.perf_counter() - t_base if built else 0.0
     shutil.rmtree(out, ignore_errors=True)
     cfg = validate(loop_config(out, world, recipe, threads, [str(base_demos(base))]), LoopConfig)
     per_family = sum(world.days(w) for w in range(1, world.weeks + 1)) * world.episodes_per_day
@@ -137,6 +145,10 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
         fw.registry.promote(v1.id, "demo start")
         serving = serve_production(fw)
         console.print(f"serving {v1.id} on {serving.url}")
+        cycle_log = CycleLog(out / CYCLE_LOG, lambda m: console.print(f"  {m}", style="dim", markup=False,
+                                                                       highlight=False))
+        console.print(f"each cycle's full log (the training metrics too): {out / CYCLE_LOG}")
+        console.print(f"scoring {v1.id} on each family's gate suite and final test")
         start_scores = _production_scores(fw, cfg)
         finals = final_test.final_suites({n: suite_from_config(n, s) for n, s in cfg.eval.suites.items()},
                                          recipe.final_tasks, cfg.eval.new_failures_max_tokens)
@@ -149,9 +161,11 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
                 for day in range(1, world.days(week) + 1):
                     row = _traffic(fw, serving, world, tasks, week, day, run_day, console)
                     rows.append(row)
-                    st = run_cycle(fw, log=lambda m: console.print(f"  [dim]{m}[/]"))
+                    st = run_cycle(fw, log=cycle_log)
                     serving.switch_now()
                     _fill_cycle(row, st, cfg, fw)
+                    if row.why:
+                        console.print(f"  {row.cycle}: gate: {row.why}", markup=False, highlight=False)
                     if not row.production:  # no candidate was evaluated: production did not change
                         row.production = dict(rows[-2].production) if len(rows) > 1 else dict(start_scores)
                     before = rows[-2].final if len(rows) > 1 else final_start
@@ -161,8 +175,8 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
                     console.print(_day_line(row))
         finally:
             serving.close()
-        summary = _summary(rows, world, start_scores, final_start, time.perf_counter() - t_start)
-        _write_report(fw, out, rows, console)
+        summary = summarize(rows, world, start_scores, final_start, time.perf_counter() - t_start, base_build_s)
+        _write_report(fw, out, rows, console, summary)
     return rows, summary
 
 
@@ -177,20 +191,20 @@ def _production_scores(fw, cfg) -> dict[str, float]:
 
 
 def _traffic(fw, serving, world: WorldConfig, tasks, week: int, day: int, run_day, console) -> DayRow:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from flywheel.train.progress import CountProgress
 
     plan = day_plan(world, week, day)
     work = [(family, tasks[family][i]) for family, i in plan]
     served = serving.version
     t0 = time.perf_counter()
-    with Progress(TextColumn(f"  day {day}: {len(work)} episodes on {served}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[ok]}"), TimeElapsedColumn(), console=console, transient=True) as bar:
-        job = bar.add_task("traffic", total=len(work), ok="")
-        done = {"ok": 0}
+    # a bar on a terminal; off one (a piped log) a line every 10 s
+    with CountProgress(f"  week {week} day {day} traffic on {served}", len(work), console) as bar:
+        done = {"n": 0, "ok": 0}
 
         def tick(ep) -> None:
+            done["n"] += 1
             done["ok"] += ep.success
-            bar.update(job, advance=1, ok=f"{done['ok']} solved")
+            bar.update(done["n"], f"{done['ok']} solved")
 
         episodes = asyncio.run(run_day(serving.url, work, world.concurrency, world.correction_rate,
                                        f"demo/{world.seed}/{week}/{day}/feedback", on_episode=tick))
@@ -250,46 +264,11 @@ def _record_final(path: Path, row: DayRow, before: dict[str, float]) -> None:
         row.ipd = intelligence_per_dollar(mean_gain_points(before, row.final), row.usd).value
 
 
-def _new_family_figures(rows: list[DayRow], world: WorldConfig, start: dict[str, float],
-                        scores) -> tuple[float, float]:
-    """(mean over families arriving after week 1 of production's score when the family
-    arrives, the same after its third cycle or the last one); `scores(row)` picks the figures."""
-    news = [f for f in world.families if 1 < f.arrives <= world.weeks]
-    before, after = [], []
-    for f in news:
-        arrival = next(i for i, r in enumerate(rows) if r.week == f.arrives)
-        at_arrival = scores(rows[arrival - 1]) if arrival > 0 else start
-        before.append(at_arrival.get(f.name, start.get(f.name, 0.0)))
-        after.append(scores(rows[min(arrival + 2, len(rows) - 1)]).get(f.name, 0.0))  # its third cycle
-    nan = float("nan")
-    return (sum(before) / len(before) if before else nan), (sum(after) / len(after) if after else nan)
-
-
-def _summary(rows: list[DayRow], world: WorldConfig, start: dict[str, float], final_start: dict[str, float],
-             seconds: float) -> dict[str, Any]:
-    from flywheel.demo.final_test import mean_gain_points
-
-    first = world.families[0].name
-    end = rows[-1].production if rows else start
-    final_end = rows[-1].final if rows else final_start
-    before, after = _new_family_figures(rows, world, start, lambda r: r.production)
-    final_before, final_after = _new_family_figures(rows, world, final_start, lambda r: r.final)
-    usd = sum(r.usd for r in rows)
-    return {"new_family_before": before, "new_family_after": after,
-            "old_delta": 100 * (end.get(first, 0.0) - start.get(first, 0.0)),
-            "final_new_family_before": final_before, "final_new_family_after": final_after,
-            "final_old_delta": 100 * (final_end.get(first, 0.0) - final_start.get(first, 0.0)),
-            "final_points": mean_gain_points(final_start, final_end), "usd": usd,
-            "points_per_usd": mean_gain_points(final_start, final_end) / usd if usd > 0 else float("nan"),
-            "cycles": sum(r.cycle is not None for r in rows),
-            "promoted": sum(r.outcome == "promoted" for r in rows), "seconds": seconds,
-            "per_family": {f.name: {"start": start.get(f.name), "end": end.get(f.name),
-                                    "final_start": final_start.get(f.name), "final_end": final_end.get(f.name)}
-                           for f in world.families if f.name in end}}
-
-
-def _write_report(fw, out: Path, rows: list[DayRow], console) -> None:
-    from flywheel.demo.report import family_plot, markdown_table
+def _write_report(fw, out: Path, rows: list[DayRow], console, summary: dict[str, Any] | None = None) -> None:
+    """report/index.html (the demo's summary and per-day table, then the economics report, whose
+    points are the final test's), the plots, and demo-table.md, which is also printed unwrapped."""
+    from flywheel.demo.page import EVAL_NAME, TITLE, demo_html
+    from flywheel.demo.report import family_plot, markdown_table, write_table
     from flywheel.economics.reports import read_cycles
     from flywheel.economics.tables import build_report
     from flywheel.economics.render import write_report
@@ -297,22 +276,10 @@ def _write_report(fw, out: Path, rows: list[DayRow], console) -> None:
     report_dir = out / "report"
     final = out / FINAL_CYCLES  # points per dollar from the final test, not from the gate's suites
     outcomes = read_cycles(final) if final.exists() else []
-    rep = build_report(fw.ledger.read(), outcomes, sources={"ledger": str(fw.ledger.path), "final test": str(final)})
-    paths = write_report(rep, report_dir, extra_plots={"families.png": family_plot(rows)})
-    table = markdown_table(rows)
-    (report_dir / "demo-table.md").write_text(table + "\n", encoding="utf-8")
-    console.print(table)
-    console.print(f"report: {report_dir / 'index.html'}, "
-                  + ", ".join(p.name for n, p in paths.items() if n.endswith('.png')))
-
-
-def summary_lines(s: dict[str, Any]) -> list[str]:
-    """The demo's closing lines; the last is the `demo: ...` line."""
-    return [f"demo took {s['seconds'] / 60:.1f} min; gate suites: " + ", ".join(
-                f"{k} {pct(v['start'])} -> {pct(v['end'])}" for k, v in s["per_family"].items())
-            + "; final test: " + ", ".join(
-                f"{k} {pct(v['final_start'])} -> {pct(v['final_end'])}" for k, v in s["per_family"].items()),
-            f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "
-            f"old_delta={s['old_delta']:+.1f} final_new_family_before={s['final_new_family_before']:.2f} "
-            f"final_new_family_after={s['final_new_family_after']:.2f} final_old_delta={s['final_old_delta']:+.1f} "
-            f"points_per_usd={s['points_per_usd']:.0f} cycles={s['cycles']} promoted={s['promoted']}"]
+    rep = build_report(fw.ledger.read(), outcomes, sources={"ledger": str(fw.ledger.path), "final test": str(final)},
+                       eval_name=EVAL_NAME)
+    paths = write_report(rep, report_dir, extra_plots={"families.png": family_plot(rows)}, title=TITLE,
+                         intro_html=demo_html(summary, rows) if summary else "")
+    table = write_table(markdown_table(rows), report_dir, console)
+    console.print(f"report: {report_dir / 'index.html'}, {table.name}, "
+                  + ", ".join(p.name for n, p in paths.items() if n.endswith('.png')), markup=False, highlight=False)

@@ -23,6 +23,7 @@ th,td{border:1px solid #ccc;padding:.25em .6em;text-align:right}
 th{background:#f3f3f3} td:first-child,th:first-child{text-align:left}
 .note{color:#555;font-size:.85em;max-width:60em}
 .estimate{border-left:4px solid #e69500;padding-left:.8em}
+td.text{text-align:left;min-width:24em}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}
 figcaption{color:#555;font-size:.85em}
 """
@@ -70,7 +71,10 @@ def _html_table(t: Table) -> str:
     return f"<section{cls}><h2>{html.escape(t.title)}</h2><table><tr>{head}</tr>{body}</table>{note}</section>"
 
 
-def html_page(report: EconomicsReport, plots: dict[str, bytes]) -> str:
+def html_page(report: EconomicsReport, plots: dict[str, bytes], *, title: str = "flywheel economics report",
+              intro_html: str = "") -> str:
+    """One self-contained page. `intro_html` (trusted HTML, e.g. the demo's summary and table)
+    comes first, under `title`; the economics summary, tables and plots follow."""
     summary = "".join(f"<li>{html.escape(s)}</li>" for s in report.summary_lines())
     tables = "".join(_html_table(t) for t in report.tables())
     imgs = []
@@ -81,17 +85,18 @@ def html_page(report: EconomicsReport, plots: dict[str, bytes]) -> str:
                     f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
                     f'<figcaption>{html.escape(name)}</figcaption></figure>')
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    econ = "<h2>Economics</h2>" if intro_html else ""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f"<title>flywheel economics report</title><style>{_CSS}</style></head><body>"
-            f"<h1>flywheel economics report</h1><p class=\"note\">generated {stamp}</p><ul>{summary}</ul>"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1><p class=\"note\">generated {stamp}</p>{intro_html}{econ}<ul>{summary}</ul>"
             f"{tables}<h2>Plots</h2>{''.join(imgs)}</body></html>\n")
 
 
-def write_report(report: EconomicsReport, out_dir: str | Path,
-                 extra_plots: dict[str, bytes] | None = None) -> dict[str, Path]:
+def write_report(report: EconomicsReport, out_dir: str | Path, extra_plots: dict[str, bytes] | None = None, *,
+                 title: str = "flywheel economics report", intro_html: str = "") -> dict[str, Path]:
     """Write every plot as PNG and index.html into `out_dir`; returns name -> path.
     `extra_plots` (file name -> PNG bytes, e.g. the demo's families.png) are written and shown
-    on the page first, before the report's own plots."""
+    on the page first, before the report's own plots; `title` and `intro_html` as html_page."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     own = render_all(report)
@@ -107,6 +112,6 @@ def write_report(report: EconomicsReport, out_dir: str | Path,
         (out / name).write_bytes(png)
         paths[name] = out / name
     page = out / "index.html"
-    page.write_text(html_page(report, plots), encoding="utf-8")
+    page.write_text(html_page(report, plots, title=title, intro_html=intro_html), encoding="utf-8")
     paths["index.html"] = page
     return paths

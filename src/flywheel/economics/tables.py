@@ -45,6 +45,7 @@ class EconomicsReport:
     mfu: float
     measured_mfu: float | None
     sources: dict[str, str] = field(default_factory=dict)  # what was read: ledger, cycles, catalog
+    eval_name: str = "gated eval"  # what the cycles' accuracies (hence points) are measured on
 
     @property
     def total_usd(self) -> float:
@@ -53,10 +54,27 @@ class EconomicsReport:
     def summary_lines(self) -> list[str]:
         hours = sum(r.device_seconds for r in self.records) / 3600.0
         lines = [f"{len(self.records)} ledger records, {usd(self.total_usd)} in all, {hours:,.3f} device-hours"]
+        split = self.cost_split_line()
+        lines += [split] if split else []
         lines += [f"{k}: {v}" for k, v in self.sources.items()]
         if self.measured_mfu is not None:
             lines.append(f"measured MFU on the recorded hardware (model FLOPs / peak): {self.measured_mfu:.2%}")
         return lines
+
+    def cost_split_line(self) -> str:
+        """Where the total goes when not all of it is cycles' cost: the cycles (what points per
+        dollar divide by) and, by stage, the records tagged with no cycle (serving traffic,
+        evaluations outside a cycle). Empty when there are no cycles or nothing outside them."""
+        outside: dict[str, float] = {}
+        for r in self.records:
+            if r.cycle is None:
+                outside[r.stage] = outside.get(r.stage, 0.0) + r.usd
+        if not self.cycles or not outside:
+            return ""
+        cycles = sum(c.usd for c in self.cycles)
+        parts = ", ".join(f"{stage} {usd(v)}" for stage, v in sorted(outside.items(), key=lambda kv: -kv[1]))
+        return (f"of which {usd(cycles)} in the {len(self.cycles)} cycles (what points per dollar divide by) and "
+                f"{usd(sum(outside.values()))} outside any cycle: {parts}")
 
     def tables(self) -> list[Table]:
         out = [self.family_table()]
@@ -90,10 +108,10 @@ class EconomicsReport:
                          (ipd.note if ipd else "no eval outcome for this cycle"),
                          usd(cum_usd), num(cum_pts, "+.1f")])
         return Table("Cycles: intelligence per dollar",
-                     ["cycle", "cost", "gated eval", "gain (pts)", "promoted", "realised (pts)", "pts / $",
+                     ["cycle", "cost", self.eval_name, "gain (pts)", "promoted", "realised (pts)", "pts / $",
                       "note", "cum. USD", "cum. pts"], rows,
-                     "Points = accuracy percentage points on the gated eval; realised = gain if promoted, "
-                     "else 0. pts / $ = realised points / cycle cost.")
+                     f"Points = accuracy percentage points on the {self.eval_name}; realised = gain if promoted, "
+                     "else 0. pts / $ = realised points / cycle cost (the ledger records tagged with the cycle).")
 
     def projection_table(self) -> Table:
         rows = []
@@ -120,11 +138,14 @@ class EconomicsReport:
 
 def build_report(records: Sequence[CostRecord], outcomes: Sequence[CycleOutcome] = (), *,
                  catalog: Catalog | None = None, targets: Sequence[Hardware] = (), mfu: float = DEFAULT_MFU,
-                 params: int | None = None, sources: dict[str, str] | None = None) -> EconomicsReport:
+                 params: int | None = None, sources: dict[str, str] | None = None,
+                 eval_name: str = "gated eval") -> EconomicsReport:
+    """`eval_name`: what the outcomes' accuracies are measured on (a column header and the
+    cumulative plot's axis say it)."""
     records = list(records)
     cycles = cycle_rows(records, outcomes)
     return EconomicsReport(
         records=records, families=cost_by_family(records), cycles=cycles, curve=cumulative_curve(cycles),
         projections=[project(records, t, mfu=mfu, params=params) for t in targets], mfu=mfu,
         measured_mfu=measured_mfu(records, catalog, params=params) if catalog is not None else None,
-        sources=dict(sources or {}))
+        sources=dict(sources or {}), eval_name=eval_name)

@@ -115,3 +115,38 @@ class StepProgress:
             self._lines.close()
         elif self._progress is not None:
             self._progress.__exit__(*exc)
+
+
+class CountProgress:
+    """Progress of `total` items (episodes, tasks) with a detail text ("412 solved"): a transient
+    rich bar on a terminal `console`, plain LineProgress lines with `plain` (default: the console
+    is not a terminal). `update(done, detail)`; use as a context manager."""
+
+    def __init__(self, label: str, total: int, console=None, *, plain: bool | None = None, every: float = EVERY_S,
+                 clock: Callable[[], float] = time.monotonic, write: Callable[[str], None] = _flushed_print):
+        self.label, self.total, self.console = label, total, console
+        terminal = console.is_terminal if console is not None else is_terminal()
+        self.plain = (not terminal) if plain is None else plain
+        self._lines = LineProgress(label, total, every=every, clock=clock, write=write) if self.plain else None
+        self._progress = self._task = None
+
+    def __enter__(self) -> "CountProgress":
+        if self._lines is None:
+            self._progress = Progress(TextColumn(self.label), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+                                      console=self.console, transient=True)
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self.label, total=self.total, detail="")
+        return self
+
+    def update(self, done: int, detail: str = "") -> None:
+        if self._lines is not None:
+            self._lines.update(done, detail)
+        else:
+            self._progress.update(self._task, completed=done, detail=detail)
+
+    def __exit__(self, *exc) -> None:
+        if self._lines is not None:
+            self._lines.close()
+        else:
+            self._progress.__exit__(*exc)
