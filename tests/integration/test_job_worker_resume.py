@@ -4,6 +4,7 @@ the lease runs out; pausing a running job checkpoints it, and resuming finishes 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -35,8 +36,9 @@ def service(tmp_path):
     store = JobStore(data_file_url(tmp_path), tmp_path / "files")
     ft = FineTuning(store, {"tiny": base})
     content = "".join(json.dumps(r) + "\n" for r in ROWS).encode()
-    f = ft.upload("default", "train.jsonl", "fine-tune", content)
+    f = ft.upload("default", "train.jsonl", "fine-tune", io.BytesIO(content))
     yield tmp_path, base, store, ft, f["id"]
+    ft.close()
     store.close()
 
 
@@ -157,6 +159,8 @@ def test_queued_jobs_outlive_the_server_that_took_them(tmp_path):
 
     store, service, srv, client = server()  # a new server process would read the same database
     try:
+        # the first server may have stopped before checking the files: the new one checks them
+        until(lambda: client.fine_tuning.jobs.retrieve(job.id).status != "validating_files", 60, "the file check")
         assert client.fine_tuning.jobs.retrieve(job.id).status == "queued"
         JobWorker(store, {"tiny": base}, tmp_path / "jobs", heartbeat_s=0.2, threads=1, log=lambda m: None).run_one()
         done = client.fine_tuning.jobs.retrieve(job.id)

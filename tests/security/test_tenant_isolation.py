@@ -51,8 +51,8 @@ def world(request, tmp_path_factory):
     auth = KeyAuth(keys, rate_per_s=1000, burst=1000, cache_s=0)
     traces = TraceStore(url)  # the job store's database: the stores share one
     service = OpenAIService(base, name="tiny", default_max_tokens=4, trace_sink=TraceStoreSink(traces))
-    srv = BackgroundServer(create_app(service, fine_tuning=FineTuning(store, {"tiny": base}), tenant_of=auth,
-                                      trace_store=traces)).start()
+    fine_tuning = FineTuning(store, {"tiny": base})
+    srv = BackgroundServer(create_app(service, fine_tuning=fine_tuning, tenant_of=auth, trace_store=traces)).start()
     a = httpx.Client(base_url=srv.url, headers={"authorization": f"Bearer {key_a}"}, timeout=60)
     b = httpx.Client(base_url=srv.url, headers={"authorization": f"Bearer {key_b}"}, timeout=60)
     up = a.post("/v1/files", files={"file": ("t.jsonl", io.BytesIO(json.dumps(ROW).encode() + b"\n"))},
@@ -62,6 +62,7 @@ def world(request, tmp_path_factory):
     job = a.post("/v1/fine_tuning/jobs", json={"model": "tiny", "training_file": file_id, "suffix": "a",
                                                "method": {"type": "supervised", "supervised": {
                                                    "hyperparameters": {"n_epochs": 2, "batch_size": 1}}}}).json()
+    assert fine_tuning.validator.wait(60)  # its files checked: queued
     JobWorker(store, {"tiny": base}, root / "jobs", heartbeat_s=0.2, threads=1, log=lambda m: None).run_one()
     done = a.get(f"/v1/fine_tuning/jobs/{job['id']}").json()
     assert done["status"] == "succeeded", done

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -87,8 +88,8 @@ def test_auto_rules_worked_by_hand():
         resolve("supervised", {}, 0)
 
 
-def jsonl(*rows) -> bytes:
-    return "\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows).encode() + b"\n"
+def jsonl(*rows) -> io.BytesIO:
+    return io.BytesIO("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows).encode() + b"\n")
 
 
 def test_supervised_rows_report_every_bad_line_by_number():
@@ -121,4 +122,4 @@ def test_dpo_and_reinforcement_rows():
     answered = {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}
     report = check_file(jsonl(item, answered), "reinforcement")
     assert report.rows == 1 and "end before the answer" in report.problems[0][1]
-    assert check_file(b"\n\n", "supervised").message("f") == "f has no rows"
+    assert check_file(io.BytesIO(b"\n\n"), "supervised").message("f") == "f has no rows"

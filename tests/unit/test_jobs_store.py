@@ -3,6 +3,7 @@ when FLYWHEEL_TEST_POSTGRES_URL names a database (make test-all starts one), on 
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 
@@ -26,8 +27,13 @@ def store(url, tmp_path):
     s.close()
 
 
+def add_file(store, tenant: str, filename: str, content: bytes) -> dict:
+    staged = store.stage(io.BytesIO(content), filename, "fine-tune", max_bytes=2 ** 20, max_line_bytes=2 ** 10)
+    return store.add_file(tenant, filename, "fine-tune", staged)
+
+
 def job(store, tenant="a", file_id=None):
-    file_id = file_id or store.add_file(tenant, "t.jsonl", "fine-tune", b"{}\n", 1)["id"]
+    file_id = file_id or add_file(store, tenant, "t.jsonl", b"{}\n")["id"]
     j = store.create_job(tenant, model="tiny", method=METHOD, training_file=file_id, validation_file=None,
                          suffix=None, seed=0, meta=None)
     store.set_validated(j["id"], error=None, hyperparameters={}, method=METHOD)
@@ -35,7 +41,7 @@ def job(store, tenant="a", file_id=None):
 
 
 def test_files_round_trip_and_belong_to_their_tenant(store):
-    f = store.add_file("a", "train.jsonl", "fine-tune", b'{"x": 1}\n', 1)
+    f = add_file(store, "a", "train.jsonl", b'{"x": 1}\n')
     assert store.file_path("a", f["id"]).read_bytes() == b'{"x": 1}\n'
     with pytest.raises(NotFound):
         store.get_file("b", f["id"])
@@ -66,7 +72,7 @@ def test_pages_newest_first_with_after_cursor(store):
 
 
 def test_validation_failure_fails_the_job_with_the_error(store):
-    f = store.add_file("a", "t.jsonl", "fine-tune", b"x\n", 1)
+    f = add_file(store, "a", "t.jsonl", b'{"x": 1}\n')
     j = store.create_job("a", model="tiny", method=METHOD, training_file=f["id"], validation_file=None, suffix=None,
                          seed=0, meta=None)
     assert j["status"] == "validating_files"

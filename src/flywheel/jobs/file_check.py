@@ -9,16 +9,18 @@ trains on it (pure: bytes in, a report out).
 - reinforcement: `{"messages": [...], "tools"?: [...], <any other field the grader reads as
   {{ item.<field> }}>}`, the messages ending before the answer the model is to sample.
 A message is an object with a known `role`; content is a string, a list of text parts, or
-null on an assistant message that calls tools. `check_file` reports every bad line with its
-number (1-based) and reason, up to `MAX_REPORTED`, and how many rows were good.
+null on an assistant message that calls tools. `check_file` reads a stream a line at a time and reports every bad
+line with its number (1-based) and reason, up to `MAX_REPORTED`, and how many rows were good.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 import orjson
+
+from flywheel.jsonl import MAX_LINE_BYTES, read_lines, too_long_reason
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
 MAX_REPORTED = 20
@@ -43,33 +45,36 @@ class FileReport:
         return f"{what} has {self.bad_rows} invalid line(s) of {self.rows + self.bad_rows}: {shown}{more}"
 
 
-def check_file(content: bytes, method_type: str) -> FileReport:
-    return check_rows(content, {"supervised": _supervised, "dpo": _dpo, "reinforcement": _reinforcement}[method_type])
+def check_file(f: BinaryIO, method_type: str, max_line_bytes: int = MAX_LINE_BYTES) -> FileReport:
+    return check_rows(f, {"supervised": _supervised, "dpo": _dpo, "reinforcement": _reinforcement}[method_type],
+                      max_line_bytes)
 
 
-def check_rows(content: bytes, check: Callable[[dict], str | None]) -> FileReport:
-    """The report of `check(row)` (a problem, or None) over every JSON-object line of `content`."""
+def check_rows(f: BinaryIO, check: Callable[[dict], str | None], max_line_bytes: int = MAX_LINE_BYTES) -> FileReport:
+    """The report of `check(row)` (a problem, or None) over every JSON-object line of the binary
+    stream `f`, read a line at a time (flywheel/jsonl.py: a leading BOM is dropped, a line over
+    `max_line_bytes` is a problem and is never read whole)."""
     report = FileReport()
-    for number, line in enumerate(content.splitlines(), start=1):
-        if not line.strip():
+    for line in read_lines(f, max_line_bytes):
+        if line.is_blank():
             continue
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            problem = f"not valid JSON ({exc})"
+        if line.too_long:
+            problem = too_long_reason(line, max_line_bytes)
         else:
-            problem = check(row) if isinstance(row, dict) else f"a row must be a JSON object, got {type(row).__name__}"
+            try:
+                row = orjson.loads(line.data)
+            except orjson.JSONDecodeError as exc:
+                problem = f"not valid JSON ({exc})"
+            else:
+                problem = check(row) if isinstance(row, dict) else \
+                    f"a row must be a JSON object, got {type(row).__name__}"
         if problem is None:
             report.rows += 1
         else:
             report.bad_rows += 1
             if len(report.problems) < MAX_REPORTED:
-                report.problems.append((number, problem))
+                report.problems.append((line.number, problem))
     return report
-
-
-def count_rows(content: bytes) -> int:
-    return sum(1 for line in content.splitlines() if line.strip())
 
 
 def _message_problem(m: Any, where: str) -> str | None:

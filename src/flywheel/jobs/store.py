@@ -17,20 +17,19 @@ claimable condition, so two workers never hold one job.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy import Select, bindparam, delete, func, insert, or_, select, update
 
 from flywheel import database
 from flywheel.clock import utc_naive, utc_now
 from flywheel.database import writing
-from flywheel.files import atomic_write
 from flywheel.jobs.tables import SCHEMA, CheckpointRow, EventRow, FileRow, FlywheelRow, JobRow
+from flywheel.jobs.upload import StagedUpload, stage_upload
 
 ACTIVE = ("validating_files", "queued", "running", "paused")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -100,14 +99,15 @@ class JobStore:
             raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for another request", "idempotency_key")
         return _dict(row)
 
-    def add_file(self, tenant: str, filename: str, purpose: str, content: bytes, lines: int,
-                 idempotency_key: str | None = None, request_hash: str | None = None) -> dict[str, Any]:
+    def add_file(self, tenant: str, filename: str, purpose: str, staged: StagedUpload,
+                 idempotency_key: str | None = None) -> dict[str, Any]:
+        """Store an upload staged in `files_dir` (jobs/upload.py): renamed into place, then its row."""
         file_id = new_id("file")
         path = self.files_dir / file_id
-        atomic_write(path, content)
-        row = dict(id=file_id, tenant=tenant, purpose=purpose, filename=filename, bytes=len(content), lines=lines,
-                   sha256=hashlib.sha256(content).hexdigest(), created_at=_now(), idempotency_key=idempotency_key,
-                   request_hash=request_hash)
+        os.replace(staged.path, path)
+        row = dict(id=file_id, tenant=tenant, purpose=purpose, filename=filename, bytes=staged.bytes,
+                   lines=staged.rows, sha256=staged.sha256, created_at=_now(), idempotency_key=idempotency_key,
+                   request_hash=staged.request_hash)
         try:
             with writing(self.engine) as conn:
                 conn.execute(insert(FileRow).values(**row))
@@ -115,6 +115,12 @@ class JobStore:
             path.unlink(missing_ok=True)
             raise
         return row
+
+    def stage(self, source: BinaryIO, filename: str, purpose: str, *, max_bytes: int,
+              max_line_bytes: int) -> StagedUpload:
+        """`source` copied into a temporary file beside the stored ones and checked (jobs/upload.py)."""
+        return stage_upload(source, self.files_dir, filename, purpose, max_bytes=max_bytes,
+                            max_line_bytes=max_line_bytes)
 
     def get_file(self, tenant: str, file_id: str) -> dict[str, Any]:
         with self.engine.connect() as conn:
@@ -170,6 +176,13 @@ class JobStore:
             rows = [r for r in rows if all((r["metadata"] or {}).get(k) == v for k, v in metadata.items())]
             rows, more = rows[:limit], len(rows) > limit or more
         return rows, more
+
+    def validating(self) -> list[dict[str, Any]]:
+        """Every tenant's jobs in `validating_files`, oldest first (to check after a restart)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(JobRow.__table__).where(JobRow.status == "validating_files")
+                                .order_by(JobRow.created_at)).all()
+        return [_dict(r) for r in rows]
 
     def set_validated(self, job_id: str, *, error: dict[str, Any] | None, hyperparameters: dict[str, Any] | None,
                       method: dict[str, Any] | None = None) -> None:

@@ -151,6 +151,8 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     async def lifespan(app: FastAPI):
         if pool is not None:
             pool.start()
+        if fine_tuning is not None:
+            fine_tuning.start()
         for poller in (aliases, trigger):
             if poller is not None:
                 poller.start()
@@ -163,6 +165,8 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
                 poller.close()
         if pool is not None:
             pool.close()
+        if fine_tuning is not None:
+            fine_tuning.close()
         served.close()
         if close_service_on_shutdown:
             service.close()

@@ -2,31 +2,34 @@
 job creation with its checks, and the models a tenant may use. Knows nothing of HTTP: it
 raises `OpenAIError`s, which the app answers in OpenAI's shape.
 
+An upload is streamed to disk and checked a line at a time as it goes (jobs/upload.py): JSON
+objects in UTF-8, each line at most `max_line_bytes`, whatever the file's size.
+
 Creating a job checks, before anything is stored: the request's fields (jobs/requests.py),
 that the model is a base model this server offers or a fine-tuned model of the tenant, and
 that the files are the tenant's `fine-tune` files. The job row is then created in
-`validating_files`, its rows are checked against the method's format (jobs/file_check.py) and
-the job is queued with its "auto" hyperparameters resolved, or failed with an error naming
-the bad lines. A worker (service/job_worker.py) takes it from the queue.
+`validating_files` and the call returns; its rows are checked against the method's format
+and its tokens counted in a process of their own (service/job_validation.py), and the job is
+queued with its "auto" hyperparameters resolved, or failed with an error naming the bad
+lines. A worker (service/job_worker.py) takes it from the queue.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 from sqlalchemy.exc import IntegrityError
 
 from flywheel.jobs import JobRequest, JobStore, JobStoreError, RequestError
-from flywheel.jobs.file_check import check_file, check_rows, count_rows
-from flywheel.jobs.hyperparameters import resolve
 from flywheel.jobs.limits import TenantLimits
 from flywheel.jobs.objects import file_object, job_object
+from flywheel.jobs.upload import StagedUpload, UploadError
 from flywheel.service.errors import OpenAIError
+from flywheel.service.job_validation import ENV_GRADER, JobValidator
 
 PURPOSES = ("fine-tune",)
 RUNNABLE = ("supervised", "dpo", "reinforcement")  # methods a worker trains (service/job_worker.py)
@@ -47,39 +50,51 @@ class FineTuning:
         self.base_models = {name: Path(p) for name, p in base_models.items()}
         self.limits = limits
         self.max_file_bytes = limits.max_file_bytes
+        self.validator = JobValidator(jobs, limits, self.model_path)
+
+    def start(self) -> None:
+        """Check the files of jobs a stopped server left in `validating_files`."""
+        self.validator.resume()
+
+    def close(self) -> None:
+        """Stop checking files (a job being checked is checked again by the next `start`)."""
+        self.validator.close()
 
     # ------------------------------------------------------------------ files
 
-    def upload(self, tenant: str, filename: str, purpose: str, content: bytes,
+    def upload(self, tenant: str, filename: str, purpose: str, source: BinaryIO,
                idempotency_key: str | None = None) -> dict[str, Any]:
-        """A new file; with `idempotency_key`, a retry of the same upload gets the same file."""
-        request_hash = hashlib.sha256(b"\0".join([filename.encode(), purpose.encode(), content])).hexdigest()
-        if idempotency_key is not None:
-            earlier = self._earlier("file", tenant, idempotency_key, request_hash)
-            if earlier is not None:
-                return file_object(earlier)
+        """A new file from the binary stream `source`; with `idempotency_key`, a retry of the
+        same upload gets the same file."""
+        if purpose not in PURPOSES:
+            raise OpenAIError(f"purpose must be one of {', '.join(PURPOSES)} on this server, got {purpose!r}",
+                              param="purpose")
         try:
-            return self._upload(tenant, filename, purpose, content, idempotency_key, request_hash)
+            staged = self.jobs.stage(source, filename, purpose, max_bytes=self.max_file_bytes,
+                                     max_line_bytes=self.limits.max_line_bytes)
+        except UploadError as exc:
+            raise OpenAIError(str(exc), param="file", status=413 if exc.too_large else 400) from None
+        try:
+            if idempotency_key is not None:
+                earlier = self._earlier("file", tenant, idempotency_key, staged.request_hash)
+                if earlier is not None:
+                    return file_object(earlier)
+            return self._add_file(tenant, filename, purpose, staged, idempotency_key)
+        finally:
+            staged.path.unlink(missing_ok=True)  # gone already unless it was not stored
+
+    def _add_file(self, tenant: str, filename: str, purpose: str, staged: StagedUpload,
+                  idempotency_key: str | None) -> dict[str, Any]:
+        try:
+            return file_object(self.jobs.add_file(tenant, filename, purpose, staged, idempotency_key=idempotency_key))
         except IntegrityError:  # a concurrent retry with the same key stored it first
-            return file_object(self._earlier("file", tenant, idempotency_key, request_hash))
+            return file_object(self._earlier("file", tenant, idempotency_key, staged.request_hash))
 
     def _earlier(self, kind: str, tenant: str, key: str, request_hash: str) -> dict[str, Any] | None:
         try:
             return self.jobs.find(kind, tenant, key, request_hash)
         except JobStoreError as exc:
             raise store_error(exc) from None
-
-    def _upload(self, tenant: str, filename: str, purpose: str, content: bytes, idempotency_key: str | None,
-                request_hash: str) -> dict[str, Any]:
-        if purpose not in PURPOSES:
-            raise OpenAIError(f"purpose must be one of {', '.join(PURPOSES)} on this server, got {purpose!r}",
-                              param="purpose")
-        if len(content) > self.max_file_bytes:
-            raise OpenAIError(f"file is {len(content)} bytes; the limit is {self.max_file_bytes}", param="file",
-                              status=413)
-        lines = jsonl_lines(content, filename)
-        return file_object(self.jobs.add_file(tenant, filename, purpose, content, lines,
-                                              idempotency_key=idempotency_key, request_hash=request_hash))
 
     # ------------------------------------------------------------------ jobs
 
@@ -119,7 +134,7 @@ class FineTuning:
                                        idempotency_key=idempotency_key, request_hash=request_hash)
         except (JobStoreError, RequestError) as exc:
             raise store_error(exc) from None
-        self._validate(row["id"], tenant, req)
+        self.validator.submit(row["id"], tenant, req)
         return job_object(self.jobs.get_job(tenant, row["id"]))
 
     def _fine_tune_file(self, tenant: str, file_id: str, param: str) -> dict[str, Any]:
@@ -130,42 +145,6 @@ class FineTuning:
         if f["purpose"] != "fine-tune":
             raise OpenAIError(f"{param}: file {file_id} has purpose {f['purpose']!r}, not 'fine-tune'", param=param)
         return f
-
-    def _validate(self, job_id: str, tenant: str, req: JobRequest) -> None:
-        """validating_files -> queued with resolved hyperparameters, or failed naming bad lines."""
-        n_rows = 0
-        for param in ("training_file", "validation_file"):
-            file_id = getattr(req, param)
-            if file_id is None:
-                continue
-            content = self.jobs.file_path(tenant, file_id).read_bytes()
-            env_job = (req.grader or {}).get("type") == ENV_GRADER
-            report = check_rows(content, environment_task_problem) if env_job else check_file(content, req.method_type)
-            if not report.ok:
-                error = {"code": f"invalid_{param}", "param": param,
-                         "message": report.message(f"{param} {file_id} ({req.method_type} format)")}
-                self.jobs.set_validated(job_id, error=error, hyperparameters=None)
-                return
-            if param == "training_file":
-                n_rows = report.rows
-        resolved = resolve(req.method_type, req.hyperparameters, n_rows)
-        tokens = resolved["n_epochs"] * self._tokens(tenant, req)
-        if tokens > self.limits.max_job_tokens:
-            error = {"code": "too_many_tokens", "param": "training_file",
-                     "message": f"the job would train on {tokens:,} tokens ({resolved['n_epochs']} epochs of the "
-                                f"training file); this tenant's limit is {self.limits.max_job_tokens:,}"}
-            self.jobs.set_validated(job_id, error=error, hyperparameters=None)
-            return
-        self.jobs.set_validated(job_id, error=None, hyperparameters=resolved, method=req.method(resolved))
-
-    def _tokens(self, tenant: str, req: JobRequest) -> int:
-        """Tokens of the training file's message texts under the base model's tokenizer."""
-        tokenizer = _tokenizer(str(self.model_path(tenant, req.model)))
-        total = 0
-        for line in self.jobs.file_path(tenant, req.training_file).read_bytes().splitlines():
-            if line.strip():
-                total += len(tokenizer.encode(_texts(orjson.loads(line)), add_special_tokens=False))
-        return total
 
     # ------------------------------------------------------------------ models
 
@@ -220,31 +199,6 @@ class FineTuning:
         return cards
 
 
-def jsonl_lines(content: bytes, filename: str) -> int:
-    """The number of JSON-object lines of an upload; a 400 naming the first line that is not one."""
-    try:
-        content.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise OpenAIError(f"file {filename!r} is not UTF-8 text (byte {exc.start})", param="file") from None
-    for number, line in enumerate(content.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            raise OpenAIError(f"file {filename!r} is not JSONL: line {number} is not valid JSON", param="file") from None
-        if not isinstance(value, dict):
-            raise OpenAIError(f"file {filename!r} is not JSONL of objects: line {number} is a "
-                              f"{type(value).__name__}", param="file")
-    lines = count_rows(content)
-    if lines == 0:
-        raise OpenAIError(f"file {filename!r} has no rows", param="file")
-    return lines
-
-
-ENV_GRADER = "flywheel_environment"  # flywheel's extension: {"type", "env", "settings"}, rows are its tasks
-
-
 def score_model_names(spec: Any) -> set[str]:
     """The models a grader's score_model graders (at any depth of a multi) ask."""
     if not isinstance(spec, dict):
@@ -287,19 +241,6 @@ def check_environment(spec: dict[str, Any], where: str) -> None:
                           param=f"{where}.env") from None
 
 
-def environment_task_problem(row: dict[str, Any]) -> str | None:
-    """What is wrong with a row of an environment job (`{"task": {Task fields}}`), or None."""
-    from flywheel.envs.replay import task_from_dict
-
-    if not isinstance(row.get("task"), dict):
-        return 'a row must be {"task": {prompt, answer, ...}}'
-    try:
-        task_from_dict(row["task"], default_id="row")
-    except ValueError as e:
-        return f"task: {e}"
-    return None
-
-
 def run_checked(grader, model_sample: str, item: dict[str, Any]) -> dict[str, Any]:
     """A checked grader's answer for one sample; a 400 when it cannot grade it."""
     from flywheel.envs.graders import GraderError, sample_of
@@ -308,21 +249,3 @@ def run_checked(grader, model_sample: str, item: dict[str, Any]) -> dict[str, An
         return grader.run(sample_of(model_sample), item)
     except GraderError as e:
         raise OpenAIError(str(e), param=e.param) from None
-
-
-@functools.lru_cache(maxsize=8)
-def _tokenizer(path: str):
-    from flywheel.models import load_tokenizer
-
-    return load_tokenizer(path)
-
-
-def _texts(row: Any) -> str:
-    """Every string in a row (message contents, tool calls, DPO outputs), joined: what a job trains on."""
-    if isinstance(row, str):
-        return row
-    if isinstance(row, dict):
-        return "\n".join(_texts(v) for v in row.values())
-    if isinstance(row, list):
-        return "\n".join(_texts(v) for v in row)
-    return ""

@@ -78,9 +78,11 @@ def finetune_router(ft: FineTuning, tenant_of: Callable[[Request], str]) -> APIR
             raise OpenAIError("file: a file part is required", param="file")
         if not isinstance(purpose, str):
             raise OpenAIError("purpose: required (fine-tune)", param="purpose")
-        content = await file.read()
-        obj = await asyncio.to_thread(ft.upload, tenant, file.filename or "upload.jsonl", purpose, content,
-                                      request.headers.get("idempotency-key"))
+        try:  # the parser spooled the part to a temporary file: it is checked a line at a time from there
+            obj = await asyncio.to_thread(ft.upload, tenant, file.filename or "upload.jsonl", purpose, file.file,
+                                          request.headers.get("idempotency-key"))
+        finally:
+            await file.close()
         return JSONResponse(obj)
 
     @router.get("/v1/files", **route_doc(ok="FileList", errors={400: "a bad limit, order or cursor", **NOT_FOUND}))

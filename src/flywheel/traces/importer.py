@@ -1,7 +1,8 @@
 """Import traces from a JSONL file (one trace per line, the TraceIn shape) into a TraceStore.
 
-Lines are read and stored in batches; a bad line is reported as (line number, reason) and
-the rest are stored. Re-running on the same file adds nothing: a line without its own
+Lines are read one at a time (flywheel/jsonl.py: a leading byte-order mark is dropped, a line
+over MAX_LINE_BYTES is a bad line) and stored in batches; a bad line is reported as (line
+number, reason) and the rest are stored. Re-running on the same file adds nothing: a line without its own
 `idempotency_key` gets one derived from its content, `jsonl:<sha256 of the line>:<n>`, where
 n counts earlier identical lines of the file. Unlike a key from the whole file's hash plus the
 line number, this survives appending to the file and fixing a bad line (the lines already
@@ -16,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flywheel.jsonl import MAX_LINE_BYTES, read_lines, too_long_reason
 from flywheel.traces.store import TraceStore
 
 
@@ -47,11 +49,14 @@ def import_jsonl(store: TraceStore, path: str | Path, *, source: str | None = No
         batch.clear()
 
     with path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            line = raw.strip()
-            if not line:
+        for read in read_lines(f, MAX_LINE_BYTES):
+            if read.is_blank():
                 continue
+            number, line = read.number, read.data.strip()
             report.lines += 1
+            if read.too_long:
+                report.errors.append((number, f"the line is {too_long_reason(read, MAX_LINE_BYTES)}"))
+                continue
             try:
                 record = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:

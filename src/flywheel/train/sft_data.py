@@ -29,6 +29,7 @@ from typing import Any, Callable
 from jinja2.exceptions import TemplateError
 
 from flywheel.config import SFTDataConfig
+from flywheel.jsonl import MAX_LINE_BYTES, read_lines, too_long_reason
 from flywheel.models.chat import ChatRenderer, ChatTemplateError
 from flywheel.types import Message
 
@@ -97,13 +98,15 @@ def load_sft_examples(paths: list[str], tokenizer, cfg: SFTDataConfig,
     for path in paths:
         first_example, first_line = len(examples), report.lines
         with open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if not raw.strip():
+            for line in read_lines(f, MAX_LINE_BYTES):
+                if line.is_blank():
                     continue
                 report.lines += 1
-                source = f"{path}:{lineno}"
+                source = f"{path}:{line.number}"
                 try:
-                    ids, mask = encoder.encode_line(raw)
+                    if line.too_long:
+                        raise _BadLine(f"the line is {too_long_reason(line, MAX_LINE_BYTES)}")
+                    ids, mask = encoder.encode_line(line.data)
                 except _BadLine as bad:
                     if cfg.on_error == "raise":
                         raise DataError(f"{source}: {bad.reason}") from None
@@ -149,7 +152,7 @@ class _LineEncoder:
 
     def encode_line(self, raw: bytes) -> tuple[list[int], list[int]]:
         try:
-            row = json.loads(raw.decode("utf-8").rstrip("\r\n"))
+            row = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
             raise _BadLine(f"not valid UTF-8 (byte {e.start})") from None
         except json.JSONDecodeError as e:
