@@ -56,6 +56,7 @@ def cumulative_figure(report: EconomicsReport) -> Figure | None:
     for c, (x, y) in zip(report.cycles, report.curve[1:]):
         ax.annotate(c.cycle, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.axhline(0, color="grey", linewidth=0.5)
+    ax.margins(x=0.06, y=0.1)  # room for the last cycle's label inside the frame
     ax.set_xlabel("cumulative cost (USD)")
     ax.set_ylabel("cumulative realised gain\n(accuracy points)")
     ax.set_title(f"Intelligence per dollar: points on the {report.eval_name}\n"
