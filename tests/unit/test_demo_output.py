@@ -15,7 +15,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from flywheel.demo.cycle_log import CycleLog, stage_line
+from flywheel.demo.cycle_log import CycleLog, gate_line, stage_line
 from flywheel.demo.report import family_figure, markdown_table, write_table
 from flywheel.demo.run import DayRow, _write_report
 from flywheel.demo.summary import summarize, summary_lines
@@ -61,6 +61,13 @@ def test_the_console_gets_one_line_per_stage_and_the_file_every_line(tmp_path):
     written = (tmp_path / "cycles.log").read_text().splitlines()
     assert [w.split(" ", 1)[1] for w in written] == [m for m, _ in CYCLE_MESSAGES]
     assert all(re.fullmatch(r"\d\d:\d\d:\d\d", w.split(" ", 1)[0]) for w in written)
+
+
+def test_the_gate_line_is_the_deciding_reason_of_a_decided_cycle():
+    assert gate_line("c2", "rejected", WHY_REJECTED) == "c2: gate: " + WHY_REJECTED
+    assert gate_line("c3", "promoted", "new_failures ... >= delta 5.0 pts") == "c3: gate: new_failures ... >= delta 5.0 pts"
+    assert gate_line("c4", "waiting", "too few new failures to decide: 5 < 20; waiting") is None  # echoed already
+    assert gate_line("c5", "nothing to train", "sft skipped (budget spent)") is None
 
 
 def rows() -> list[DayRow]:

@@ -44,3 +44,10 @@ class CycleLog:
             f.write(f"{stamp} {message}\n")
         if stage_line(message):
             self.echo(message)
+
+
+def gate_line(cycle: str | None, outcome: str, why: str) -> str | None:
+    """The console's line for a cycle's gate decision (its deciding reason), or None when the
+    gate did not decide: a cycle that waited for more failures or had nothing to train, whose
+    stage lines already said so."""
+    return f"{cycle}: gate: {why}" if outcome in ("promoted", "rejected") else None

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.demo.base import BaseRecipe, base_demos, base_model
-from flywheel.demo.cycle_log import CycleLog
+from flywheel.demo.cycle_log import CycleLog, gate_line
 from flywheel.demo.report import pct
 from flywheel.demo.summary import summarize, summary_lines  # noqa: F401  (summary_lines: cli/demo.py's)
 from flywheel.demo.world import ENV, WorldConfig, day_plan
@@ -164,8 +164,8 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
                     st = run_cycle(fw, log=cycle_log)
                     serving.switch_now()
                     _fill_cycle(row, st, cfg, fw)
-                    if row.why:
-                        console.print(f"  {row.cycle}: gate: {row.why}", markup=False, highlight=False)
+                    if gate := gate_line(row.cycle, row.outcome, row.why):
+                        console.print(f"  {gate}", markup=False, highlight=False)
                     if not row.production:  # no candidate was evaluated: production did not change
                         row.production = dict(rows[-2].production) if len(rows) > 1 else dict(start_scores)
                     before = rows[-2].final if len(rows) > 1 else final_start
