@@ -50,8 +50,11 @@ def test_every_receiver_gets_each_version_whole():
         with pytest.raises(ValueError, match=r"'a' has shape \(4, 3\)"):
             publisher.publish({**weights(9.0), "a": torch.zeros(4, 3)}, 9)
     finally:
-        for end in (publisher, *receivers):
+        for end in (*receivers, publisher):  # receivers first: their threads end before the store
             end.close()
+    # no receiving thread outlives close(): one left polling the store after its publisher
+    # closed printed a c10d backtrace in the middle of later tests
+    assert [t.name for t in threading.enumerate() if t.name.startswith("weights-rank")] == []
 
 
 def test_a_local_engine_takes_the_newest_version_from_a_receiver(tmp_path):
@@ -70,8 +73,8 @@ def test_a_local_engine_takes_the_newest_version_from_a_receiver(tmp_path):
         assert all(torch.equal(p.detach(), newer[k]) for k, p in model.named_parameters())
         assert not engine.receive(receiver)  # nothing newer
     finally:
-        publisher.close()
         receiver.close()
+        publisher.close()
 
 
 def test_a_broken_group_ends_the_receivers_with_the_error():
@@ -104,5 +107,5 @@ def test_a_pause_longer_than_the_groups_timeout_loses_nothing(monkeypatch):
         for r in receivers:
             assert r.wait_newer(1, timeout_s=10) == 2 and r.error is None
     finally:
-        for end in (publisher, *receivers):
+        for end in (*receivers, publisher):  # receivers first: their threads end before the store
             end.close()

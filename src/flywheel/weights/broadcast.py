@@ -199,6 +199,9 @@ class BroadcastTransport(WeightTransport):
             return version
 
     def close(self) -> None:
+        """Leave the group. A receiver's thread has ended when this returns (it would otherwise
+        go on polling a store whose publisher may be gone, and c10d prints a backtrace for
+        that): close receivers before their publisher."""
         self._closed = True
         group, self.group = self.group, None
         if group is not None and hasattr(group, "abort"):
@@ -206,4 +209,6 @@ class BroadcastTransport(WeightTransport):
                 group.abort()
             except Exception:  # noqa: BLE001
                 pass
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(_POLL.total_seconds() * 5)
         self.store = None
