@@ -362,6 +362,12 @@ class JobStore:
         with writing(self.engine) as conn:
             self._event(conn, job_id, message, level=level, type=type, data=data)
 
+    def metric_steps(self, job_id: str) -> set[int]:
+        """The steps the job's `metrics` events report (across its attempts)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(EventRow.data).where(EventRow.job_id == job_id, EventRow.type == "metrics"))
+            return {int(data["step"]) for (data,) in rows if data and "step" in data}
+
     def list_events(self, tenant: str, job_id: str, *, after: str | None = None,
                     limit: int = 20) -> tuple[list[dict[str, Any]], bool]:
         with self.engine.connect() as conn:

@@ -188,8 +188,9 @@ class JobWorker:
         (job_dir / "run.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
         (job_dir / "result.json").unlink(missing_ok=True)
         hp = job["method"][job["method"]["type"]]["hyperparameters"]
-        progress = _Progress(self.store, job, job_dir, math.ceil(hp["n_epochs"] * n_rows / hp["batch_size"]),
+        progress = JobProgress(self.store, job, job_dir, math.ceil(hp["n_epochs"] * n_rows / hp["batch_size"]),
                              self.metrics_every)
+        progress.begin()
         t0 = time.perf_counter()
         returncode, asked = self._run_child(job, job_dir, progress.publish)
         seconds = time.perf_counter() - t0
@@ -329,7 +330,7 @@ class JobWorker:
         for endpoint in Webhooks(self.store.engine).endpoints(job["tenant"], event):
             threading.Thread(target=send, args=(endpoint,), name="flywheel-webhook", daemon=True).start()
 
-    def _record_cost(self, job: dict[str, Any], seconds: float, progress: _Progress) -> None:
+    def _record_cost(self, job: dict[str, Any], seconds: float, progress: JobProgress) -> None:
         stage = f"finetune_{STAGES[job['method']['type']]}"
         self.ledger.record(stage, hardware=self.hardware, seconds=seconds, run=job["id"],
                            key=f"{job['id']}:attempt-{job['attempts']}:{self.name}",
@@ -364,8 +365,11 @@ class _CycleStages:
         self.store.add_event(self.job_id, f"Cycle {st.id}: {st.stage}", type="message", data=data)
 
 
-class _Progress:
-    """What a running job has done so far, published as events and checkpoints."""
+class JobProgress:
+    """What a running job has done so far, published as events and checkpoints: each step's
+    `metrics` event once across the job's attempts (an attempt that resumes from a checkpoint
+    trains again the steps after it, which the attempt before may have reported; and
+    metrics.jsonl holds every attempt's lines)."""
 
     def __init__(self, store: JobStore, job: dict[str, Any], job_dir: Path, total_steps: int, every: int):
         self.store, self.job, self.job_dir = store, job, job_dir
@@ -374,6 +378,21 @@ class _Progress:
         self.offset = 0
         self.last_step = 0
         self.by_step: dict[int, dict[str, Any]] = {}
+        self.published: set[int] = set()
+
+    def begin(self) -> None:
+        """Before an attempt trains: the steps reported so far, and an event naming the step the
+        attempt resumes from when an earlier one left a checkpoint."""
+        from flywheel.train.checkpoint import latest_checkpoint  # torch: only once training begins
+
+        self.published = self.store.metric_steps(self.job["id"])
+        self._metrics()  # earlier attempts' lines: what a killed worker did not get to report
+        ckpt = latest_checkpoint(self.job_dir / "train")
+        self.last_step = 0 if ckpt is None else int(ckpt.name.split("_")[-1])  # where this attempt starts
+        if ckpt is not None:
+            step = self.last_step
+            self.store.add_event(self.job["id"], f"Fine-tuning job resumed from its checkpoint at step {step} "
+                                 f"(attempt {self.job['attempts']})", data={"resumed_from_step": step})
 
     def publish(self) -> None:
         self._metrics()
@@ -396,7 +415,9 @@ class _Progress:
             self.by_step.setdefault(step, {}).update(record)
             if "loss" in record and step > self.last_step:
                 self.last_step = step
+            if "loss" in record and step not in self.published:
                 if step % self.every == 0 or step == self.total_steps:
+                    self.published.add(step)
                     data = {"step": step, "train_loss": record["loss"], "total_steps": self.total_steps}
                     if "reward_mean" in record:
                         data["train_reward_mean"] = record["reward_mean"]
