@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from flywheel.cli.threads import set_threads, threads_option
 from flywheel.demo.run import DEMO_RECIPE, DemoRecipe, run_demo, summary_lines
 from flywheel.demo.world import WorldConfig
 
@@ -29,7 +30,7 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
          final_tasks: int = typer.Option(DEMO_RECIPE.final_tasks, min=1,
                                          help="tasks per family of the independent final test"),
          seed: int = typer.Option(_W.seed, help="the world's seed: which questions users ask, which failures they correct"),
-         threads: int = typer.Option(2, min=1)) -> None:
+         threads: int = threads_option()) -> None:
     """A simulated production world drifts week by week; the flywheel serves it, curates its
     failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""
     world = WorldConfig(weeks=weeks, days_per_week=days, episodes_per_day=episodes, correction_rate=correction_rate,
@@ -37,6 +38,6 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
     recipe = DemoRecipe(sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks, replay_ratio=replay_ratio,
                     min_replay=min_replay, anchor_rows=anchor_rows, dpo_steps=dpo_steps,
                     min_new_failures=min_new_failures, final_tasks=final_tasks)
-    _, summary = run_demo(out, world, recipe, threads=threads)
+    _, summary = run_demo(out, world, recipe, threads=set_threads(threads))
     for line in summary_lines(summary):
         print(line)

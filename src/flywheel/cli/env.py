@@ -8,6 +8,7 @@ import json
 import typer
 
 from flywheel.cli.errors import user_errors
+from flywheel.cli.threads import set_threads, threads_option
 
 app = typer.Typer(help="Inspect environments and play episodes.", no_args_is_help=True)
 
@@ -64,7 +65,8 @@ def try_(name: str,
          k: int = typer.Option(3, "-k", min=1, help="episodes to play"),
          split: str = typer.Option("test"), seed: int = typer.Option(0),
          temperature: float = typer.Option(0.0, min=0.0), max_tokens: int = typer.Option(256, min=1),
-         set_: list[str] = typer.Option([], "--set", help="env setting key=value (repeatable)")) -> None:
+         set_: list[str] = typer.Option([], "--set", help="env setting key=value (repeatable)"),
+         threads: int = threads_option()) -> None:
     """Play k episodes and print each transcript with its reward."""
     with user_errors():
         import asyncio
@@ -83,6 +85,7 @@ def try_(name: str,
 
             actor = ModelPolicy(LocalEngine.from_path(policy, seed=seed),
                                 SamplingParams(temperature=temperature, max_tokens=max_tokens))
+            set_threads(threads)
         results = asyncio.run(play(env, env.tasks(split, n=k, seed=seed), actor, concurrency=k))
         console = Console()
         for i, r in enumerate(results):

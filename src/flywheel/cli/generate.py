@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from flywheel.cli.errors import user_errors
+from flywheel.cli.threads import set_threads, threads_option
 
 
 def generate(model: Path = typer.Option(..., "--model", help="local model folder"),
@@ -16,17 +17,14 @@ def generate(model: Path = typer.Option(..., "--model", help="local model folder
              top_k: int = typer.Option(0, min=0), max_tokens: int = typer.Option(32, min=1),
              stop: list[str] = typer.Option([], "--stop", help="stop string (repeatable)"),
              chat: bool = typer.Option(False, help="wrap each prompt as a user message with the chat template"),
-             seed: int = typer.Option(None), threads: int = typer.Option(None, min=1),
+             seed: int = typer.Option(None), threads: int = threads_option(),
              show_logprobs: bool = typer.Option(False, "--logprobs")) -> None:
     """Sample from a local model with the LocalEngine."""
     with user_errors():
-        import torch
-
         from flywheel.inference import LocalEngine, SamplingParams
 
-        if threads:
-            torch.set_num_threads(threads)
         engine = LocalEngine.from_path(str(model), seed=seed)
+        set_threads(threads)  # after the load: a missing model is the one line said
         params = SamplingParams(n=n, temperature=temperature, top_p=top_p, top_k=top_k,
                                 max_tokens=max_tokens, stop=tuple(stop))
         if chat:

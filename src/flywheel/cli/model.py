@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from flywheel.cli.errors import user_errors
+from flywheel.cli.threads import set_threads, threads_option
 
 app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
 
@@ -33,11 +34,12 @@ def tiny(out: Path = typer.Option(..., "--out", help="folder to write the model 
 
 
 @app.command("demo-base")
-def demo_base() -> None:
-    """Build once (cached in $FLYWHEEL_CACHE, else ~/.cache/flywheel) and print the folder of the
-    demo's base model: a tiny chat model taught to answer additions ("What is 123 + 45?") by
+def demo_base(threads: int = threads_option()) -> None:
+    """Build once (cached in $FLYWHEEL_CACHE_DIR, else ~/.cache/flywheel) and print the folder of
+    the demo's base model: a tiny chat model taught to answer additions ("What is 123 + 45?") by
     calling a `calc` tool. A starting model for docs/loop.md when you have none of your own."""
     with user_errors():
         from flywheel.demo.base import base_model
 
+        set_threads(threads)
         typer.echo(base_model(log=lambda m: typer.echo(m, err=True)))

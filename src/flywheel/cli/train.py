@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from flywheel.cli.errors import user_errors
+from flywheel.cli.threads import set_threads
 
 CONFIG = typer.Argument(..., help="YAML config (see configs/)")
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -39,6 +40,7 @@ def _run(kind: str, ctx: typer.Context, config: Path) -> None:
 
         classes = {"sft": SFTConfig, "dpo": DPOConfig, "rl": RLConfig}
         cfg = load_config(config, classes[kind], ctx.args)
+        set_threads(cfg.threads)  # the config's `threads`, else the chosen default (train/rl.py splits it for RL)
         stop_on_signals()
         if kind == "sft":
             from flywheel.train.sft import run_sft as run

@@ -24,6 +24,7 @@ from pathlib import Path
 from flywheel.config import ConfigError, DPOConfig, RLConfig, SFTConfig, validate
 from flywheel.files import atomic_write
 from flywheel.process import die_with_parent
+from flywheel.threads import use_threads
 from flywheel.train.stop import request_stop
 
 RECIPES = {"sft": SFTConfig, "dpo": DPOConfig, "rl": RLConfig}
@@ -36,6 +37,8 @@ def run(job_dir: Path) -> int:
         return _cycle(job_dir, spec)
     try:
         cfg = validate(spec["config"], RECIPES[kind])
+        # the worker's --threads, else the CPUs this process may use less those busy (threads.py)
+        use_threads(cfg.threads, log=lambda m: print(m, flush=True))
         if kind == "sft":
             from flywheel.train.sft import run_sft as recipe
         elif kind == "dpo":
@@ -60,6 +63,8 @@ def _cycle(job_dir: Path, spec: dict) -> int:
 
     try:
         cfg = validate(spec["config"], LoopConfig)
+        # chosen as for a job; a stage's `threads`, where set, replaces it (train/run_state.py)
+        use_threads(None, log=lambda m: print(m, flush=True))
         with LoopStores(cfg, TraceScope.from_dict(spec["scope"])) as fw:
             st = run_cycle(fw, log=lambda m: print(m, flush=True), tag=spec.get("job_id"))
             prod = fw.registry.production()

@@ -24,7 +24,6 @@ The learner (train/learner.py: model, optimizer, schedule) runs in this process,
 from __future__ import annotations
 
 import json
-import os
 import time
 import warnings
 from contextlib import ExitStack
@@ -45,6 +44,8 @@ from flywheel.train.progress import StepProgress
 from flywheel.errors import TrainError
 from flywheel.train.run_state import start_run
 from flywheel.train.stop import Deadline, interrupted, interrupted_message
+from flywheel.threads import choose_threads, cpu_facts, usable_cpus
+from flywheel.cpu_wait import CpuWait
 from flywheel.weights.shm import recorded_segment_name
 
 SHM_RECORD = "rollout-weights.shm"  # name of the run's shared-memory segment, for cleanup after a kill
@@ -130,16 +131,26 @@ def _workers(cfg: RLConfig) -> int:
     return n
 
 
-def _worker_threads(cfg: RLConfig) -> int | None:
-    return cfg.rollout.threads or (1 if cfg.max_off_policy_steps > 0 else cfg.threads)
+def _worker_threads(cfg: RLConfig, n_workers: int) -> int | None:
+    """Per rollout worker process: `rollout.threads`; else 1 when asynchronous (the learner
+    keeps the rest); else `threads`; else (synchronous: the learner waits while they generate)
+    the CPUs this process may use shared among the workers (flywheel/threads.py)."""
+    if cfg.rollout.threads:
+        return cfg.rollout.threads
+    if cfg.max_off_policy_steps > 0:
+        return 1
+    if cfg.threads or not n_workers:
+        return cfg.threads
+    return choose_threads(cpu_facts(measure_busy=False), processes=n_workers).threads
 
 
 def _learner_threads(cfg: RLConfig, n_workers: int) -> int | None:
-    """`threads`, or when asynchronous the cores the workers leave: on a small machine a
-    torch thread pool that shares a core with a busy process slows down several-fold."""
+    """`threads`, or when asynchronous the CPUs this process may use (affinity, cgroup quota)
+    that the workers leave: on a small machine a torch thread pool that shares a core with a
+    busy process slows down several-fold."""
     if cfg.threads or not (n_workers and cfg.max_off_policy_steps > 0):
         return cfg.threads
-    return max(1, (os.cpu_count() or 1) - n_workers * (_worker_threads(cfg) or 1))
+    return max(1, usable_cpus() - n_workers * (_worker_threads(cfg, n_workers) or 1))
 
 
 def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_workers: int, worker_model: str,
@@ -170,7 +181,7 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
         log("warning: rollout.in_flight_updates with max_off_policy_steps=0: no update lands while a "
             "synchronous step's rollouts decode")
     spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings,
-                      transport_name=transport.name if transport else "", group_size=cfg.train.group_size, threads=_worker_threads(cfg),
+                      transport_name=transport.name if transport else "", group_size=cfg.train.group_size, threads=_worker_threads(cfg, n_workers),
                       seed=cfg.train.seed, device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine,
                       in_flight=cfg.rollout.in_flight_updates)
     if cfg.rollout.backend == "ray":  # actors on this node read the segment; the others, the object store
@@ -287,6 +298,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     deadline = Deadline(cfg.max_seconds)
     skipped_in_row = 0
     tokens_trained, tokens_generated, rollout_seconds = 0, 0, 0.0  # RLResult's
+    cpu_wait = CpuWait()  # warns when this process's threads wait for a CPU (oversubscribed)
     with StepProgress(cfg.train.steps, start=step, enabled=cfg.log.progress, description="rl",
                       metric="reward") as progress:
         while step < cfg.train.steps and not deadline.passed():
@@ -328,6 +340,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             if step % cfg.log.every == 0 or step == cfg.train.steps:
                 metrics_out.log(step, **record)
             progress.update(step, loss=record["reward_mean"], tokens_per_s=record["tokens_per_s"])
+            cpu_wait.after_step(step)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.train.steps:
                 run_eval()
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.train.steps:

@@ -38,6 +38,7 @@ from flywheel.train.progress import StepProgress
 from flywheel.errors import TrainError
 from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
 from flywheel.train.stop import Deadline, interrupted, interrupted_message
+from flywheel.cpu_wait import CpuWait
 from flywheel.train.schedule import warmup_cosine
 from flywheel.train.sft_data import Example, load_sft_examples
 
@@ -147,6 +148,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     should_stop = (lambda: dist.agree_stop(deadline)) if dist else deadline.passed
     stopped_early = False
     tokens_trained = 0  # SFTResult.tokens_trained
+    cpu_wait = CpuWait()  # warns when this process's threads wait for a CPU (oversubscribed)
     # ---- the loop
     with StepProgress(total_steps, start=step, enabled=cfg.log.progress) as progress:
         while step < total_steps and not should_stop():
@@ -189,6 +191,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
             if step % cfg.log.every == 0 or step == total_steps:
                 metrics.log(step, **record)
             progress.update(step, loss=loss_value, tokens_per_s=n_tokens / dt)
+            cpu_wait.after_step(step)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < total_steps:
                 if targets_met(evaluate(), cfg.eval.stop_at):
                     log(f"step {step}: every eval.stop_at target met {cfg.eval.stop_at}; stopping")
