@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from enum import Enum
 from pathlib import Path
 
 import typer
@@ -15,6 +16,13 @@ jobs_app = typer.Typer(help="Fine-tuning jobs on a flywheel server.", no_args_is
 
 BASE_URL = typer.Option(None, "--base-url", envvar="FLYWHEEL_BASE_URL",
                         help="the server (default http://127.0.0.1:8000)")
+ENV_GRADER = "flywheel_environment"
+
+
+class Method(str, Enum):
+    supervised = "supervised"
+    dpo = "dpo"
+    reinforcement = "reinforcement"
 
 
 @contextlib.contextmanager
@@ -54,7 +62,14 @@ def list_files(base_url: str = BASE_URL, limit: int = typer.Option(100, min=1)) 
 @jobs_app.command("create")
 def create(model: str = typer.Option(..., help="a base model the server offers, or a fine-tuned one"),
            training_file: str = typer.Option(..., help="a file id (flywheel files upload)"),
-           method: str = typer.Option("supervised", help="supervised or dpo"),
+           method: Method = typer.Option(None, help="default: reinforcement with --grader or --env, else "
+                                                     "supervised"),
+           grader: str = typer.Option(None, "--grader", help="reinforcement: the grader, a JSON file or inline "
+                                      "JSON: an OpenAI grader (string_check, python, multi, ...) or "
+                                      f'{{"type": "{ENV_GRADER}", "env": NAME, "settings": {{...}}}}'),
+           env: str = typer.Option(None, "--env", help="reinforcement: grade with this flywheel environment (a "
+                                   "built-in name or package.module:load), the training file's rows being "
+                                   '{"task": {...}}; --grader with settings for more'),
            validation_file: str = typer.Option(None), suffix: str = typer.Option(None),
            seed: int = typer.Option(None),
            hyper: list[str] = typer.Option([], "--set", help="a hyperparameter, NAME=VALUE (n_epochs=3, beta=0.1)"),
@@ -63,10 +78,11 @@ def create(model: str = typer.Option(..., help="a base model the server offers, 
            full: bool = typer.Option(False, "--full", help="train every weight (no LoRA adapter)"),
            wait: bool = typer.Option(False, help="follow the job with a progress bar until it ends"),
            base_url: str = BASE_URL) -> None:
-    """Create a job; prints its id and status (with --wait, its end)."""
+    """Create a job; prints its id and status (with --wait, its end). A reinforcement job needs
+    a grader: --grader (a JSON file or inline JSON) or --env NAME."""
     if lora_rank is not None and full:
-        print("error: --lora-rank and --full: choose one", file=sys.stderr)
-        raise typer.Exit(2)
+        _refuse("--lora-rank and --full: choose one")
+    kind, grader_spec = _method_and_grader(method, grader, env)
     hyperparameters: dict = {}
     if lora_rank is not None:
         hyperparameters["lora"] = {"rank": lora_rank, "alpha": 2 * lora_rank}
@@ -81,11 +97,46 @@ def create(model: str = typer.Option(..., help="a base model the server offers, 
             value = json.loads(value)  # numbers as numbers; "auto" and other words stay text
         hyperparameters[name] = value
     with client(base_url) as fw:
-        job = fw.jobs.create(model=model, training_file=training_file, method=method, validation_file=validation_file,
-                             suffix=suffix, seed=seed, **hyperparameters)
+        job = fw.jobs.create(model=model, training_file=training_file, method=kind, validation_file=validation_file,
+                             suffix=suffix, seed=seed, grader=grader_spec, **hyperparameters)
         _row(job.id, job.status)
         if wait:
             _end(fw.jobs.wait(job.id))
+
+
+def _refuse(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _method_and_grader(method: Method | None, grader: str | None, env: str | None) -> tuple[str, dict | None]:
+    """The job's method type and grader object from the flags; refuses (exit 2) a grader
+    without reinforcement, reinforcement without one, or one that is not a JSON object."""
+    if grader is not None and env is not None:
+        _refuse("--grader and --env: choose one (--grader takes an environment's settings)")
+    kind = method.value if method is not None else ("reinforcement" if grader or env else "supervised")
+    if kind != "reinforcement":
+        if grader is not None or env is not None:
+            _refuse(f"--grader and --env are for --method reinforcement, not {kind}")
+        return kind, None
+    if env is not None:
+        return kind, {"type": ENV_GRADER, "env": env}
+    if grader is None:
+        _refuse("--method reinforcement needs a grader: --grader FILE.json, --grader '{...}' (inline JSON) or "
+                "--env NAME (a flywheel environment)")
+    text, where = grader, "--grader"
+    if not grader.lstrip().startswith("{"):
+        try:
+            text, where = Path(grader).read_text(encoding="utf-8"), f"--grader {grader}"
+        except OSError as e:
+            _refuse(f"--grader {grader}: not inline JSON and not a readable file ({e.strerror})")
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as e:
+        _refuse(f"{where}: not JSON ({e.msg} at line {e.lineno} column {e.colno})")
+    if not isinstance(spec, dict) or not spec.get("type"):
+        _refuse(f"{where}: a grader is a JSON object with a \"type\" (string_check, python, multi, {ENV_GRADER}, ...)")
+    return kind, spec
 
 
 def _end(job) -> None:

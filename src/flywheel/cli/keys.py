@@ -7,16 +7,18 @@ from pathlib import Path
 
 import typer
 
+from flywheel.cli.data_dir import data_dir_option, resolve
 from flywheel.cli.errors import user_errors
 
 app = typer.Typer(help="API keys of the fine-tuning service's tenants (hashed at rest).", no_args_is_help=True)
 
-DATA_DIR = typer.Option(Path("flywheel-data"), help="the service's data directory")
+DATA_DIR = data_dir_option("the service's data directory")
 DB = typer.Option(None, "--db", help="SQLAlchemy URL of the job store (default: DATA_DIR/jobs.db)")
 
 
 @contextlib.contextmanager
-def _keys(data_dir: Path, db: str | None):
+def _keys(data_dir: Path | None, db: str | None):
+    data_dir = resolve(data_dir)
     with user_errors():
         from flywheel.jobs import JobStore
         from flywheel.jobs.keys import Keys
@@ -31,7 +33,7 @@ def _keys(data_dir: Path, db: str | None):
 
 @app.command("create")
 def create(tenant: str = typer.Option(..., "--tenant"), name: str = typer.Option(None, help="a note on the key"),
-           data_dir: Path = DATA_DIR, db: str = DB) -> None:
+           data_dir: Path | None = DATA_DIR, db: str = DB) -> None:
     """Make a key for TENANT and print it: it is shown only now (the store keeps its hash)."""
     with _keys(data_dir, db) as keys:
         key, row = keys.create(tenant, name)
@@ -40,7 +42,7 @@ def create(tenant: str = typer.Option(..., "--tenant"), name: str = typer.Option
 
 
 @app.command("list")
-def list_keys(tenant: str = typer.Option(None, "--tenant"), data_dir: Path = DATA_DIR, db: str = DB) -> None:
+def list_keys(tenant: str = typer.Option(None, "--tenant"), data_dir: Path | None = DATA_DIR, db: str = DB) -> None:
     """Keys (id, tenant, first characters, state), never the keys themselves."""
     with _keys(data_dir, db) as keys:
         for k in keys.list(tenant):
@@ -49,7 +51,7 @@ def list_keys(tenant: str = typer.Option(None, "--tenant"), data_dir: Path = DAT
 
 
 @app.command("revoke")
-def revoke(key_id: str, data_dir: Path = DATA_DIR, db: str = DB) -> None:
+def revoke(key_id: str, data_dir: Path | None = DATA_DIR, db: str = DB) -> None:
     """Revoke a key by its id (from `flywheel keys list`); requests with it get a 401."""
     with _keys(data_dir, db) as keys:
         from flywheel.jobs import NotFound

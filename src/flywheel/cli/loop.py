@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from flywheel.cli.errors import user_errors
+from flywheel.cli.threads import set_threads, threads_option
 
 app = typer.Typer(help="The continuous flywheel: serve, take traces, run gated training cycles.",
                   no_args_is_help=True)
@@ -28,7 +29,8 @@ def _load(config: Path, overrides: list[str]):
 
 
 @app.command("cycle", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
+def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP),
+          threads: int = threads_option()) -> None:
     """Run one cycle now (or finish the unfinished one): curate, train, gate, promote or reject.
     Extra arguments are dotted overrides of the config, e.g. train.order=[sft]."""
     from flywheel.cli.train import stop_on_signals
@@ -37,6 +39,7 @@ def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HEL
 
     with user_errors():
         cfg = _load(config, ctx.args)
+        set_threads(threads)
         stop_on_signals()
         try:
             with hold_store(cfg.root, "flywheel loop cycle"), LoopStores(cfg) as fw:
@@ -51,7 +54,8 @@ def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HEL
 
 
 @app.command("run", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)) -> None:
+def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP),
+        threads: int = threads_option()) -> None:
     """Serve the production model, take traces and feedback, and run cycles when triggered,
     until SIGTERM / Ctrl-C (a cycle in progress stops after its current step and resumes next time).
     Extra arguments are dotted overrides of the config, e.g. trigger.min_new_failures=50."""
@@ -61,6 +65,7 @@ def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)
 
     with user_errors():
         cfg = _load(config, ctx.args)
+        set_threads(threads)
         daemon = LoopDaemon(cfg, log=lambda m: typer.echo(f"{time.strftime('%H:%M:%S')} {m}"))
 
         def on_signal(signum, frame):
@@ -77,22 +82,34 @@ def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)
     typer.echo("stopped")
 
 
+def _status_data_dir(config: Path | None, data_dir: Path | None) -> tuple[Path, str]:
+    """The folder `loop status` reads, absolute, and where it came from: --data-dir, else the
+    config's data_dir, else $FLYWHEEL_DATA_DIR (locations.py), else ./flywheel-data."""
+    from flywheel.locations import data_dir as default_data_dir, data_dir_source
+
+    if data_dir is not None:
+        return data_dir.resolve(), "--data-dir"
+    if config is not None:
+        with user_errors():
+            return Path(_load(config, []).data_dir).resolve(), f"the data_dir of {config}"
+    return default_data_dir().resolve(), data_dir_source()
+
+
 @app.command("status")
 def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its data_dir is the one shown"),
-           data_dir: Path | None = typer.Option(None, "--data-dir",
-                                                help="the loop's data_dir (default: the config's, else flywheel-data)"),
+           data_dir: Path | None = typer.Option(None, "--data-dir", help="the loop's data_dir (default: the config's, "
+                                                "else $FLYWHEEL_DATA_DIR, else ./flywheel-data)"),
            as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """The daemon's state, the production model, the cycles so far and the disk each uses
-    (its folder under cycles/, and its candidate's model in the registry: pruned or kept)."""
+    (its folder under cycles/, and its candidate's model in the registry: pruned or kept).
+    Its first line names the data_dir it read and where that came from."""
     from flywheel.loop.curation import dropped_summary
     from flywheel.loop.cycle import WAITING, CycleError, read_states
     from flywheel.loop.retention import human_bytes, tree_bytes
     from flywheel.process import pid_alive
     from flywheel.service.daemon import STATUS_FILE
 
-    if data_dir is None:
-        with user_errors():
-            data_dir = Path(_load(config, []).data_dir) if config is not None else Path("flywheel-data")
+    data_dir, source = _status_data_dir(config, data_dir)
     status_path = data_dir / STATUS_FILE
     daemon = json.loads(status_path.read_text()) if status_path.exists() else None
     if daemon is not None and daemon.get("state") not in ("stopped",) and not pid_alive(daemon["pid"]):
@@ -121,9 +138,11 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
     disk = {"total_bytes": tree_bytes(data_dir), "registry_bytes": tree_bytes(data_dir / "registry"),
             "cycles_bytes": tree_bytes(data_dir / "cycles")}
     if as_json:
-        typer.echo(json.dumps({"daemon": daemon, "production": production, "disk": disk, "cycles": cycles},
-                              indent=2))
+        typer.echo(json.dumps({"data_dir": str(data_dir), "data_dir_from": source, "daemon": daemon,
+                               "production": production, "disk": disk, "cycles": cycles}, indent=2))
         return
+    typer.echo(f"data_dir: {data_dir} (from {source}; a loop config, --data-dir DIR or $FLYWHEEL_DATA_DIR reads "
+               "another)")
     if daemon is None:
         typer.echo(f"daemon: never ran with data_dir {data_dir}")
     elif daemon["state"] == "stopped" or daemon["state"].startswith("not running"):

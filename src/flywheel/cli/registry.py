@@ -16,7 +16,7 @@ app = typer.Typer(help="Registered model versions: lineage, promotion to product
                   no_args_is_help=True)
 
 REGISTRY_HELP = ("registry folder, or a SQLAlchemy URL of its database "
-                 "(default: <--data-dir>/registry, else $FLYWHEEL_DATA/registry, else ./flywheel-data/registry)")
+                 "(default: <--data-dir>/registry, else $FLYWHEEL_DATA_DIR/registry, else ./flywheel-data/registry)")
 RegistryOpt = typer.Option(None, "--registry", help=REGISTRY_HELP)
 DataDirOpt = typer.Option(None, "--data-dir", help="a loop's data_dir (its config's): the registry in it")
 

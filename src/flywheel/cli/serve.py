@@ -7,7 +7,9 @@ from pathlib import Path
 
 import typer
 
+from flywheel.cli.data_dir import data_dir_option, resolve
 from flywheel.cli.errors import user_errors
+from flywheel.cli.threads import set_threads, threads_option
 
 
 def serve(model: Path = typer.Option(..., "--model", help="local model folder (the production version)"),
@@ -26,11 +28,11 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
           batch_window_ms: float = typer.Option(2.0, min=0.0, help="how long a batch waits for more requests"),
           default_max_tokens: int = typer.Option(512, min=1, help="budget of chat requests that set none"),
           dtype: str = typer.Option("float32"), device: str = typer.Option("cpu"),
-          threads: int = typer.Option(None, min=1, help="torch threads"),
+          threads: int = threads_option(),
           fine_tuning: bool = typer.Option(False, "--fine-tuning", help="serve the fine-tuning API (/v1/files, "
                                                                          "/v1/fine_tuning/jobs; docs/api.md)"),
-          data_dir: Path = typer.Option(Path("flywheel-data"), help="with --fine-tuning: the job store, files and "
-                                                                    "job folders, shared with `flywheel worker`"),
+          data_dir: Path | None = data_dir_option("with --fine-tuning: the job store, files and job folders, shared "
+                                           "with `flywheel worker`"),
           jobs_db: str = typer.Option(None, "--jobs-db", help="SQLAlchemy URL of the job store "
                                                              "(default: DATA_DIR/jobs.db)"),
           base_model: list[str] = typer.Option([], "--base-model", help="with --fine-tuning: NAME=FOLDER, another "
@@ -50,12 +52,9 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
         print(f"error: {e.name} is missing; install the serve extra: pip install 'flywheel[serve]'", file=sys.stderr)
         raise typer.Exit(2) from None
     with user_errors():
-        import torch
-
         from flywheel.service import OpenAIService, open_trace_sink
 
-        if threads:
-            torch.set_num_threads(threads)
+        set_threads(threads)
         sink = None if no_traces else open_trace_sink(traces_db)
         service = OpenAIService(model, version=version or model.resolve().name, name=name, max_batch=max_batch,
                                 window_s=batch_window_ms / 1000, default_max_tokens=default_max_tokens,
@@ -64,7 +63,7 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
     typer.echo(f"serving {name} ({service.version}) from {model} on http://{host}:{port}/v1 ({where})")
     store = None if sink is None else sink.store  # also takes traces and feedback from other stacks
     pool = IngestPool(default_ingest_workers() if ingest_workers is None else ingest_workers)
-    ft, auth = None, {}
+    ft, auth, data_dir = None, {}, resolve(data_dir)
     if fine_tuning:
         with user_errors():
             from flywheel.cli.worker import parse_base_models

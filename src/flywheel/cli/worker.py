@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from flywheel.cli.data_dir import data_dir_option, resolve
 from flywheel.cli.errors import user_errors
 
 
@@ -23,20 +24,22 @@ def parse_base_models(specs: list[str]) -> dict[str, Path]:
     return models
 
 
-def worker(data_dir: Path = typer.Option(Path("flywheel-data"), help="the service's data directory (shared by "
-                                                                     "its server and workers)"),
+def worker(data_dir: Path | None = data_dir_option("the service's data directory, shared by its server and workers"),
            db: str = typer.Option(None, "--db", help="SQLAlchemy URL of the job store (default: DATA_DIR/jobs.db)"),
            base_model: list[str] = typer.Option([], "--base-model", help="NAME=FOLDER, a model jobs may start "
                                                                          "from (repeat); as the server's"),
            lease_s: float = typer.Option(30.0, min=1.0, help="a job whose worker is silent this long is taken "
                                                            "up by another"),
-           threads: int = typer.Option(None, min=1, help="torch threads of the training process"),
+           threads: int = typer.Option(None, min=1, help="torch threads of each job's training process "
+                                       "(default: chosen there from the CPUs it may use, less those other "
+                                       "processes keep busy; OMP_NUM_THREADS also sets it)"),
            hardware: str = typer.Option("cpu-2core", help="catalog entry the cost ledger prices this worker at"),
            max_running: int = typer.Option(2, "--max-running-per-tenant", min=1,
                                            help="jobs of one tenant trained at once by all workers"),
            once: bool = typer.Option(False, "--once", help="run one job (or none) and exit")) -> None:
     """Take queued fine-tuning jobs one at a time and train them; SIGTERM puts the running job back
     in the queue at a checkpoint and exits."""
+    data_dir = resolve(data_dir)
     with user_errors():
         from flywheel.jobs import JobStore
         from flywheel.jobs.store import data_file_url

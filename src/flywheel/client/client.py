@@ -109,11 +109,15 @@ class Jobs:
 
     def create(self, *, model: str, training_file: str, method: str = "supervised",
                validation_file: str | None = None, suffix: str | None = None, seed: int | None = None,
-               metadata: dict[str, str] | None = None, **hyperparameters: Any):
-        """A job of `method` (supervised, dpo); hyperparameters as keywords (n_epochs=3, beta=0.1)."""
+               metadata: dict[str, str] | None = None, grader: dict[str, Any] | None = None,
+               **hyperparameters: Any):
+        """A job of `method` (supervised, dpo, reinforcement: with its `grader`, an OpenAI grader
+        or {"type": "flywheel_environment", "env": ...}); hyperparameters as keywords (n_epochs=3)."""
+        inner: dict[str, Any] = {"hyperparameters": hyperparameters}
+        if grader is not None:
+            inner["grader"] = grader
         body = {"model": model, "training_file": training_file, "validation_file": validation_file,
-                "suffix": suffix, "seed": seed, "metadata": metadata,
-                "method": {"type": method, method: {"hyperparameters": hyperparameters}}}
+                "suffix": suffix, "seed": seed, "metadata": metadata, "method": {"type": method, method: inner}}
         return self._run(Call("POST", "/v1/fine_tuning/jobs", {"json": {k: v for k, v in body.items() if v is not None}},
                               _one(Job)))
 

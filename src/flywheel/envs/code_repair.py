@@ -411,7 +411,8 @@ def load(instances: str | None = None, corpus: str = DEFAULT_CORPUS, max_turns: 
          unsafe: bool | None = None, cache_dir: str | None = None, max_observation_tokens: int = 4096,
          episode_timeout_s: float = 900.0) -> CodeRepairEnvironment:
     """instances: a JSONL file; default: up to `max_instances` bugs synthesized (seeded) from the bundled
-    `corpus` and cached under cache_dir (default $FLYWHEEL_CACHE_DIR or ~/.cache/flywheel)."""
+    `corpus` and cached under cache_dir (default: flywheel's cache, locations.py: $FLYWHEEL_CACHE_DIR,
+    else ~/.cache/flywheel)."""
     if instances is not None:
         rows, source = read_instances(instances), str(instances)
     else:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.envs.grading import run_tests, shared_pool
+from flywheel.locations import cache_dir
 from flywheel.envs.patches import make_diff, parse_patch, split_lines
 from flywheel.envs.repo import (checkout, CodeRepairError, copy_tree, CORPORA, fingerprint, Instance,
                                 is_git_repo, is_test_path, list_files, precompile, resolve_repo,
@@ -322,8 +323,8 @@ def synthesize(repo: str, max_n: int = 100, seed: int = 0, rev: str | None = Non
 
 
 def cache_dir_default() -> Path:
-    env = os.environ.get("FLYWHEEL_CACHE_DIR")
-    return Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "flywheel"
+    """flywheel's cache (locations.py: $FLYWHEEL_CACHE_DIR, else ~/.cache/flywheel)."""
+    return cache_dir()
 
 
 def cached_corpus_instances(corpus: str, max_n: int = 100, seed: int = 0, cache_dir: str | Path | None = None,

@@ -1,6 +1,6 @@
 """The model registry: versions with lineage, exactly one production version, promotion history.
 
-Layout under the registry root (default ./flywheel-data/registry, or $FLYWHEEL_DATA/registry):
+Layout under the registry root (default ./flywheel-data/registry, or $FLYWHEEL_DATA_DIR/registry):
 `registry.db` (SQLite, WAL) and `models/<id>/`, one Hugging Face folder per version.
 `Registry(url=...)` keeps the records in any SQLAlchemy database instead (PostgreSQL when
 several machines share a registry); the model folders stay under the root.
@@ -33,6 +33,7 @@ from flywheel.closing import Closing
 from flywheel.crash_points import crash_point
 from flywheel.database import open_engine, writing
 from flywheel.files import fsync_dir
+from flywheel.locations import data_dir
 from flywheel.process import pid_alive
 from flywheel.registry.storage import (
     SCHEMA,
@@ -55,8 +56,8 @@ from flywheel.registry.storage import (
 
 
 def default_root() -> Path:
-    """$FLYWHEEL_DATA/registry, else ./flywheel-data/registry."""
-    return Path(os.environ.get("FLYWHEEL_DATA") or "flywheel-data") / "registry"
+    """$FLYWHEEL_DATA_DIR/registry (or the older $FLYWHEEL_DATA), else ./flywheel-data/registry."""
+    return data_dir() / "registry"
 
 
 class Registry(Closing):
