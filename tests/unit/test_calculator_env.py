@@ -10,7 +10,7 @@ import time
 import pytest
 
 from flywheel.envs import load_env
-from flywheel.envs.calculator import evaluate, final_number, load
+from flywheel.envs.calculator import SYSTEM, evaluate, final_number, load
 from flywheel.rollout.play import play as play_episodes
 
 
@@ -185,6 +185,17 @@ def test_bare_prompt_and_max_digits():
     assert asyncio.run(env_.step(f"It is {task.answer}.")).reward == 1.0
 
 
+def test_without_the_system_prompt_the_question_comes_alone_with_the_tools():
+    """system_prompt=False: a client's `tools=` request; bare_prompt wins over it."""
+    full, plain = load(chain_prob=0.0), load(chain_prob=0.0, system_prompt=False)
+    for f, p in zip(full.tasks("test", n=5), plain.tasks("test", n=5)):
+        assert f.prompt[0] == {"role": "system", "content": SYSTEM} and p.prompt == f.prompt[1:]
+        assert p.tools == f.tools == [plain.calc.schema] == plain.info()["tools"]
+    assert plain.info()["system_prompt"] is False
+    bare = load(chain_prob=0.0, bare_prompt=True, system_prompt=False).tasks("test", n=1)[0]
+    assert len(bare.prompt) == 1 and bare.tools == []
+
+
 def test_operator_and_template_make_other_families():
     env = load(chain_prob=0.0, operator="-", template="What is {a} minus {b}?", max_digits=3)
     for t in env.tasks("test", n=30):
@@ -196,7 +207,7 @@ def test_operator_and_template_make_other_families():
 
 
 @pytest.mark.parametrize("kwargs", [{"tool_latency_s": -1}, {"chain_prob": 1.5}, {"max_turns": "x"},
-                                    {"max_digits": 1}, {"bare_prompt": "yes"}, {"operator": "/"},
+                                    {"max_digits": 1}, {"bare_prompt": "yes"}, {"system_prompt": 0}, {"operator": "/"},
                                     {"template": "Compute {x}."}, {"template": "Add {a}."},
                                     {"template": "Multiply {a} by {b}.", "chain_prob": 0.5}])
 def test_bad_settings(kwargs):

@@ -11,6 +11,8 @@ one tool serves several task families. `bare_prompt` asks the
 question alone, with no system message and no tool schemas (the calc tool still answers): a
 model fine-tuned on the tool does not need them, and prompts shrink from about a thousand byte
 tokens to a few dozen, which is what makes multi-turn RL on it fit a CPU test.
+`system_prompt=False` (without `bare_prompt`) asks the question alone but offers the calc
+schema: the request of an OpenAI client that passes `tools=` and no system message.
 
 Splits: a problem's side is a hash of its canonical expression (`canonical_expression`: the
 operands of every + and * in a fixed order, so "57 * 12" and "12 * 57" are one problem), a
@@ -160,7 +162,7 @@ class CalculatorEnvironment(Environment):
 
     def __init__(self, tool_latency_s: float = 0.0, chain_prob: float = 0.5, limits: ToolLimits = ToolLimits(max_turns=6),
                  bare_prompt: bool = False, max_digits: int = 4, operator: str = "*",
-                 template: str = "What is {expression}?"):
+                 template: str = "What is {expression}?", system_prompt: bool = True):
         if tool_latency_s < 0 or not 0 <= chain_prob <= 1:
             raise ValueError("tool_latency_s must be >= 0 and chain_prob in [0, 1]")
         if operator not in OPERATORS:
@@ -171,7 +173,7 @@ class CalculatorEnvironment(Environment):
             raise ValueError(f"max_digits must be in [2, 12], got {max_digits}")
         self.max_digits = max_digits
         self.tool_latency_s, self.chain_prob, self.limits = tool_latency_s, chain_prob, limits
-        self.bare_prompt = bare_prompt
+        self.bare_prompt, self.system_prompt = bare_prompt, system_prompt
         self._plain_sides: dict[str, list[tuple[int, int]]] = {}
         self.calc = Tool.from_function(self._calc_async if tool_latency_s > 0 else self._calc,
                                        name="calc", blocking=False, timeout_s=10.0)
@@ -262,11 +264,11 @@ class CalculatorEnvironment(Environment):
         check_split(split)
         rng = random.Random(f"calculator/{split}/{seed}")  # independent streams per split and seed
         count = n if n is not None else (5000 if split == "train" else 200)
+        system = [] if self.bare_prompt or not self.system_prompt else [{"role": "system", "content": SYSTEM}]
         out = []
         for i, (expr, text) in enumerate(self._draws(split, count, rng)):
-            question = {"role": "user", "content": text}
             out.append(Task(id=f"calc-{split}-{seed}-{i}", split=split, answer=_format(evaluate(expr)),
-                            prompt=[question] if self.bare_prompt else [{"role": "system", "content": SYSTEM}, question],
+                            prompt=[*system, {"role": "user", "content": text}],
                             tools=[] if self.bare_prompt else [self.calc.schema], metadata={"expression": expr}))
         return out
 
@@ -288,7 +290,7 @@ class CalculatorEnvironment(Environment):
 
     def info(self) -> dict:
         return {**super().info(), "tools": [self.calc.schema], "tool_latency_s": self.tool_latency_s,
-                "bare_prompt": self.bare_prompt, "max_digits": self.max_digits, "operator": self.operator,
+                "bare_prompt": self.bare_prompt, "system_prompt": self.system_prompt, "max_digits": self.max_digits, "operator": self.operator,
                 "template": self.template,
                 "reward": "1 if the last number of the final answer is exact; metrics used_tool, answer_format"}
 
@@ -306,9 +308,11 @@ class ScriptedCalculatorPolicy(Policy):
 
 def load(tool_latency_s: float = 0.0, chain_prob: float = 0.5, max_turns: int = 6,
          bare_prompt: bool = False, max_digits: int = 4, operator: str = "*",
-         template: str = "What is {expression}?") -> CalculatorEnvironment:
-    if not isinstance(bare_prompt, bool):
-        raise ValueError(f"bare_prompt must be true or false, got {bare_prompt!r}")
+         template: str = "What is {expression}?", system_prompt: bool = True) -> CalculatorEnvironment:
+    for name, flag in (("bare_prompt", bare_prompt), ("system_prompt", system_prompt)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be true or false, got {flag!r}")
     return CalculatorEnvironment(tool_latency_s=float(tool_latency_s), chain_prob=float(chain_prob),
                                  limits=ToolLimits(max_turns=int(max_turns)), bare_prompt=bare_prompt,
-                                 max_digits=int(max_digits), operator=str(operator), template=str(template))
+                                 max_digits=int(max_digits), operator=str(operator), template=str(template),
+                                 system_prompt=system_prompt)

@@ -8,7 +8,10 @@ Everything in flywheel's tests and demos runs offline on a CPU, so we build mode
 locally instead of downloading them. The folder written here is a normal Hugging Face
 model folder: `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained`
 load it, and `apply_chat_template(messages, tools=...)` renders the Hermes/Qwen
-tool-call convention (see chat_template.jinja).
+tool-call convention (see chat_template.jinja). `TinySpec.template` picks the chat template:
+"hermes" (chat_template.jinja: the tool schemas as JSON, about 650 byte tokens for one tool)
+or "compact" (chat_template_compact.jinja: one signature line per tool, otherwise the same
+text), for a model trained on tool-offering prompts within a small budget.
 
 Tokenizer: byte-level BPE with no merges, so token id b (0 <= b < 256) is byte b and
 every text has exactly one tokenization (re-encoding decoded text gives the same ids).
@@ -46,14 +49,22 @@ class TinySpec:
     max_positions: int = 4096
     seed: int = 0
     arch: str = "qwen2"  # one of ARCHITECTURES
+    template: str = "hermes"  # the chat template, one of TEMPLATES
 
 
-def chat_template() -> str:
-    return (Path(__file__).with_name("chat_template.jinja")).read_text()
+TEMPLATES = {"hermes": "chat_template.jinja", "compact": "chat_template_compact.jinja"}
 
 
-def build_tokenizer():
-    """A byte-level fast tokenizer: ids 0..255 are the bytes, then the special tokens."""
+def chat_template(name: str = "hermes") -> str:
+    """The text of chat template `name` (a key of TEMPLATES)."""
+    if name not in TEMPLATES:
+        raise ValueError(f"template {name!r} is not one of {', '.join(TEMPLATES)}")
+    return (Path(__file__).with_name(TEMPLATES[name])).read_text()
+
+
+def build_tokenizer(template: str = "hermes"):
+    """A byte-level fast tokenizer: ids 0..255 are the bytes, then the special tokens; its
+    chat template is TEMPLATES[template]."""
     from transformers import PreTrainedTokenizerFast  # lazy: see loading.py
 
     alphabet = ByteLevel.alphabet()  # the 256 printable stand-ins for bytes
@@ -72,7 +83,7 @@ def build_tokenizer():
         unk_token=None,
         clean_up_tokenization_spaces=False,
     )
-    tok.chat_template = chat_template()
+    tok.chat_template = chat_template(template)
     tok.padding_side = "left"
     return tok
 
@@ -84,13 +95,14 @@ def build_tiny_model(out: str | Path, spec: TinySpec = TinySpec()) -> Path:
 
     if spec.arch not in ARCHITECTURES:
         raise ValueError(f"arch {spec.arch!r} is not one of {', '.join(ARCHITECTURES)}")
+    template = chat_template(spec.template)  # an unknown name fails before anything is built
     if spec.hidden % spec.heads:
         raise ValueError(f"hidden ({spec.hidden}) must be divisible by heads ({spec.heads})")
     kv_heads = spec.kv_heads or spec.heads
     if spec.heads % kv_heads:
         raise ValueError(f"heads ({spec.heads}) must be divisible by kv_heads ({kv_heads})")
     quiet_transformers()
-    tok = build_tokenizer()
+    tok = build_tokenizer(spec.template)
     vocab_size = _round_up(len(tok), 64)  # 259 used ids, padded for matmul-friendly shapes
     config = _config(spec, kv_heads, vocab_size, tok.pad_token_id, tok.eos_token_id)
     torch.manual_seed(spec.seed)
@@ -103,7 +115,7 @@ def build_tiny_model(out: str | Path, spec: TinySpec = TinySpec()) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    _template_into_tokenizer_config(out)
+    _template_into_tokenizer_config(out, template)
     info = {**spec.__dict__, "parameters": sum(p.numel() for p in model.parameters())}
     (out / "flywheel_tiny.json").write_text(json.dumps(info, indent=1) + "\n")
     return out
@@ -135,13 +147,13 @@ def _config(spec: TinySpec, kv_heads: int, vocab_size: int, pad_id: int, eos_id:
     return cls(**shape, **common)
 
 
-def _template_into_tokenizer_config(folder: Path) -> None:
+def _template_into_tokenizer_config(folder: Path, template: str) -> None:
     """Keep the chat template inside tokenizer_config.json, where every transformers
     version looks (v5 writes it to a separate chat_template.jinja by default), and name a
     tokenizer class that v4 knows too."""
     cfg_path = folder / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text())
-    cfg["chat_template"] = chat_template()
+    cfg["chat_template"] = template
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg["padding_side"] = "left"  # batched generation pads on the left
     cfg_path.write_text(json.dumps(cfg, indent=1, ensure_ascii=False) + "\n")
