@@ -112,3 +112,23 @@ def test_a_thread_pool_larger_than_its_cpus_waits():
     share = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                                  check=True).stdout)
     assert share > 0.4, share  # an idle machine: about 2/3
+
+
+@pytest.mark.skipif(thread_times() is None, reason="no schedstat here")
+def test_the_sft_loop_reports_its_waiting(tmp_path, monkeypatch):
+    """run_sft calls the watch after each step: with a threshold of 0 it must warn at step 2."""
+    import json
+
+    import flywheel.train.sft as sft
+    from flywheel.config import SFTConfig, validate
+    from flywheel.models import TinySpec, build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", TinySpec(hidden=16, layers=1, heads=2, ffn=32))
+    monkeypatch.setattr(sft, "CpuWait", lambda: CpuWait(first_steps=2, threshold=0.0))
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "1+1=", "completion": "2"}) + "\n")
+    cfg = validate({"model": str(model), "output_dir": str(tmp_path / "run"), "data": {"train": [str(data)]},
+                    "train": {"steps": 3, "batch_size": 1, "micro_batch_size": 1}, "log": {"progress": False},
+                    "threads": 1}, SFTConfig)
+    with pytest.warns(CpuOversubscribed, match=r"over steps 1-2 this process's threads waited"):
+        sft.run_sft(cfg, log=lambda m: None)
