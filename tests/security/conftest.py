@@ -39,7 +39,7 @@ def pool():
 
 @pytest.fixture
 def no_strays(pool):
-    """Checks that no process outlives a test besides the pool's own sandboxes."""
+    """Checks that no process outlives a test besides the pool's own sandboxes (and their holders)."""
     before = descendants()
     yield
     def extra():
@@ -47,6 +47,8 @@ def no_strays(pool):
         for w in pool._workers:
             if w.proc is not None:
                 servers |= {w.proc.pid} | descendants(w.proc.pid)
+            if w.fs is not None and w.fs.proc is not None:  # the holder of its capped tmpfs (quota.py)
+                servers.add(w.fs.proc.pid)
         return descendants() - before - servers
     assert wait_gone(extra), f"stray processes: {extra()}"
 

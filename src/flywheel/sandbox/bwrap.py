@@ -3,7 +3,8 @@
 Inside: /usr (+ the /bin, /lib... links) and the host Python's prefixes read-only at their host
 paths (so the venv's interpreter and site-packages work), a few harmless /etc files, a synthetic
 /etc/passwd, fresh /proc and /dev, private tmpfs /tmp and /dev/shm, the workspace read-write at
-/workspace, everything else absent (the root is an empty tmpfs, remounted read-only at the end).
+/workspace (those three: capped tmpfs from quota.py where `Spec.mounts` names them), everything
+else absent (the root is an empty tmpfs, remounted read-only at the end).
 Namespaces: all (user, pid, net, ipc, uts, cgroup); uid/gid 65534; no capabilities (bounding
 set empty); no nested user namespaces; a new session (no TIOCSTI into the caller's terminal);
 killed with its parent; environment cleared except PATH/HOME/LANG/TMPDIR and what the caller sets.
@@ -127,6 +128,9 @@ class Spec:
     tmpfs_size: bool = True
     files: dict[str, bytes] = field(default_factory=dict)  # extra read-only files: path inside -> content
     as_pid_1: bool = False  # the command itself is pid 1 (no bwrap reaper inside)
+    # /workspace, /tmp, /dev/shm -> a directory to bind there instead (the capped tmpfs of a
+    # quota.QuotaFs, a path in its namespace); missing ones get a sized tmpfs (or the workspace)
+    mounts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -155,6 +159,8 @@ def options(spec: Spec, status_w: int) -> tuple[list[str], list[int]]:
         return str(fd)
 
     def sized(dest: str) -> list[str]:
+        if dest in spec.mounts:
+            return ["--bind", spec.mounts[dest], dest]
         return (["--size", str(lim.tmpfs_bytes)] if spec.tmpfs_size else []) + ["--tmpfs", dest]
 
     o = ["--unshare-all", "--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
@@ -185,7 +191,7 @@ def options(spec: Spec, status_w: int) -> tuple[list[str], list[int]]:
     o += root_binds([*python_roots(), *spec.extra_ro])
     for dest, content in spec.files.items():
         o += ["--ro-bind-data", data(os.path.basename(dest), content), dest]
-    if spec.workspace is not None:
+    if spec.workspace is not None and WORKSPACE not in spec.mounts:
         o += ["--bind", str(spec.workspace), WORKSPACE]
     else:
         o += sized(WORKSPACE)

@@ -1,7 +1,8 @@
 """Turn what was observed about an execution into `ExecResult.error`.
 
 Evidence, strongest first: the sandbox's own actions (output cap, wall clock), cgroup event
-counters (pids refused a fork, the memory cap OOM-killed something), the terminating signal
+counters (pids refused a fork, the memory cap OOM-killed something), a full workspace (statvfs of
+its capped tmpfs after the run), the terminating signal
 (SIGXCPU = CPU limit, SIGXFSZ = file size limit), and last the tail of stderr, because Python
 turns a refused allocation into MemoryError, an over-size write into OSError EFBIG (CPython
 ignores SIGXFSZ) and a refused fork into BlockingIOError EAGAIN. The stderr rules only look at
@@ -27,16 +28,20 @@ def tail(text: str, n: int = 2000) -> str:
 
 def classify(*, returncode: int | None, timed_out: bool = False, overflow: bool = False,
              stderr: str = "", pids_hits: int = 0, oom_kills: int = 0, cpu_s: float | None = None,
-             cpu_limit: int | None = None, duration_s: float | None = None, died: bool = False) -> str | None:
+             cpu_limit: int | None = None, duration_s: float | None = None, died: bool = False,
+             quota: bool = False) -> str | None:
     """`cpu_s` is the CPU time of the killed process when known; without it, a SIGKILL after at
     least `cpu_limit` seconds of wall time is read as the hard RLIMIT_CPU (CPU time <= wall time,
-    so a shorter run cannot have hit it)."""
+    so a shorter run cannot have hit it). `quota`: the workspace was full when the run ended
+    (quota.Usage.full), which also explains a timeout of code that kept retrying."""
     if overflow:
         return R.OUTPUT
     if oom_kills:
         return R.MEMORY
     if pids_hits:
         return R.PROCESSES
+    if quota:
+        return R.QUOTA
     if timed_out:
         return R.TIMEOUT
     if returncode is not None and returncode < 0:

@@ -9,6 +9,7 @@
 | open_files | RLIMIT_NOFILE |
 | processes | a pids cgroup (holds for root too); without one, RLIMIT_NPROC set inside the user namespace, which binds only when the host user is not root (the kernel exempts uid 0, and bwrap maps the sandbox uid onto the caller's uid) |
 | output_bytes | stdout and stderr are each kept up to this many bytes; one more byte kills the tree (error "output limit", truncated=True) |
+| workspace_files, workspace_mb | the workspace is a tmpfs of its own (nr_inodes, size) made in a user namespace by quota.py; /tmp and /dev/shm are capped at workspace_files inodes too. A run that ends with the workspace full is reported (error "workspace quota exceeded") and nothing of it is copied back |
 """
 
 from __future__ import annotations
@@ -34,12 +35,19 @@ class Limits:
     """process count of the tree (pids cgroup; RLIMIT_NPROC as a non-root fallback)"""
     output_bytes: int = 1 << 20
     """stdout and stderr are each captured up to this many bytes"""
+    workspace_files: int = 20_000
+    """inodes (files, directories, links) the workspace's filesystem may hold, its own root included;
+    also the inode cap of the private /tmp and /dev/shm. The pool counts the copied-in tree, the
+    cold Sandbox only what the run writes (an overlay on the host directory)"""
+    workspace_mb: int = 256
+    """MiB of data the workspace's filesystem may hold (tmpfs pages: RAM, charged to the memory cgroup)"""
 
     def __post_init__(self) -> None:
         checks = {
             "wall_s": self.wall_s > 0, "cpu_s": self.cpu_s >= 1, "memory_mb": self.memory_mb >= 16,
             "file_size_mb": self.file_size_mb >= 0, "open_files": self.open_files >= 16,
             "processes": self.processes >= 1, "output_bytes": self.output_bytes >= 0,
+            "workspace_files": self.workspace_files >= 16, "workspace_mb": self.workspace_mb >= 1,
         }
         bad = [k for k, good in checks.items() if not good]
         if bad:
@@ -70,6 +78,10 @@ class Limits:
         """Arguments for util-linux `prlimit` (run inside the sandbox, in front of the command)."""
         names = {"AS": "as", "CPU": "cpu", "FSIZE": "fsize", "NOFILE": "nofile", "CORE": "core", "NPROC": "nproc"}
         return [f"--{names[k]}={s}:{h}" for k, (s, h) in self.rlimits(nproc, nproc_overhead).items()]
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.workspace_mb * MiB
 
     @property
     def tmpfs_bytes(self) -> int:

@@ -2,9 +2,11 @@
 short snippet runs in a few ms where a cold bwrap start costs tens of ms (bench/sandbox.py).
 
 Every execution is isolated from the previous one: a fresh child forked from a pristine server,
-everything it left behind killed, /tmp and /dev/shm emptied, and a workspace directory that is
-filled from the request's `workspace` before it runs, mirrored back into it afterwards and then
-emptied. A server that died, stopped answering, or could not clean up (e.g. SysV IPC objects
+everything it left behind killed, /tmp and /dev/shm emptied, and a workspace (a capped tmpfs,
+quota.py) that is filled from the request's `workspace` before it runs, copied back into it
+afterwards (all of it within the request's timeout + quota.COPY_BACK_S, or none of it; none when
+the run ended with the workspace full) and then emptied, or dropped with its sandbox when it holds
+more than CLEAR_MAX entries. A server that died, stopped answering, or could not clean up (e.g. SysV IPC objects
 left behind) is killed with its sandbox and replaced before its next request, so a request that
 broke its sandbox returns an ExecResult with `error` set and the next one gets a clean sandbox.
 A sandbox whose /tmp or /dev/shm cannot be emptied (no request to blame: a mount layout bug)
@@ -15,8 +17,9 @@ Thread-safe: each call takes an idle worker from a queue (blocking while all `si
 from asyncio use `loop.run_in_executor(None, pool.run_python, code)`.
 
 Differences from `Sandbox`: no per-call `env` or `cwd` (requests run in /workspace with the
-server's environment), and the workspace is copied (cheap for a small repository; for large
-trees use `Sandbox`, which bind-mounts it).
+server's environment), and the workspace is copied, so the copied-in tree counts against the
+workspace quota (cheap for a small repository; for large trees use `Sandbox`, which lays an
+overlay on the host directory and counts only what the run writes).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ import warnings
 import weakref
 from pathlib import Path
 
-from . import bwrap, classify, probe, workspace as wsmod
+from . import bwrap, classify, probe, quota, workspace as wsmod
+from . import result as R
 from .limits import Limits
 from .result import ExecResult, SandboxDirtyWarning, SandboxError
 from .sandbox import _stdin_bytes, _workspace
@@ -40,6 +44,7 @@ log = logging.getLogger("flywheel.sandbox")
 
 
 UNCLEAN_STREAK = 3  # unclean requests in a row that make the pool warn
+CLEAR_MAX = 4000  # a worker's workspace holding more entries after a request is recycled, not emptied
 
 class _Spawner:
     """A long-lived thread that starts the sandboxes: bwrap's --die-with-parent fires when the
@@ -236,13 +241,40 @@ class SandboxPool:
             else:
                 self._idle.put(w)
 
+    def _copy_in(self, w: Worker, ws: Path) -> None:
+        try:
+            wsmod.copy_in(ws, w.ws)
+        except BaseException as e:
+            wsmod.clear(w.ws)  # no half-copied workspace for the next request
+            if isinstance(e, wsmod.WorkspaceTooLarge):
+                raise SandboxError(f"{e.strerror}: {self.limits.workspace_files} files / {self.limits.workspace_mb} "
+                                   f"MiB (raise Limits.workspace_files / workspace_mb)") from None
+            raise
+
+    def _settle(self, w: Worker, ws: Path | None, deadline: float, broken: bool) -> tuple[str | None, str]:
+        """Copy the workspace back (quota.settle), then empty the worker's copy, or recycle the
+        worker when it is broken or its copy holds more than CLEAR_MAX entries (its tmpfs then goes
+        with its namespace, off this call's clock)."""
+        if broken:
+            w.stop()  # before touching the workspace: nothing may still write to it (its tmpfs stays)
+        try:
+            reason, note = quota.settle(w.fs, ws, deadline, src=w.ws)
+            if not broken and w.fs is not None and w.fs.usage().files > CLEAR_MAX:
+                broken = True
+                self._count(recycled=1)
+            elif not broken and not wsmod.is_empty(w.ws):
+                wsmod.clear(w.ws)
+        except (OSError, RecursionError) as e:  # e.g. a tree deeper than the recursion limit
+            broken = True
+            raise SandboxError(f"could not copy the workspace back from the sandbox: {e!r}") from e
+        finally:
+            if broken:
+                w.kill()  # replaced before the next request (see _run)
+        return reason, note
+
     def _run_on(self, w: Worker, header: dict, ws: Path | None, data: bytes | None, timeout: float) -> ExecResult:
         if ws is not None:
-            try:
-                wsmod.copy_in(ws, w.ws)
-            except BaseException:
-                wsmod.clear(w.ws)  # no half-copied workspace for the next request
-                raise
+            self._copy_in(w, ws)
         cwd = bwrap.WORKSPACE if self.isolated else w.ws
         resp, out, err, died, host_timeout = {}, b"", b"", False, False
         t0 = time.monotonic()
@@ -261,25 +293,13 @@ class SandboxPool:
             streak = self._unclean_streak
         if streak >= UNCLEAN_STREAK:  # one request can leave a mess; the pool's layout leaves one every time
             self._warn_dirty(dirty(resp), 5)
-        if broken:
-            w.stop()  # before touching the workspace: nothing may still write to it
-        try:
-            if ws is not None:
-                wsmod.sync_back(w.ws, ws)
-            if not wsmod.is_empty(w.ws):
-                wsmod.clear(w.ws)
-        except (OSError, RecursionError) as e:  # e.g. a tree deeper than the recursion limit
-            broken = True
-            raise SandboxError(f"could not copy the workspace back from the sandbox: {e!r}") from e
-        finally:
-            if broken:
-                w.kill()  # replaced before the next request (see _run)
+        reason, wnote = self._settle(w, ws, t0 + timeout + quota.COPY_BACK_S, broken)
         if died or host_timeout:
             note = ("sandbox: no answer from the sandbox server before the deadline; the sandbox was killed\n"
                     if host_timeout else "sandbox: the sandbox server died during this request; it was replaced\n")
             error = classify.classify(returncode=None, timed_out=host_timeout, pids_hits=pids, oom_kills=ooms,
-                                      died=died)
-            return ExecResult(None, "", note, time.monotonic() - t0, timed_out=host_timeout, error=error)
+                                      died=died, quota=reason == R.QUOTA) or reason
+            return ExecResult(None, "", note + wnote, time.monotonic() - t0, timed_out=host_timeout, error=error)
         rc = resp.get("returncode")
         rc = rc if isinstance(rc, int) or rc is None else None
         out_s, err_s = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
@@ -287,8 +307,8 @@ class SandboxPool:
         cpu = resp.get("cpu_s")
         error = classify.classify(returncode=rc, timed_out=timed_out, overflow=overflow, stderr=err_s,
                                   pids_hits=pids, oom_kills=ooms, cpu_s=cpu if isinstance(cpu, (int, float)) else None,
-                                  cpu_limit=self.limits.cpu_s)
+                                  cpu_limit=self.limits.cpu_s, quota=reason == R.QUOTA) or reason
         dur = resp.get("duration_s")
-        return ExecResult(rc, out_s, err_s, float(dur) if isinstance(dur, (int, float)) else 0.0,
+        return ExecResult(rc, out_s, err_s + wnote, float(dur) if isinstance(dur, (int, float)) else 0.0,
                           timed_out=timed_out, truncated=overflow, error=error)
 

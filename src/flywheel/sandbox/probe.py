@@ -2,8 +2,10 @@
 
 `sandbox_available()` is True only when bwrap is installed, new enough, actually starts a
 sandbox on this kernel (user namespaces can be disabled by sysctl, AppArmor or a container's
-seccomp profile) and a process-count limit can be enforced (a writable pids cgroup, or a
-non-root host user so RLIMIT_NPROC binds). `unavailable_reason()` says what is missing.
+seccomp profile), a process-count limit can be enforced (a writable pids cgroup, or a
+non-root host user so RLIMIT_NPROC binds) and the workspace quota can (util-linux `unshare`,
+`nsenter` and `mount` mount capped tmpfs in a user namespace, quota.py). `unavailable_reason()`
+says what is missing. `quota_mode()` says how the cold Sandbox gives a run its workspace.
 
 The unsafe opt-in (`unsafe=True` or FLYWHEEL_UNSAFE_NO_SANDBOX=1) is honoured only when the
 sandbox is unavailable, and every object constructed in that mode warns.
@@ -16,11 +18,14 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import warnings
 
 from . import cgroup, seccomp
 from .bwrap import Spec, prepare
-from .result import SandboxUnavailable, UnsafeSandboxWarning
+from .limits import Limits
+from .quota import QuotaFs
+from .result import SandboxError, SandboxUnavailable, UnsafeSandboxWarning
 
 log = logging.getLogger("flywheel.sandbox")
 UNSAFE_ENV = "FLYWHEEL_UNSAFE_NO_SANDBOX"
@@ -39,8 +44,18 @@ def find_bwrap() -> str | None:
     return shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.path.exists(p)), None)
 
 
+def find_tool(name: str) -> str | None:
+    """Path of a util-linux tool (prlimit, unshare, nsenter, mount)."""
+    return shutil.which(name) or next((p for p in (f"/usr/bin/{name}", f"/bin/{name}") if os.path.exists(p)), None)
+
+
 def find_prlimit() -> str | None:
-    return shutil.which("prlimit") or ("/usr/bin/prlimit" if os.path.exists("/usr/bin/prlimit") else None)
+    return find_tool("prlimit")
+
+
+def quota_fs(limits: Limits, lower=None) -> QuotaFs:
+    """The capped tmpfs of one sandbox (quota.py), made with this host's tools."""
+    return QuotaFs(limits, lower, unshare=find_tool("unshare") or "unshare", nsenter=find_tool("nsenter") or "nsenter")
 
 
 @functools.lru_cache(maxsize=8)
@@ -71,28 +86,54 @@ def _probe(bwrap: str | None) -> str | None:
     missing = [o for o in REQUIRED if o not in feats]
     if missing:
         return f"{bwrap} is too old (lacks {', '.join(missing)}; bubblewrap >= 0.8 is known to work). " + INSTALL_HINT
-    if find_prlimit() is None:
-        return "util-linux `prlimit` is missing (the sandbox sets rlimits with it)."
+    missing = [t for t in ("prlimit", "unshare", "nsenter", "mount") if find_tool(t) is None]
+    if missing:
+        return (f"util-linux {', '.join(missing)} missing (the sandbox sets rlimits with prlimit and makes its "
+                f"capped workspace with unshare, nsenter and mount).")
     if process_limit_mode() is None:
         return ("the host user is root and no pids cgroup is writable, so a process-count limit cannot be "
                 "enforced (RLIMIT_NPROC does not bind root, even inside a user namespace). Run as a non-root "
                 "user, or give this process a writable cgroup (cgroup v1 pids hierarchy, or a delegated v2 "
                 "subtree with the pids controller enabled).")
-    spec = Spec(disable_userns="--disable-userns" in feats, tmpfs_size="--size" in feats, seccomp=seccomp.program())
-    prep = prepare(bwrap, spec, ["/bin/true"])
     try:
-        out = subprocess.run(prep.argv, pass_fds=prep.fds, capture_output=True, text=True, timeout=30,
-                             env={"PATH": "/usr/bin:/bin"})
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"bwrap failed to start a sandbox here: {e}"
+        fs = quota_fs(Limits(workspace_files=64, workspace_mb=1, memory_mb=16))
+    except SandboxError as e:
+        return f"the sandbox's workspace quota cannot be enforced here: {e}"
+    try:
+        spec = Spec(disable_userns="--disable-userns" in feats, tmpfs_size="--size" in feats, seccomp=seccomp.program(),
+                    mounts={"/workspace": fs.inside("ws"), "/tmp": fs.inside("tmp"), "/dev/shm": fs.inside("shm")})
+        prep = prepare(bwrap, spec, ["/bin/true"])
+        try:
+            out = subprocess.run(fs.prefix() + prep.argv, pass_fds=prep.fds, capture_output=True, text=True,
+                                 timeout=30, env={"PATH": "/usr/bin:/bin"})
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"bwrap failed to start a sandbox here: {e}"
+        finally:
+            prep.close_fds()
+            os.close(prep.status_fd)
     finally:
-        prep.close_fds()
-        os.close(prep.status_fd)
+        fs.close()
     if out.returncode != 0:
         return ("bwrap is installed but cannot create a sandbox here (user namespaces disabled? try "
                 "`sysctl kernel.unprivileged_userns_clone=1`, or an AppArmor/container profile blocks them): "
                 f"{out.stderr.strip()[:500]}")
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def quota_mode() -> str:
+    """'overlay' where an overlayfs can be mounted over a host directory in the quota's user
+    namespace (the cold Sandbox then shows the host workspace and caps only what the run writes),
+    else 'copy' (the workspace is copied in and out, as the pool does)."""
+    lower = tempfile.mkdtemp(prefix="flywheel-probe-")
+    try:
+        quota_fs(Limits(workspace_files=64, workspace_mb=1, memory_mb=16), lower=lower).close()
+        return "overlay"
+    except SandboxError as e:
+        log.info("flywheel.sandbox: no overlayfs in a user namespace here, the cold sandbox copies workspaces: %s", e)
+        return "copy"
+    finally:
+        os.rmdir(lower)
 
 
 def unavailable_reason() -> str | None:

@@ -17,7 +17,9 @@ FILE_SIZE = "file size limit"
 PROCESSES = "too many processes"
 OUTPUT = "output limit"
 KILLED = "killed"
-REASONS = (TIMEOUT, MEMORY, CPU, FILE_SIZE, PROCESSES, OUTPUT, KILLED)
+QUOTA = "workspace quota exceeded"  # the run ended with its workspace full: nothing was copied back
+COPY_BACK = "workspace copy-back timeout"  # no time left to copy the workspace back: left as it was
+REASONS = (TIMEOUT, MEMORY, CPU, FILE_SIZE, PROCESSES, OUTPUT, KILLED, QUOTA, COPY_BACK)
 
 
 class SandboxError(RuntimeError):

@@ -5,7 +5,10 @@ The process tree of one call, host view:
   namespace -> prlimit (sets rlimits, exec's into) -> the command -> its children.
 When the command exits, bwrap exits and the pid namespace dies with everything left in it
 (a daemonized grandchild included). On timeout or output overflow the reaper is SIGKILLed, which
-has the same effect; the cgroup is swept too.
+has the same effect; the cgroup is swept too. bwrap runs in the namespaces of a quota.QuotaFs
+holder (nsenter, between the cgroup join and bwrap), whose capped tmpfs are /tmp, /dev/shm and
+the workspace: an overlay on the host workspace (or a copy of it where overlayfs is unavailable),
+copied back once the run is over (quota.settle), within wall_s + quota.COPY_BACK_S of its start.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from . import bwrap, cgroup, classify, probe, seccomp
+from . import bwrap, cgroup, classify, probe, quota, seccomp
+from . import result as R
 from .capture import run_captured
 from .limits import MiB, Limits
 from .result import ExecResult, SandboxError
+from .workspace import WorkspaceTooLarge, copy_in
 
 # bwrap's own environment and cwd: readable inside as /proc/1/environ (the join shell adds PWD)
 HOST_ENV = {"PATH": "/usr/bin:/bin"}
@@ -79,9 +85,11 @@ class Sandbox:
 
     def run(self, argv: list[str], workspace: str | Path | None = None, stdin: str | None = None,
             env: dict[str, str] | None = None, limits: Limits | None = None, cwd: str = ".") -> ExecResult:
-        """Run `argv` inside a fresh sandbox. The workspace (a host dir) is mounted read-write at
+        """Run `argv` inside a fresh sandbox. The workspace (a host dir) is seen read-write at
         /workspace and is the only writable place besides a private /tmp; `cwd` is relative to
-        /workspace. Without a workspace, /workspace is a throwaway tmpfs."""
+        /workspace. Without a workspace, /workspace is a throwaway tmpfs. What the run writes
+        there is capped (Limits.workspace_files, workspace_mb) and reaches the host directory
+        when the run is over, all of it or (quota exceeded, no time left) none of it."""
         if not argv:
             raise ValueError("argv is empty")
         lim = limits or self.limits
@@ -92,9 +100,10 @@ class Sandbox:
                   if self.process_limit == "cgroup" else None)
         except cgroup.CgroupError as e:
             raise SandboxError(str(e)) from e
+        reason, note = None, ""
         try:
             if self.isolated:
-                cap = self._run_bwrap(list(argv), ws, _stdin_bytes(stdin), env, lim, cwd, cg)
+                cap, reason, note = self._run_bwrap(list(argv), ws, _stdin_bytes(stdin), env, lim, cwd, cg)
             else:
                 cap = self._run_unsafe(list(argv), ws, _stdin_bytes(stdin), env, lim, cwd, cg)
         finally:
@@ -107,8 +116,9 @@ class Sandbox:
         out, err = cap.stdout.decode("utf-8", "replace"), cap.stderr.decode("utf-8", "replace")
         error = classify.classify(returncode=rc, timed_out=cap.timed_out, overflow=cap.overflow, stderr=err,
                                   pids_hits=pids_hits, oom_kills=ooms, cpu_limit=lim.cpu_s,
-                                  duration_s=cap.duration_s)
-        return ExecResult(rc, out, err, cap.duration_s, timed_out=cap.timed_out, truncated=cap.overflow, error=error)
+                                  duration_s=cap.duration_s, quota=reason == R.QUOTA) or reason
+        return ExecResult(rc, out, err + note, cap.duration_s, timed_out=cap.timed_out, truncated=cap.overflow,
+                          error=error)
 
     def run_python(self, code: str, **kw) -> ExecResult:
         """`python -c code` with the host's own interpreter (its venv is mounted read-only)."""
@@ -117,11 +127,31 @@ class Sandbox:
     # -- backends -------------------------------------------------------------------------
 
     def _run_bwrap(self, argv, ws, stdin, env, lim, cwd, cg):
-        spec = bwrap.Spec(lim, ws, cwd, env, seccomp=self._seccomp, **self._flags)
+        """(Captured, workspace error reason or None, note for stderr): the run in a QuotaFs whose
+        workspace is an overlay on `ws` (or a copy of it), then copied back (quota.settle)."""
+        overlay = ws is not None and probe.quota_mode() == "overlay"
+        fs = probe.quota_fs(lim, lower=ws if overlay else None)
+        try:
+            if ws is not None and not overlay:
+                try:
+                    copy_in(ws, fs.host("ws"))
+                except WorkspaceTooLarge as e:
+                    raise SandboxError(f"{e.strerror}: {lim.workspace_files} files / {lim.workspace_mb} MiB (raise "
+                                       f"Limits.workspace_files / workspace_mb)") from None
+            t0 = time.monotonic()
+            cap = self._launch(argv, fs, stdin, env, lim, cwd, cg)
+            reason, note = quota.settle(fs, ws, t0 + lim.wall_s + quota.COPY_BACK_S)
+        finally:
+            fs.close()
+        return cap, reason, note
+
+    def _launch(self, argv, fs, stdin, env, lim, cwd, cg):
+        mounts = {bwrap.WORKSPACE: fs.inside("ws"), "/tmp": fs.inside("tmp"), "/dev/shm": fs.inside("shm")}
+        spec = bwrap.Spec(lim, None, cwd, env, seccomp=self._seccomp, mounts=mounts, **self._flags)
         # RLIMIT_NPROC (no cgroup) counts bwrap's reaper too
         command = [self._prlimit, *lim.prlimit_args(nproc=cg is None, nproc_overhead=1), "--", *argv]
         prep = bwrap.prepare(self._bwrap, spec, command)
-        full = (cg.join_prefix() if cg else []) + prep.argv
+        full = (cg.join_prefix() if cg else []) + fs.prefix() + prep.argv
 
         def kill_tree(pid: int, child_pid: int | None) -> None:
             if child_pid:  # bwrap's reaper: pid 1 of the sandbox; its death kills the namespace

@@ -1,5 +1,6 @@
 """Host side of one warm sandbox of a SandboxPool: a bwrap sandbox running `server.py`, its
-private host workspace directory (mounted at /workspace), its cgroup.
+capped tmpfs (quota.QuotaFs: /workspace, /tmp, /dev/shm; the host reaches the workspace at `ws`),
+its cgroup. In the unsafe mode `ws` is a plain host directory.
 
 Everything read back from the server is untrusted (a request could have subverted it): frames
 are JSON with size limits, never pickle, and a server that does not answer within the request's
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import bwrap, cgroup, probe, protocol, seccomp, server, workspace
+from .quota import QuotaFs
 from .capture import _Status
 from .limits import MiB, Limits
 from .result import SandboxError
@@ -49,7 +51,8 @@ class Worker:
         self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.cg: cgroup.Cgroup | None = None
-        self.dir: str | None = None
+        self.fs: QuotaFs | None = None  # isolated mode: the capped tmpfs, kept across stop() until kill()
+        self.dir: str | None = None  # unsafe mode: the host directory holding `ws`
         self.init_pid: int | None = None  # host pid of the sandbox's pid 1 (the server)
         self.errors: dict[str, str] = {}  # preload / rlimit failures reported by the server
         self.dirty: list[str] = []  # what the fresh server could not clear from /tmp, /dev/shm (see dirty())
@@ -67,7 +70,8 @@ class Worker:
 
     @property
     def ws(self) -> str:
-        return os.path.join(self.dir, "ws")
+        """The request's workspace as the host reaches it."""
+        return self.fs.host("ws") if self.fs is not None else os.path.join(self.dir, "ws")
 
     @property
     def alive(self) -> bool:
@@ -85,21 +89,30 @@ class Worker:
     def start(self, timeout_s: float = 120.0) -> None:
         """Start the sandbox and wait for the server's ready frame."""
         lim = self.limits
-        self.dir = tempfile.mkdtemp(prefix="flywheel-pool-")
-        os.mkdir(self.ws, 0o700)
         try:
+            if self.isolated:
+                self.fs = probe.quota_fs(lim)
+            else:
+                self.dir = tempfile.mkdtemp(prefix="flywheel-pool-")
+                os.mkdir(self.ws, 0o700)
             self.cg = cgroup.Cgroup(lim.processes, SERVER_OVERHEAD, None) if cgroup.pids_available() else None
-        except cgroup.CgroupError as e:
+        except SandboxError:
+            self.kill()
+            raise
+        except OSError as e:  # CgroupError included
             self.kill()
             raise SandboxError(str(e)) from e
         prefix = self.cg.join_prefix() if self.cg else []
         if self.isolated:  # the server's source is placed inside as a read-only file
             command = [sys.executable, f"{SERVER_DIR}/server.py", self._config()]
             files = {f"{SERVER_DIR}/{Path(m.__file__).name}": Path(m.__file__).read_bytes() for m in (server, protocol)}
-            spec = bwrap.Spec(lim, Path(self.ws), ".", self.env, seccomp=seccomp.program(), files=files,
-                              as_pid_1=True, **probe.bwrap_spec_flags())
+            mounts = {bwrap.WORKSPACE: self.fs.inside("ws"), "/tmp": self.fs.inside("tmp"),
+                      "/dev/shm": self.fs.inside("shm")}
+            spec = bwrap.Spec(lim, None, ".", self.env, seccomp=seccomp.program(), files=files,
+                              as_pid_1=True, mounts=mounts, **probe.bwrap_spec_flags())
             prep = bwrap.prepare(probe.find_bwrap(), spec, command)
-            argv, fds, env, cwd, status_fd = prefix + prep.argv, tuple(prep.fds), HOST_ENV, "/", prep.status_fd
+            argv, fds, env, cwd = prefix + self.fs.prefix() + prep.argv, tuple(prep.fds), HOST_ENV, "/"
+            status_fd = prep.status_fd
         else:
             prep = None
             command = [sys.executable, server.__file__, self._config()]
@@ -202,9 +215,12 @@ class Worker:
         self.init_pid = None
 
     def kill(self) -> None:
-        """stop(), then remove the worker's host directory."""
+        """stop(), then drop the capped tmpfs (or remove the unsafe mode's host directory)."""
         with self._lock:
             self._stop()
+            if self.fs is not None:
+                self.fs.close()
+                self.fs = None
             if self.dir is not None:
                 workspace.remove_tree(self.dir)
                 self.dir = None

@@ -1,68 +1,25 @@
-"""Host-side workspace handling for SandboxPool: a warm sandbox cannot bind a new host directory
-per request, so each server owns one private host directory mounted at /workspace; a request's
-workspace is copied in before it runs and mirrored back after it (then the directory is emptied).
+"""Host-side workspace handling: a warm sandbox cannot bind a new host directory per request, so
+each pool server owns one capped tmpfs mounted at /workspace (quota.py); a request's workspace is
+copied in before it runs and copied back after it (copyback.py), then the tmpfs is emptied.
 
-Everything here walks with `follow_symlinks=False` and only descends into entries that are real
-directories on both sides, so symlinks the sandboxed code left behind (which may point at host
-paths) are copied as links and never followed on the host. FIFOs, sockets and device nodes are
-skipped. Changed files are found by (size, mtime_ns); copies keep mtimes.
+Everything here walks with `follow_symlinks=False`: symlinks the sandboxed code left behind (which
+may point at host paths) are copied as links and never followed on the host. FIFOs, sockets and
+device nodes are skipped.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
-import subprocess
+
+from . import copyback
+from .removal import clear, is_empty, remove_tree  # noqa: F401  (re-exported: the pool's helpers)
 
 
-def _onerror(func, path, exc_info):
-    """rmtree helper: code in the sandbox may have chmod-ed a directory to 000."""
-    try:
-        os.chmod(os.path.dirname(path), 0o700)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-        func(path)
-    except OSError:
-        pass
-
-
-def _remove(path: str) -> None:
-    st = os.lstat(path)
-    if stat.S_ISDIR(st.st_mode):
-        remove_tree(path)
-    else:
-        os.unlink(path)
-
-
-def remove_tree(path: str | os.PathLike) -> None:
-    """rmtree that survives what sandboxed code can build: directories chmod-ed to 000 and trees
-    deeper than Python's recursion limit (then `rm -rf`, which walks iteratively, finishes it)."""
-    try:
-        os.chmod(path, 0o700)
-        shutil.rmtree(path, onerror=_onerror)
-    except FileNotFoundError:
-        return
-    except (OSError, RecursionError):
-        pass
-    if os.path.lexists(path):
-        subprocess.run(["rm", "-rf", "--one-file-system", "--", os.fspath(path)], capture_output=True, timeout=300)
-
-
-def clear(path: str | os.PathLike) -> None:
-    """Empty a directory (keep the directory itself)."""
-    with os.scandir(path) as it:
-        entries = [e.path for e in it]
-    for p in entries:
-        try:
-            _remove(p)
-        except FileNotFoundError:
-            pass
-
-
-def is_empty(path: str | os.PathLike) -> bool:
-    with os.scandir(path) as it:
-        return next(it, None) is None
+class WorkspaceTooLarge(OSError):
+    """The workspace did not fit the sandbox's workspace quota while being copied in."""
 
 
 def _special(src: str, names: list[str]) -> set[str]:
@@ -74,45 +31,33 @@ def _special(src: str, names: list[str]) -> set[str]:
     return out
 
 
+class _Full(Exception):
+    """Raised through copytree (which collects OSErrors and goes on) at the first ENOSPC."""
+
+
+def _copy2(src, dst, *, follow_symlinks=True):
+    try:
+        return shutil.copy2(src, dst, follow_symlinks=follow_symlinks)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise _Full(str(e)) from e
+        raise
+
+
 def copy_in(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Copy the tree `src` into the (empty) directory `dst`, symlinks as symlinks."""
-    shutil.copytree(src, dst, symlinks=True, ignore=_special, dirs_exist_ok=True)
+    """Copy the tree `src` into the (empty) directory `dst`, symlinks as symlinks. Raises
+    WorkspaceTooLarge at the first write refused for lack of space or inodes (`dst` is capped)."""
+    try:
+        shutil.copytree(src, dst, symlinks=True, ignore=_special, copy_function=_copy2, dirs_exist_ok=True)
+    except (_Full, shutil.Error, OSError) as e:
+        full = isinstance(e, _Full) or (isinstance(e, shutil.Error) and os.strerror(errno.ENOSPC) in str(e)) or \
+            getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        if full:
+            raise WorkspaceTooLarge(errno.ENOSPC, f"the workspace {os.fspath(src)!r} does not fit its quota") from None
+        raise
 
 
-def sync_back(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Make the tree `dst` equal to `src` (the sandbox's copy), touching only what differs."""
-    src, dst = os.fspath(src), os.fspath(dst)
-    with os.scandir(src) as it:
-        s_entries = {e.name: e for e in it}
-    with os.scandir(dst) as it:
-        d_entries = {e.name: e for e in it}
-    for name, d in d_entries.items():
-        if name not in s_entries and (d.is_symlink() or d.is_dir(follow_symlinks=False) or d.is_file(follow_symlinks=False)):
-            _remove(d.path)  # special files were never copied in, so their absence means nothing
-    for name, s in s_entries.items():
-        dp = os.path.join(dst, name)
-        d = d_entries.get(name)
-        if s.is_symlink():
-            target = os.readlink(s.path)
-            if d is not None and d.is_symlink() and os.readlink(dp) == target:
-                continue
-            if d is not None:
-                _remove(dp)
-            os.symlink(target, dp)
-        elif s.is_dir(follow_symlinks=False):
-            if d is not None and not d.is_dir(follow_symlinks=False):
-                _remove(dp)
-                d = None
-            if d is None:
-                os.mkdir(dp, 0o700)
-            sync_back(s.path, dp)
-            shutil.copystat(s.path, dp, follow_symlinks=False)
-        elif s.is_file(follow_symlinks=False):
-            sst = s.stat(follow_symlinks=False)
-            if d is not None and d.is_file(follow_symlinks=False):
-                dst_st = d.stat(follow_symlinks=False)
-                if (dst_st.st_size, dst_st.st_mtime_ns) == (sst.st_size, sst.st_mtime_ns):
-                    continue
-            if d is not None:
-                _remove(dp)
-            shutil.copy2(s.path, dp, follow_symlinks=False)
+def sync_back(src: str | os.PathLike, dst: str | os.PathLike, deadline: float | None = None) -> None:
+    """Make the tree `dst` equal to `src` (the sandbox's copy), touching only what differs; past
+    `deadline` (monotonic) raises copyback.CopyBackTimeout with `dst` left as it was."""
+    copyback.copy_back(os.fspath(src), os.fspath(dst), deadline)
