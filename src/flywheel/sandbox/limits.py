@@ -85,5 +85,6 @@ class Limits:
 
     @property
     def tmpfs_bytes(self) -> int:
-        """Size of each private tmpfs (/tmp, /dev/shm, a throwaway /workspace): its pages are RAM."""
+        """Size of each private tmpfs (/tmp, /dev/shm; a throwaway /workspace only where no
+        quota.QuotaFs provides it, which sizes it to `workspace_bytes`): its pages are RAM."""
         return self.memory_mb * MiB

@@ -44,7 +44,7 @@ HOLDER_ENV = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
 SAFE_BASE = re.compile(r"[A-Za-z0-9_./+-]+")  # goes into mount options unescaped
 # $1 base, $2 fstab fd, $3 "overlay" or "": mount, say ready, hold until stdin closes
 HOLDER = r'''
-mount -a -T "/dev/fd/$2" || exit 125
+mount -a -T "/proc/self/fd/$2" || exit 125
 if [ "$3" = overlay ]; then
   mkdir "$1/up/u" "$1/up/w" || exit 125
   mount -t overlay -o "lowerdir=$1/lower,upperdir=$1/up/u,workdir=$1/up/w,userxattr" flywheel-ws "$1/ws" || exit 126

@@ -86,22 +86,26 @@ class Worker:
         return json.dumps({"limits": lim.as_dict(), "rlimits": rl, "nproc": self.cg is None, "nproc_base": base,
                            "pidns": self.isolated, "preload": list(self.preload)})
 
-    def start(self, timeout_s: float = 120.0) -> None:
-        """Start the sandbox and wait for the server's ready frame."""
-        lim = self.limits
+    def _prepare(self) -> None:
+        """The capped tmpfs (or the unsafe mode's host directory) and the cgroup."""
         try:
             if self.isolated:
-                self.fs = probe.quota_fs(lim)
+                self.fs = probe.quota_fs(self.limits)
             else:
                 self.dir = tempfile.mkdtemp(prefix="flywheel-pool-")
                 os.mkdir(self.ws, 0o700)
-            self.cg = cgroup.Cgroup(lim.processes, SERVER_OVERHEAD, None) if cgroup.pids_available() else None
+            self.cg = cgroup.Cgroup(self.limits.processes, SERVER_OVERHEAD, None) if cgroup.pids_available() else None
         except SandboxError:
             self.kill()
             raise
         except OSError as e:  # CgroupError included
             self.kill()
             raise SandboxError(str(e)) from e
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Start the sandbox and wait for the server's ready frame."""
+        lim = self.limits
+        self._prepare()
         prefix = self.cg.join_prefix() if self.cg else []
         if self.isolated:  # the server's source is placed inside as a read-only file
             command = [sys.executable, f"{SERVER_DIR}/server.py", self._config()]
