@@ -15,12 +15,13 @@ import time
 import pytest
 from sandbox_helpers import FAST, assert_pool_clean
 
-from flywheel.sandbox import Limits, SandboxError, SandboxPool
+from flywheel.sandbox import Limits, SandboxError, SandboxPool, probe
 
 WALL_S = 2.0
 INODE_BOMB = "import os\ni = 0\nwhile True:\n    open(f'f{i}', 'w').close()\n    i += 1"
 # keeps going after ENOSPC until the wall clock kills it (the issue's "creating files until killed")
-STUBBORN_BOMB = "import os\ni = 0\nwhile True:\n    try:\n        open(f'f{i}', 'w').close()\n    except OSError:\n        pass\n    i += 1"
+STUBBORN_BOMB = ("import os\ni = 0\nwhile True:\n    try:\n        open(f'f{i}', 'w').close()\n"
+                 "    except OSError:\n        pass\n    i += 1")
 BYTE_BOMB = "with open('big.bin', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))"
 TMP_BOMB = "import os\nos.chdir('/tmp')\n" + STUBBORN_BOMB
 
@@ -111,13 +112,16 @@ def test_legit_run_within_quota_is_copied_back(sandbox, pool, tmp_path):
         assert (tmp_path / "out" / "7").read_text() == "7"
 
 
-def test_workspace_over_quota_is_refused_before_running(tmp_path):
+def test_workspace_over_quota_is_refused_before_running(sandbox, tmp_path, monkeypatch):
     for i in range(40):
         (tmp_path / f"f{i}").write_text("x")
     with SandboxPool(1, FAST.with_(workspace_files=32)) as pool:
         with pytest.raises(SandboxError, match="workspace_files"):
             pool.run_python("print('never')", workspace=tmp_path)
         assert pool.run_python("import os; print(len(os.listdir()))").stdout == "0\n"  # emptied, still serving
+    monkeypatch.setattr(probe, "quota_mode", lambda: "copy")  # the cold Sandbox without overlayfs copies too
+    with pytest.raises(SandboxError, match="workspace_files"):
+        sandbox.run_python("print('never')", workspace=tmp_path, limits=sandbox.limits.with_(workspace_files=32))
     assert len(os.listdir(tmp_path)) == 40
 
 

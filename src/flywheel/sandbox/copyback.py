@@ -132,7 +132,8 @@ def upper_plan(upper: str, dst: str, deadline: float | None = None) -> list[Op]:
     def walk(u_dir: str, d_dir: str | None, rel: str, opaque: bool) -> None:
         u_entries, d_entries = _entries(u_dir), _entries(d_dir)
         if opaque:  # the run replaced this directory: what it did not recreate is gone
-            ops.extend(("rm", os.path.join(rel, n), None) for n, d in d_entries.items() if n not in u_entries and _plain(d))
+            ops.extend(("rm", os.path.join(rel, n), None)
+                       for n, d in d_entries.items() if n not in u_entries and _plain(d))
         for name, u in u_entries.items():
             check()
             r, d = os.path.join(rel, name), d_entries.get(name)

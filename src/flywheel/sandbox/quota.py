@@ -232,7 +232,8 @@ def exceeded_note(u: Usage, lim: Limits) -> str:
             f"{u.bytes / MiB:.1f} of {lim.workspace_mb} MiB")
 
 
-def settle(fs: QuotaFs | None, dst: str | Path | None, deadline: float, src: str | None = None) -> tuple[str | None, str]:
+def settle(fs: QuotaFs | None, dst: str | Path | None, deadline: float,
+           src: str | None = None) -> tuple[str | None, str]:
     """After a run, with nothing left running in the sandbox: (error reason or None, a note for
     stderr). A full workspace (a write may have failed for lack of space or inodes) is reported
     and nothing is copied back; otherwise the workspace is copied back onto `dst` (None: nothing

@@ -140,7 +140,10 @@ class Sandbox:
                                        f"Limits.workspace_files / workspace_mb)") from None
             t0 = time.monotonic()
             cap = self._launch(argv, fs, stdin, env, lim, cwd, cg)
-            reason, note = quota.settle(fs, ws, t0 + lim.wall_s + quota.COPY_BACK_S)
+            try:
+                reason, note = quota.settle(fs, ws, t0 + lim.wall_s + quota.COPY_BACK_S)
+            except (OSError, RecursionError) as e:  # e.g. the holder died, a tree deeper than the recursion limit
+                raise SandboxError(f"could not copy the workspace back from the sandbox: {e!r}") from e
         finally:
             fs.close()
         return cap, reason, note
