@@ -9,7 +9,9 @@
 
 Isolation is bubblewrap (all namespaces, no network, read-only system, private /tmp, only the
 workspace writable, seccomp filter, no capabilities) plus rlimits, a pids/memory cgroup where one
-is writable, and a wall-clock kill of the whole tree. Without bwrap, untrusted code is refused
+is writable, a wall-clock kill of the whole tree, and a workspace quota: the workspace, /tmp and
+/dev/shm are tmpfs capped in bytes and inodes (quota.py), and the workspace reaches the host
+only after the run, all of it or none of it (copyback.py). Without bwrap, untrusted code is refused
 (SandboxUnavailable) unless the caller opts into the unsafe mode, which warns every time.
 See docs/security.md for the threat model and what is NOT protected.
 """
