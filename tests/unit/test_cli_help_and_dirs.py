@@ -75,6 +75,15 @@ def test_flywheel_data_dir_is_where_the_data_commands_look(tmp_path, monkeypatch
     # an explicit --data-dir still wins
     assert CliRunner().invoke(app, ["keys", "list", "--data-dir", str(tmp_path / "d2")]).exit_code == 0
     assert (tmp_path / "d2" / "jobs.db").exists()
+    # and the defaults that are not a --data-dir: a loop config's data_dir, the trace store's and
+    # the cost ledger's files
+    from flywheel.loop.loop_config import LoopConfig
+    from flywheel.traces.db import default_url
+
+    assert LoopConfig.model_fields["data_dir"].get_default(call_default_factory=True) == str(tmp_path / "data")
+    assert default_url() == f"sqlite:///{(tmp_path / 'data' / 'traces.db').resolve()}"
+    report = CliRunner().invoke(app, ["economics", "report", "--out", str(tmp_path / "r")])
+    assert str(tmp_path / "data" / "ledger.jsonl") in report.output, report.output
 
 
 def test_the_old_data_variable_still_works_with_a_warning(tmp_path, monkeypatch):

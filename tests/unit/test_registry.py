@@ -356,7 +356,7 @@ def test_sigkill_during_register_leaves_no_version_and_no_lasting_debris(tmp_pat
 
 def test_cli_round_trip(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("FLYWHEEL_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))
     runner = CliRunner()
     run = lambda *args: runner.invoke(app, ["registry", *args])  # noqa: E731
     a, b = fake_model(tmp_path / "a", 1), fake_model(tmp_path / "b", 2)
@@ -387,14 +387,14 @@ def test_cli_round_trip(tmp_path, monkeypatch):
     assert [line.split()[2:6] for line in history] == [
         ["#1", "promote", "-", "->"], ["#2", "promote", "v1", "->"], ["#3", "rollback", "v2", "->"],
         ["#4", "rollback", "v1", "->"], ["#4", "reject", "v1", "regressed"]]
-    # the default location is $FLYWHEEL_DATA/registry; --registry overrides it
+    # the default location is $FLYWHEEL_DATA_DIR/registry; --registry overrides it
     assert (tmp_path / "data" / "registry" / "registry.db").is_file()
     assert run("list", "--registry", str(tmp_path / "other")).stdout.startswith("no versions registered")
 
 
 def test_cli_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("FLYWHEEL_DATA", raising=False)
+    monkeypatch.delenv("FLYWHEEL_DATA_DIR", raising=False)
     runner = CliRunner()
     empty = tmp_path / "empty"
     empty.mkdir()

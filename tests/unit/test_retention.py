@@ -250,7 +250,7 @@ def test_sigkill_mid_prune_leaves_a_marked_version_whose_leftovers_go_next_time(
 
 
 def test_registry_cli_shows_pruned_versions_and_refuses_them(tmp_path, monkeypatch):
-    monkeypatch.setenv("FLYWHEEL_DATA", str(tmp_path / "data"))
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))
     with Registry() as r:
         _versions(r, tmp_path, 2)
         r.promote("v1")

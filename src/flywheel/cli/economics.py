@@ -25,7 +25,8 @@ def _user_errors():
 
 @app.command("report")
 def report(
-    ledger: Path = typer.Option(Path("flywheel-data/ledger.jsonl"), help="cost ledger (JSONL)"),
+    ledger: Path | None = typer.Option(None, help="cost ledger (JSONL); default: <data dir>/ledger.jsonl "
+                                                  "($FLYWHEEL_DATA_DIR, else ./flywheel-data)"),
     cycles: Path | None = typer.Option(None, help="cycles JSONL: cycle, accuracy_before, accuracy_after, promoted"),
     out: Path = typer.Option(Path("economics-report"), help="folder for the PNG plots and index.html"),
     project: str = typer.Option("", help="comma-separated catalog entries to project onto, e.g. H100,B200"),
@@ -41,7 +42,9 @@ def report(
         from flywheel.economics.render import print_report, write_report
         from flywheel.economics.reports import read_cycles
         from flywheel.economics.tables import build_report
+        from flywheel.locations import data_dir
 
+        ledger = ledger or data_dir() / "ledger.jsonl"
         cat = load_catalog(catalog)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", LedgerWarning)

@@ -19,7 +19,7 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
           version: str = typer.Option(None, "--version-label",
                                       help="version label reported as system_fingerprint (default: the folder name)"),
           traces_db: str = typer.Option(None, "--traces-db",
-                                        help="SQLAlchemy URL of the trace store (default: ./flywheel-data/traces.db)"),
+                                        help="SQLAlchemy URL of the trace store (default: DATA_DIR/traces.db)"),
           no_traces: bool = typer.Option(False, "--no-traces", help="do not record traces"),
           ingest_workers: int = typer.Option(
               None, min=0, help="processes that decode and validate POST /v1/traces batches "
@@ -31,8 +31,8 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
           threads: int = threads_option(),
           fine_tuning: bool = typer.Option(False, "--fine-tuning", help="serve the fine-tuning API (/v1/files, "
                                                                          "/v1/fine_tuning/jobs; docs/api.md)"),
-          data_dir: Path | None = data_dir_option("with --fine-tuning: the job store, files and job folders, shared "
-                                           "with `flywheel worker`"),
+          data_dir: Path | None = data_dir_option("the trace store; with --fine-tuning also the job store, files "
+                                                  "and job folders, shared with `flywheel worker`"),
           jobs_db: str = typer.Option(None, "--jobs-db", help="SQLAlchemy URL of the job store "
                                                              "(default: DATA_DIR/jobs.db)"),
           base_model: list[str] = typer.Option([], "--base-model", help="with --fine-tuning: NAME=FOLDER, another "
@@ -55,7 +55,8 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
         from flywheel.service import OpenAIService, open_trace_sink
 
         set_threads(threads)
-        sink = None if no_traces else open_trace_sink(traces_db)
+        data_dir = resolve(data_dir)
+        sink = None if no_traces else open_trace_sink(traces_db or f"sqlite:///{(data_dir / 'traces.db').resolve()}")
         service = OpenAIService(model, version=version or model.resolve().name, name=name, max_batch=max_batch,
                                 window_s=batch_window_ms / 1000, default_max_tokens=default_max_tokens,
                                 trace_sink=sink, dtype=dtype, device=device)
@@ -63,7 +64,7 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
     typer.echo(f"serving {name} ({service.version}) from {model} on http://{host}:{port}/v1 ({where})")
     store = None if sink is None else sink.store  # also takes traces and feedback from other stacks
     pool = IngestPool(default_ingest_workers() if ingest_workers is None else ingest_workers)
-    ft, auth, data_dir = None, {}, resolve(data_dir)
+    ft, auth = None, {}
     if fine_tuning:
         with user_errors():
             from flywheel.cli.worker import parse_base_models

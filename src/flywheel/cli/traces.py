@@ -11,7 +11,8 @@ import typer
 app = typer.Typer(help="Import and inspect traces (served requests, agent episodes, feedback).",
                   no_args_is_help=True)
 
-DB_HELP = "SQLAlchemy URL of the trace database (default: SQLite at ./flywheel-data/traces.db)"
+DB_HELP = ("SQLAlchemy URL of the trace database (default: SQLite at <data dir>/traces.db: $FLYWHEEL_DATA_DIR, "
+           "else ./flywheel-data)")
 
 
 @contextlib.contextmanager

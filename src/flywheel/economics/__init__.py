@@ -11,7 +11,7 @@ docs/economics.md has the formulas and where every catalog number comes from.
 """
 
 from flywheel.economics.catalog import Catalog, CatalogError, Hardware, load_catalog
-from flywheel.economics.ledger import (DEFAULT_LEDGER, CostRecord, Ledger, LedgerError, LedgerWarning,
+from flywheel.economics.ledger import (CostRecord, Ledger, LedgerError, LedgerWarning,
                                        compute_usd, make_record, read_ledger)
 from flywheel.economics.projection import Projection, project
 from flywheel.economics.reports import (CycleOutcome, cost_by_cycle, cost_by_family, cumulative_curve,
@@ -19,7 +19,7 @@ from flywheel.economics.reports import (CycleOutcome, cost_by_cycle, cost_by_fam
 
 __all__ = [
     "Catalog", "CatalogError", "Hardware", "load_catalog",
-    "DEFAULT_LEDGER", "CostRecord", "Ledger", "LedgerError", "LedgerWarning", "compute_usd", "make_record",
+    "CostRecord", "Ledger", "LedgerError", "LedgerWarning", "compute_usd", "make_record",
     "read_ledger",
     "Projection", "project",
     "CycleOutcome", "cost_by_cycle", "cost_by_family", "cumulative_curve", "cycle_rows",

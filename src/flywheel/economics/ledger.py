@@ -42,7 +42,6 @@ try:
 except ImportError:  # pragma: no cover - non-POSIX
     fcntl = None
 
-DEFAULT_LEDGER = Path("flywheel-data") / "ledger.jsonl"
 
 
 class LedgerError(ValueError):

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from flywheel import locations
 from flywheel.config import Config, ConfigError, DPOConfig, RLConfig, SFTConfig, deep_merge, validate
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.evaluation import SuiteConfig
@@ -68,7 +69,8 @@ class LoopServeConfig(Config):
 
 
 class LoopConfig(Config):
-    data_dir: str = Field("flywheel-data", description="traces.db, registry/, cycles/, ledger.jsonl")
+    data_dir: str = Field(default_factory=lambda: str(locations.data_dir()), description=(
+        "traces.db, registry/, cycles/, ledger.jsonl; default $FLYWHEEL_DATA_DIR, else ./flywheel-data"))
     traces_url: str | None = Field(None, description="trace store URL; default sqlite:///<data_dir>/traces.db")
     hardware: str = Field("cpu-2core", description="catalog entry whose price costs this machine's seconds")
     curation: CurationConfig = Field(default_factory=CurationConfig)

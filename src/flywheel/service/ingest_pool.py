@@ -20,13 +20,13 @@ import asyncio
 import gc
 import logging
 import multiprocessing
-import os
 import signal
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime, timezone
 
+from flywheel.threads import usable_cpus
 from flywheel.traces.batch import NotABatch, PreparedBatch, prepare_body
 from flywheel.traces.encoding import NotJSON
 
@@ -44,8 +44,7 @@ def default_ingest_workers() -> int:
     long preparing a trace as the server's single writer spends writing it, so past ~3
     workers the writer is the limit (docs/benchmarks.md, "Measurements behind choices in the
     code")."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(4, usable))
+    return max(1, min(4, usable_cpus()))
 
 
 def _start_worker() -> None:

@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from flywheel.config import DPOConfig
+from flywheel.cpu_wait import CpuWait
 from flywheel.rollout.data_order import DataOrder
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.dpo_data import load_pairs
@@ -97,6 +98,7 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
                                keep=cfg.checkpoint.keep)
 
     deadline = Deadline(cfg.max_seconds)
+    cpu_wait = CpuWait()  # warns when this process's threads wait for a CPU (oversubscribed)
     tokens_trained = 0  # DPOResult.tokens_trained
     with StepProgress(total, start=step, enabled=cfg.log.progress, description="dpo") as progress:
         while step < total and not deadline.passed():
@@ -118,6 +120,7 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
             last.update(record)
             metrics.log(step, **record)
             progress.update(step, loss=record["loss"], tokens_per_s=0.0)
+            cpu_wait.after_step(step)
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
                 checkpoint()
     if interrupted(step, total):

@@ -78,6 +78,7 @@ import torch
 import torch.distributed as dist
 
 from flywheel.errors import TrainError
+from flywheel.threads import choose_threads, cpu_facts
 from flywheel.train.checkpoint import load_state, rng_state, save_checkpoint, save_model_folder, set_rng_state
 from flywheel.train.stop import request_stop, stop_requested
 
@@ -385,7 +386,7 @@ class RankProcesses:
         job.write_bytes(pickle.dumps({"target": target, "payload": payload, "device": device}))
         self._store = dist.TCPStore(_HOST, 0, world_size, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(seconds=300))
-        threads = threads or max(1, (os.cpu_count() or 1) // world_size)
+        threads = threads or choose_threads(cpu_facts(measure_busy=False), processes=world_size).threads
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Connection] = []
         self._logs = []
