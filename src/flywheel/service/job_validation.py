@@ -172,10 +172,7 @@ class JobValidator:
             return self._recorded.wait_for(lambda: not self._pending, timeout)
 
     def close(self) -> None:
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+        self._drop(wait=True)
 
     def _finish(self, done: Future, job_id: str, req: JobRequest) -> None:
         try:
@@ -186,7 +183,7 @@ class JobValidator:
             except Exception as exc:  # noqa: BLE001 - the checker died or raised: the job fails saying why
                 log.exception("checking the files of job %s failed", job_id)
                 if isinstance(exc, BrokenProcessPool):
-                    self._discard()
+                    self._drop(wait=False)  # its process died: the next submit starts another
                 result = FileCheckResult({"code": "validation_error", "param": "training_file",
                                           "message": f"the files could not be checked: {type(exc).__name__}: {exc}"})
             self._record(job_id, req, result)
@@ -195,12 +192,12 @@ class JobValidator:
                 self._pending.discard(done)
                 self._recorded.notify_all()
 
-    def _discard(self) -> None:
-        """Drop a pool whose process died; the next submit starts another."""
+    def _drop(self, wait: bool) -> None:
+        """Shut the checking process down (queued checks cancelled); a later submit starts another."""
         with self._lock:
             executor, self._executor = self._executor, None
         if executor is not None:
-            executor.shutdown(wait=False, cancel_futures=True)
+            executor.shutdown(wait=wait, cancel_futures=True)
 
     def _record(self, job_id: str, req: JobRequest, result: FileCheckResult) -> None:
         if result.error is not None:
