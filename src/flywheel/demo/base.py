@@ -9,6 +9,22 @@ additions, it learns a 4-digit result's leading "1" as a constant and later fami
 so its demos mix additions of 1-2, 2-3 and 3-4 digit numbers (`digits`), which teaches it to
 copy any 4-digit result. It never sees "minus" or "times". The probes behind these choices
 are in docs/benchmarks.md ("Measurements behind choices in the code").
+
+Two prompt formats, one answer: `tools_share` of the demos offer the calc tool's schema with
+the question (the calculator env with `system_prompt=False`: exactly the request of an OpenAI
+client passing `tools=` with no system message), the rest ask the question bare (the demo's and
+the loop walkthrough's traffic). Both are rendered by the model's own chat template, as the
+server renders a request: the "compact" template (models/chat_template_compact.jinja), whose
+tools block is one signature line, `calc(expression: string)`, about 45 byte tokens instead
+of about 650, so tool-offering rows stay within the small SFT budget. The assistant turns
+are the same in both, so a client passing `tools=` gets `tool_calls` parsed by the server.
+
+The copying is learned abruptly, and whether it is within the 3,000 steps depends on the
+order of the demos (`seed`), not on the tools rows: on a 2-core x86 CPU (the build gives the
+same model with 1 or 2 threads) seeds 0, 1 and 2 of this recipe reached 66 %, 52 % and 100 %
+on 200 held-out 2-3 digit additions (the same with `tools=` and without), and two bare-only
+orders 82 % and 100 %. `seed` 2 is the one that learned here; a machine that rounds floats
+differently may land elsewhere (tests/integration/test_demo_base_client_tools.py would tell).
 """
 
 from __future__ import annotations
@@ -41,6 +57,9 @@ class BaseRecipe:
     warmup: int = 30
     family: dict[str, Any] = field(default_factory=lambda: FAMILIES[0].settings)  # calculator settings of the demos
     digits: tuple[int, ...] = (2, 3, 4)  # calculator max_digits of the demos, split evenly
+    template: str = "compact"  # the model's chat template (models/tiny.py TEMPLATES)
+    tools_share: float = 0.5  # of the demos: offered the calc schema, as a client's `tools=` is
+    seed: int = 2  # which demos offer tools, and their order in the file (see the module docstring)
     split_rule: str = SPLIT_RULE  # how the env puts a problem on train or test (envs/splits.py)
 
     def key(self) -> str:
@@ -79,7 +98,7 @@ def base_model(recipe: BaseRecipe | None = None, root: Path | None = None,
     tiny = root / "tiny"
     if not (tiny / "config.json").exists():
         build_tiny_model(tiny, TinySpec(hidden=recipe.hidden, layers=recipe.layers, heads=recipe.heads,
-                                        ffn=recipe.ffn))
+                                        ffn=recipe.ffn, template=recipe.template))
     demos = root / "demos.jsonl"
     _addition_demos(recipe, demos)
     run_sft(validate(dict(model=str(tiny), output_dir=str(root / "sft"), resume=True,
@@ -91,16 +110,26 @@ def base_model(recipe: BaseRecipe | None = None, root: Path | None = None,
     return final
 
 
-def _addition_demos(recipe: BaseRecipe, out: Path) -> None:
-    """`recipe.demos` scripted episodes of the week-1 family, split evenly over the operand
-    sizes in `recipe.digits` (calculator `max_digits`), as JSONL."""
+def addition_demos(recipe: BaseRecipe) -> list[dict]:
+    """`recipe.demos` scripted episodes of the week-1 family as SFT rows, split evenly over the
+    operand sizes in `recipe.digits` (calculator `max_digits`), shuffled. A row is
+    {"messages": [user, assistant(tool_calls), tool, assistant]} plus, in `recipe.tools_share`
+    of them (seeded), "tools": [the calc schema] (what `flywheel env show calculator` prints).
+    No row has a system message."""
     from flywheel.envs import load_env
     from flywheel.rollout.demos import make_demos
 
-    sizes = recipe.digits
+    sizes, rng = recipe.digits, random.Random(recipe.seed)
     rows: list[dict] = []
     for i, digits in enumerate(sizes):
         n = recipe.demos // len(sizes) + (i < recipe.demos % len(sizes))
-        rows += make_demos(load_env(ENV, **{**recipe.family, "max_digits": digits}), n, seed=i)[0]
-    random.Random(0).shuffle(rows)
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        env = load_env(ENV, **{**recipe.family, "max_digits": digits, "bare_prompt": False, "system_prompt": False})
+        for row in make_demos(env, n, seed=i)[0]:
+            rows.append(row if rng.random() < recipe.tools_share else {"messages": row["messages"]})
+    rng.shuffle(rows)
+    return rows
+
+
+def _addition_demos(recipe: BaseRecipe, out: Path) -> None:
+    """`addition_demos(recipe)` as JSONL at `out`."""
+    out.write_text("".join(json.dumps(r) + "\n" for r in addition_demos(recipe)), encoding="utf-8")
