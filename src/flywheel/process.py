@@ -1,10 +1,12 @@
 """Facts about local processes that several parts need (shared-memory leases, sandbox
-cgroups, the registry's half-copied folders), and pausing the cycle collector."""
+cgroups, the registry's half-copied folders), pausing the cycle collector, and the one way
+flywheel starts helper process pools (`worker_context`)."""
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import multiprocessing
 import os
 import signal
 from contextlib import contextmanager
@@ -49,3 +51,31 @@ def cycle_collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+# What the one forkserver of a flywheel process imports before it forks pool workers: the trace
+# ingestion workers' code (light: pydantic, orjson, no torch). The preload is the forkserver's,
+# shared by every pool of the process and fixed by whichever pool starts it first, so every
+# pool asks for the same one through worker_context().
+FORKSERVER_PRELOAD = ("flywheel.traces.batch",)
+
+
+def worker_context() -> multiprocessing.context.BaseContext:
+    """The start method of flywheel's process pools: a forkserver (a clean interpreter that has
+    imported FORKSERVER_PRELOAD, not the parent with its model, torch and threads), else spawn.
+    A worker holds only what its own functions import: keep them in modules that import
+    nothing heavy (a package's __init__ counts)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    return ctx
+
+
+def start_pool_worker() -> None:
+    """A pool worker's initializer: Ctrl-C (sent to the whole process group) is the parent's to
+    handle, and what the worker imported is frozen out of the cycle collector (~10^5 objects
+    of pydantic and SQLAlchemy that a full collection would otherwise walk every time)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    gc.collect()
+    gc.freeze()

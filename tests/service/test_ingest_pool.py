@@ -56,6 +56,7 @@ def test_workers_hold_neither_torch_nor_the_model():
     pool = IngestPool(1, inline_bytes=0)
     try:
         pool.start()
+        asyncio.run(pool.prepare(body(5), "agent", NOW))  # the worker has run its initializer and a body
         (pid,) = workers_of(pool)
         with open(f"/proc/{pid}/maps") as f:
             maps = f.read()

@@ -6,8 +6,10 @@ sends each large request body, as bytes, to one of `workers` processes and gets 
 `PreparedBatch`; the server's own process only moves bytes and writes the rows to the
 database (in one transaction, as before). Several bodies in flight are prepared in parallel.
 
-Workers are forked from a forkserver: a clean interpreter that has imported flywheel.traces,
-not the server, which holds torch, the model and their threads. A body under `inline_bytes`
+Workers are forked from flywheel's forkserver (flywheel.process.worker_context: a clean
+interpreter that has imported flywheel.traces, not the server, which holds torch, the model
+and their threads), and run functions of flywheel.traces and flywheel.process only, so
+they never import torch. A body under `inline_bytes`
 is prepared in a thread of the server instead: its round trip to a worker costs more than
 it saves. If a worker dies, nothing is lost (nothing of that body was written): the pool
 is rebuilt and the body tried once more on a fresh worker; a body that kills two workers
@@ -17,23 +19,18 @@ is refused (a 500), never tried in the server, which would go down with it.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
-import multiprocessing
-import signal
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from datetime import datetime, timezone
 
+from flywheel.process import start_pool_worker, worker_context
 from flywheel.threads import usable_cpus
-from flywheel.traces.batch import NotABatch, PreparedBatch, prepare_body
+from flywheel.traces.batch import NotABatch, PreparedBatch, prepare_body, prepare_body_in_worker
 from flywheel.traces.encoding import NotJSON
 
 log = logging.getLogger(__name__)
-
-WORKER_MODULE = "flywheel.traces.batch"
-
 
 class IngestWorkerDied(RuntimeError):
     """A body's worker died on each try."""
@@ -45,34 +42,6 @@ def default_ingest_workers() -> int:
     workers the writer is the limit (docs/benchmarks.md, "Measurements behind choices in the
     code")."""
     return max(1, min(4, usable_cpus()))
-
-
-def _start_worker() -> None:
-    # Ctrl-C reaches the whole process group; the server decides when its workers stop
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # What the worker imported (pydantic, SQLAlchemy: ~10^5 objects) is there for good: a
-    # full collection, set off by a batch's garbage, would walk it all every time.
-    gc.collect()
-    gc.freeze()
-
-
-def _prepare_in_worker(raw: bytes, default_source: str, now: datetime) -> PreparedBatch:
-    """`prepare_body` with the cycle collector off: a 500-record body makes ~10^5 containers,
-    freed by reference counting when the batch is done, which would set off collections that
-    walk every imported object on the way. It runs between bodies instead."""
-    gc.disable()
-    try:
-        return prepare_body(raw, default_source, now)
-    finally:
-        gc.enable()
-
-
-def _context() -> multiprocessing.context.BaseContext:
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload([WORKER_MODULE])
-        return ctx
-    return multiprocessing.get_context("spawn")
 
 
 class IngestPool:
@@ -107,7 +76,7 @@ class IngestPool:
         for attempt in (1, 2):
             executor = self._pool()
             try:
-                batch = await asyncio.wrap_future(executor.submit(_prepare_in_worker, raw, default_source, now))
+                batch = await asyncio.wrap_future(executor.submit(prepare_body_in_worker, raw, default_source, now))
             except BrokenProcessPool:
                 self._discard(executor)
                 log.warning("an ingestion worker died (attempt %d of 2 for a body of %d bytes); pool rebuilt",
@@ -131,8 +100,8 @@ class IngestPool:
     def _pool(self) -> ProcessPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ProcessPoolExecutor(self.workers, mp_context=_context(),
-                                                     initializer=_start_worker)
+                self._executor = ProcessPoolExecutor(self.workers, mp_context=worker_context(),
+                                                     initializer=start_pool_worker)
             return self._executor
 
     def _discard(self, broken: ProcessPoolExecutor) -> None:

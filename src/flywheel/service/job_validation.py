@@ -14,7 +14,6 @@ the next one (`resume`). If the checking process dies, the job fails saying so.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
 import threading
@@ -31,6 +30,7 @@ from flywheel.jobs.file_check import FileReport, check_file, check_rows
 from flywheel.jobs.hyperparameters import resolve
 from flywheel.jobs.limits import TenantLimits
 from flywheel.jsonl import read_lines
+from flywheel.process import worker_context
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +126,6 @@ def _start_checker() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    """A forkserver (a clean interpreter, not the server with its model and threads), else spawn."""
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    return multiprocessing.get_context(method)
-
-
 class JobValidator:
     """Checks jobs' files in one low-priority process; `submit` returns at once."""
 
@@ -152,7 +146,7 @@ class JobValidator:
                           str(self.model_path(tenant, req.model)), self.limits.max_line_bytes)
         with self._lock:
             if self._executor is None:
-                self._executor = ProcessPoolExecutor(1, mp_context=_context(), initializer=_start_checker)
+                self._executor = ProcessPoolExecutor(1, mp_context=worker_context(), initializer=_start_checker)
             future = self._executor.submit(check_job_files, check)
             self._pending.add(future)
         future.add_done_callback(lambda done: self._finish(done, job_id, req))

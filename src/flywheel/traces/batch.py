@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from flywheel.clock import utc_naive, utc_now
+from flywheel.process import cycle_collector_paused
 from flywheel.traces.encoding import NotJSON, decode_json, new_trace_ids, trace_row, validate_trace
 from flywheel.traces.results import RecordResult
 from flywheel.traces.schema import describe
@@ -79,3 +80,13 @@ def prepare_body(raw: bytes, default_source: str, now: datetime) -> PreparedBatc
 
     A module-level function of bytes, a str and a datetime: what a worker process is sent."""
     return prepare_traces(batch_records(decode_json(raw)), default_source, now)
+
+
+def prepare_body_in_worker(raw: bytes, default_source: str, now: datetime) -> PreparedBatch:
+    """`prepare_body` in an ingestion worker process (service/ingest_pool.py), the cycle
+    collector paused: a 500-record body makes ~10^5 containers, freed by reference counting
+    when the batch is done, which would set off collections that walk every imported object
+    on the way. It runs between bodies instead. Here, not in the pool's module, so that a
+    worker imports flywheel.traces only (the service package would bring torch)."""
+    with cycle_collector_paused():
+        return prepare_body(raw, default_source, now)
