@@ -1,9 +1,11 @@
 """docs/loop.md's walkthrough, through the public faces only: the `flywheel` CLI to register,
-promote, run and watch the loop, and HTTP for everything else (examples/loop_traffic.py sends
-chat traffic with the official `openai` client and feedback with plain HTTP; another agent
+promote, run and watch the loop, and HTTP for everything else (the official `openai` client
+chats with the calculator's `tools=`, as the walkthrough shows; examples/loop_traffic.py sends
+chat traffic with that client and feedback with plain HTTP; another agent
 stack's traces arrive by POST /v1/traces). A cycle
 promotes, the server switches, SIGTERM stops the daemon, and a restarted daemon serves the
-promoted version. The machinery, not learning: an untrained model under a gate that admits
+promoted version. The machinery, not learning: an untrained model (with the demo base's chat
+template, whose tools block fits its context) under a gate that admits
 any candidate (delta 0, epsilon 1, one new failure enough to decide), with the walkthrough's
 config made small by overrides."""
 
@@ -70,6 +72,23 @@ def _served_version(url: str) -> str:
     return r.json()["system_fingerprint"]
 
 
+def _chat_with_tools(url: str) -> None:
+    """docs/loop.md section 4: the official client passes the calculator's tools (what `flywheel
+    env show calculator` prints); the response's id is a trace id that takes feedback with a
+    verifier (the untrained model's reply is noise: only the faces are checked here;
+    tests/integration/test_demo_base_client_tools.py checks the demo base's replies)."""
+    from openai import OpenAI
+
+    from flywheel.envs import load_env
+
+    client = OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=60)
+    r = client.chat.completions.create(model="flywheel", messages=[{"role": "user", "content": "What is 123 + 45?"}],
+                                       tools=load_env("calculator").info()["tools"], temperature=0, max_tokens=8)
+    assert r.system_fingerprint == "v1" and r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+    feedback = {"score": 0.0, "verifier": {"env": "calculator", "task": {"answer": "168"}}}
+    assert httpx.post(f"{url}/traces/{r.id}/feedback", json=feedback).status_code == 200
+
+
 def _stop(proc: subprocess.Popen) -> str:
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
@@ -78,14 +97,21 @@ def _stop(proc: subprocess.Popen) -> str:
 
 
 @pytest.mark.slow  # processes killed and restarted, or the whole flow end to end: make test-all
-def test_the_walkthrough_through_the_public_faces(tmp_path, untrained_tiny):
+def test_the_walkthrough_through_the_public_faces(tmp_path):
+    from flywheel.demo.base import BASE_RECIPE
+    from flywheel.models import TinySpec, build_tiny_model
+
+    # untrained, with the demo base's chat template: a tools= prompt fits its 512 positions
+    model = build_tiny_model(tmp_path / "tiny", TinySpec(hidden=32, layers=2, heads=4, ffn=64, max_positions=512,
+                                                         template=BASE_RECIPE.template))
     data = tmp_path / "loop"
-    assert "registered v1" in flywheel("registry", "register", str(untrained_tiny), "--data-dir", str(data)).stdout
+    assert "registered v1" in flywheel("registry", "register", str(model), "--data-dir", str(data)).stdout
     assert "promoted v1" in flywheel("registry", "promote", "v1", "--data-dir", str(data)).stdout
     proc = _daemon(data)
     try:
         url = _wait(lambda: (_status(data)["daemon"] or {}).get("url"), 120, "the server", proc)
         assert _served_version(url) == "v1"
+        _chat_with_tools(url)
         traffic = subprocess.run([sys.executable, str(REPO / "examples" / "loop_traffic.py"), "--url", url,
                                   "--episodes", "30", "--max-tokens", "8",
                                   # a correction with every failure: the cycle that the 20th failure starts has
