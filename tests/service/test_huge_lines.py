@@ -166,7 +166,7 @@ def test_a_job_on_a_stored_file_with_a_huge_line_is_created_at_once_and_fails_na
         took = time.monotonic() - start
         assert r.status_code == 200, r.text
         job = r.json()
-        assert job["status"] == "validating_files" and took < 1.0, f"create took {took:.2f} s"
+        assert job["status"] in ("validating_files", "failed") and took < 1.0, f"create took {took:.2f} s"
         deadline = time.monotonic() + 120
         while job["status"] == "validating_files" and time.monotonic() < deadline:
             time.sleep(0.1)
