@@ -24,7 +24,7 @@ def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     from flywheel.registry import Registry
     from flywheel.traces.store import TraceStore
 
-    monkeypatch.setenv("FLYWHEEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FLYWHEEL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(demo_base, "BASE_RECIPE", SMALL_BASE)
     out = tmp_path / "demo"
     get_command(app).main(["demo", "--out", str(out), "--weeks", "2", "--days", "1", "--episodes", "24",

@@ -116,11 +116,13 @@ def test_one_cache_variable_for_the_demo_base_and_code_repair(tmp_path, monkeypa
     assert "$FLYWHEEL_CACHE_DIR" in help_text
 
 
-@pytest.mark.xfail(strict=True, reason="demo/base.py still reads $FLYWHEEL_CACHE itself; its cache_dir should "
-                                       "return flywheel.locations.cache_dir() (then drop this mark)")
 def test_the_demo_base_uses_the_same_cache(tmp_path, monkeypatch):
-    from flywheel.demo.base import cache_dir as demo_cache_dir
+    """A base model already built under $FLYWHEEL_CACHE_DIR is found there, not built again."""
+    from flywheel.demo.base import BASE_RECIPE, base_model
 
     monkeypatch.delenv("FLYWHEEL_CACHE", raising=False)
     monkeypatch.setenv("FLYWHEEL_CACHE_DIR", str(tmp_path / "c"))
-    assert demo_cache_dir() == tmp_path / "c"
+    built = tmp_path / "c" / f"demo-base-{BASE_RECIPE.key()}" / "sft" / "final"
+    built.mkdir(parents=True)
+    (built / "config.json").write_text("{}")
+    assert base_model(log=lambda m: pytest.fail(f"built again: {m}")) == built

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from flywheel import locations
 from flywheel.demo.world import ENV, FAMILIES
 from flywheel.envs.splits import SPLIT_RULE
 
@@ -71,11 +71,6 @@ class BaseRecipe:
 BASE_RECIPE = BaseRecipe()
 
 
-def cache_dir() -> Path:
-    """$FLYWHEEL_CACHE, else ~/.cache/flywheel."""
-    return Path(os.environ.get("FLYWHEEL_CACHE") or Path.home() / ".cache" / "flywheel")
-
-
 def base_demos(final: Path) -> Path:
     """The SFT rows the base model at `final` (what base_model returned) was trained on."""
     return Path(final).parent.parent / "demos.jsonl"
@@ -89,7 +84,7 @@ def base_model(recipe: BaseRecipe | None = None, root: Path | None = None,
     from flywheel.train.sft import run_sft
 
     recipe = recipe or BASE_RECIPE
-    root = (root or cache_dir()) / f"demo-base-{recipe.key()}"
+    root = (root or locations.cache_dir()) / f"demo-base-{recipe.key()}"
     final = root / "sft" / "final"
     if (final / "config.json").exists():
         return final
