@@ -53,7 +53,9 @@ class FineTuning:
         self.validator = JobValidator(jobs, limits, self.model_path)
 
     def start(self) -> None:
-        """Check the files of jobs a stopped server left in `validating_files`."""
+        """Start the file checker, and check the files of jobs a stopped server left in
+        `validating_files`."""
+        self.validator.start()
         self.validator.resume()
 
     def close(self) -> None:

@@ -137,6 +137,17 @@ class JobValidator:
         self._lock = threading.Lock()
         self._recorded = threading.Condition(self._lock)
 
+    def start(self) -> None:
+        """Start the checking process now rather than with the first job: the first start also
+        starts the process's forkserver (most of a second), which a create call should not wait for."""
+        self._pool().submit(os.getpid).result()
+
+    def _pool(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ProcessPoolExecutor(1, mp_context=worker_context(), initializer=_start_checker)
+            return self._executor
+
     def submit(self, job_id: str, tenant: str, req: JobRequest) -> None:
         """Check the job's files; the job leaves `validating_files` when the check is done."""
         files = tuple((param, file_id, str(self.jobs.file_path(tenant, file_id)))
@@ -144,10 +155,9 @@ class JobValidator:
                       if (file_id := getattr(req, param)) is not None)
         check = FileCheck(files, req.method_type, (req.grader or {}).get("type") == ENV_GRADER,
                           str(self.model_path(tenant, req.model)), self.limits.max_line_bytes)
+        executor = self._pool()
         with self._lock:
-            if self._executor is None:
-                self._executor = ProcessPoolExecutor(1, mp_context=worker_context(), initializer=_start_checker)
-            future = self._executor.submit(check_job_files, check)
+            future = executor.submit(check_job_files, check)
             self._pending.add(future)
         future.add_done_callback(lambda done: self._finish(done, job_id, req))
 
