@@ -102,6 +102,7 @@ def test_an_fsdp2_run_follows_the_single_process_run(setup, tmp_path):
     assert resumed.steps == 6 and any("(step 4)" in m for m in logs)
 
 
+@pytest.mark.slow  # a run killed and resumed (the slow marker's kind): ~50 s of make test's 3 minutes
 def test_a_sigkilled_rank_stops_the_run_by_name_and_it_resumes(setup, tmp_path):
     """Rollouts on a worker process one step ahead (the asynchronous path), rank 1 SIGKILLed
     after the first checkpoint: TrainError names it, no final model; resume=true ends the run
