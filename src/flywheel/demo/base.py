@@ -19,17 +19,13 @@ tools block is one signature line, `calc(expression: string)`, about 45 byte tok
 of about 650, so tool-offering rows stay within the small SFT budget. The assistant turns
 are the same in both, so a client passing `tools=` gets `tool_calls` parsed by the server.
 
-The copying is learned abruptly, and whether it is within the 3,000 steps depends on the
-order of the demos (`seed`), not on the tools rows: on a 2-core x86 CPU (the build gives the
-same model with 1 or 2 threads) seeds 0, 1 and 2 of this recipe reached 66 %, 52 % and 100 %
-on 200 held-out 2-3 digit additions (the same with `tools=` and without), and two bare-only
-orders 82 % and 100 %. `seed` 2 is the one that learned here; a machine that rounds floats
-differently may land elsewhere (tests/integration/test_demo_base_client_tools.py would tell).
-A model trained on to 3,000 steps after the jump (loss 1e-4) was rigid: the demo's cycles
-gained 1-2.5 points a cycle on a new family, against 5-9 from the 82 % model. So SFT stops at
-the first check where held-out success reaches `stop_at` (seed 2: step 1,500, 98 % on the
-test split in both formats), which keeps the base teachable (4-8 points a cycle) and halves
-the build.
+The copying is learned abruptly, and whether it is learned within the step budget depends on
+the order of the demos (`seed`), not on the tools rows; the default `seed` is the order that
+learned on the machine these were measured on, and another machine's float rounding may land
+elsewhere (tests/integration/test_demo_base_client_tools.py would tell). A model trained on
+long after the jump was rigid (the demo's cycles gained little on a new family), so SFT stops
+at the first check where held-out success reaches `stop_at`. The figures behind these choices
+are in docs/benchmarks.md ("Demo base: demo order, tools rows and stopping").
 """
 
 from __future__ import annotations
