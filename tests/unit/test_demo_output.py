@@ -79,11 +79,12 @@ def rows() -> list[DayRow]:
         DayRow(2, 1, "v1", {"add": 300, "subtract": 300}, {"add": 50, "subtract": 300}, 9500, 41.0, cycle="c2",
                outcome="promoted", why="new_failures 0.005 -> 0.092 (+8.7 pts, ...) >= delta 5.0 pts [sic]",
                usd=0.003, new_before=0.005, new_after=0.092, production={"add": 0.87, "subtract": 0.02},
-               final={"add": 0.89, "subtract": 0.02}, ipd=273.0, serve_usd_per_m=0.018),
+               final={"add": 0.89, "subtract": 0.02}, ipd=273.0, serve_usd_per_m=0.018, cycle_s=50.0,
+               fixed={"subtract": 95.0}),
         DayRow(2, 2, "v4", {"add": 300, "subtract": 300}, {"add": 36, "subtract": 294}, 9400, 39.0, cycle="c3",
                outcome="promoted", why="new_failures 0.000 -> 0.104 >= delta 5.0 pts", usd=0.002, new_before=0.0,
                new_after=0.104, production={"add": 0.90, "subtract": 0.08}, final={"add": 0.92, "subtract": 0.10},
-               ipd=1166.0, serve_usd_per_m=0.012),
+               ipd=1166.0, serve_usd_per_m=0.012, cycle_s=70.0),
     ]
 
 
@@ -121,11 +122,24 @@ def test_the_table_is_printed_unwrapped_and_written(tmp_path):
 def test_the_closing_line_says_apart_the_base_build():
     s = {"seconds": 600.0, "base_build_s": 312.0, "per_family": {}, "new_family_before": 0.0,
          "new_family_after": 0.1, "old_delta": 1.0, "final_new_family_before": 0.0, "final_new_family_after": 0.1,
-         "final_old_delta": 2.0, "points_per_usd": 100.0, "cycles": 3, "promoted": 2}
+         "final_old_delta": 2.0, "points_per_usd": 100.0, "cycles": 3, "promoted": 2, "fix_latency_s": 95.0,
+         "cycle_s": 50.0, "old_kl": 0.0123}
     assert summary_lines(s)[0].startswith(
         "demo took 10.0 min, after 5.2 min building its base model (first run only: cached for later runs);")
     assert summary_lines({**s, "base_build_s": 0.0})[0].startswith(
         "demo took 10.0 min (its base model came from the cache);")
+    assert summary_lines(s)[-1].endswith(" fix_latency_s=95 cycle_s=50 old_kl=0.0123")
+
+
+def test_fix_latency_is_the_median_over_new_families_and_inf_while_one_is_unfixed(demo):
+    _, summary = demo
+    assert summary["fix_latency"] == {"subtract": 95.0} and summary["fix_latency_s"] == 95.0
+    assert summary["cycle_s"] == 50.0  # the median of 0 (c1's row default), 50 and 70
+    week3 = DayRow(3, 1, "v5", {"multiply": 300}, {"multiply": 300}, 9000, 40.0, cycle="c4", outcome="rejected",
+                   production={"add": 0.9, "subtract": 0.1, "multiply": 0.0},
+                   final={"add": 0.9, "subtract": 0.1, "multiply": 0.0})
+    start = {"add": 0.82, "subtract": 0.0, "multiply": 0.0}  # multiply arrives in week 3 and nothing fixes it
+    assert summarize(rows() + [week3], WorldConfig(weeks=3), start, start, seconds=1.0)["fix_latency_s"] == float("inf")
 
 
 def test_the_report_page_is_the_demos(demo, tmp_path):

@@ -7,7 +7,8 @@ It stands in for a pretrained model, so what it learns has to be the general ski
 question's numbers into the call and the tool's result into the answer. Taught only 2-3 digit
 additions, it learns a 4-digit result's leading "1" as a constant and later families stall;
 so its demos mix additions of 1-2, 2-3 and 3-4 digit numbers (`digits`), which teaches it to
-copy any 4-digit result. It never sees "minus" or "times". The probes behind these choices
+copy any 4-digit result. Its questions come in the eight phrasings of ADD_PHRASINGS, so that it
+copies numbers from wherever a question puts them. It never sees "minus" or "times". The probes behind these choices
 are in docs/benchmarks.md ("Measurements behind choices in the code").
 
 Two prompt formats, one answer: `tools_share` of the demos offer the calc tool's schema with
@@ -42,6 +43,15 @@ from flywheel.demo.world import ENV, FAMILIES
 from flywheel.envs.splits import SPLIT_RULE
 
 
+# Ways to ask for an addition, the numbers at different places in each: a base taught only
+# "What is {a} + {b}?" copies digits from where that template puts them and cannot copy them
+# from "What is {a} minus {b}?" (a week-2 candidate called calc("790 - 774") for "790 minus
+# 744" after two cycles). A pretrained model reads numbers wherever they are; these stand in
+# for that. None says "minus", "times" or another operation: the new families stay new.
+ADD_PHRASINGS = ("What is {a} + {b}?", "What is {a} plus {b}?", "Add {a} and {b}.", "What is the sum of {a} and {b}?",
+                 "Compute {a} + {b}.", "{a} + {b} = ?", "How much is {a} plus {b}?", "Please add {b} to {a}.")
+
+
 @dataclass(frozen=True)
 class BaseRecipe:
     """How the demo's base model is built: the tiny model's shape, its scripted SFT data and the
@@ -58,6 +68,7 @@ class BaseRecipe:
     warmup: int = 30
     family: dict[str, Any] = field(default_factory=lambda: FAMILIES[0].settings)  # calculator settings of the demos
     digits: tuple[int, ...] = (2, 3, 4)  # calculator max_digits of the demos, split evenly
+    phrasings: tuple[str, ...] = ADD_PHRASINGS  # question templates of the demos, split evenly (see ADD_PHRASINGS)
     template: str = "compact"  # the model's chat template (models/tiny.py TEMPLATES)
     tools_share: float = 0.5  # of the demos: offered the calc schema, as a client's `tools=` is
     seed: int = 2  # which demos offer tools, and their order in the file (see the module docstring)
@@ -113,7 +124,8 @@ def base_model(recipe: BaseRecipe | None = None, root: Path | None = None,
 def _heldout(recipe: BaseRecipe, tasks: int = 40) -> Callable[[object, object], dict]:
     """SFT evaluator: greedy success on `tasks` 2-3 digit additions asked bare and as many asked
     with the calc schema offered, the lower of the two as "success". Train-side problems of a
-    seed no demo is drawn from (demos: seeds 0-2), so the test split stays out of every choice."""
+    seed no demo is drawn from (demos: seeds 0 to len(digits) x len(phrasings) - 1), so the test
+    split stays out of every choice."""
     from flywheel.envs import load_env
     from flywheel.train.env_eval import heldout_success
 
@@ -129,18 +141,21 @@ def _heldout(recipe: BaseRecipe, tasks: int = 40) -> Callable[[object, object], 
 
 def addition_demos(recipe: BaseRecipe) -> list[dict]:
     """`recipe.demos` scripted episodes of the week-1 family as SFT rows, split evenly over the
-    operand sizes in `recipe.digits` (calculator `max_digits`), shuffled. A row is
+    operand sizes in `recipe.digits` (calculator `max_digits`) and the question templates in
+    `recipe.phrasings`, shuffled. A row is
     {"messages": [user, assistant(tool_calls), tool, assistant]} plus, in `recipe.tools_share`
     of them (seeded), "tools": [the calc schema] (what `flywheel env show calculator` prints).
     No row has a system message."""
     from flywheel.envs import load_env
     from flywheel.rollout.demos import make_demos
 
-    sizes, rng = recipe.digits, random.Random(recipe.seed)
+    kinds = [(digits, phrasing) for digits in recipe.digits for phrasing in recipe.phrasings]
+    rng = random.Random(recipe.seed)
     rows: list[dict] = []
-    for i, digits in enumerate(sizes):
-        n = recipe.demos // len(sizes) + (i < recipe.demos % len(sizes))
-        env = load_env(ENV, **{**recipe.family, "max_digits": digits, "bare_prompt": False, "system_prompt": False})
+    for i, (digits, phrasing) in enumerate(kinds):
+        n = recipe.demos // len(kinds) + (i < recipe.demos % len(kinds))
+        env = load_env(ENV, **{**recipe.family, "max_digits": digits, "template": phrasing, "bare_prompt": False,
+                               "system_prompt": False})
         for row in make_demos(env, n, seed=i)[0]:
             rows.append(row if rng.random() < recipe.tools_share else {"messages": row["messages"]})
     rng.shuffle(rows)

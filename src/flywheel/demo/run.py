@@ -19,7 +19,7 @@ the served model up with it.
    report page <out>/report/index.html (the demo's summary and per-day table with the gate's
    reasons, then the economics report), plots, and the last line `demo: new_family_before=X new_family_after=Y old_delta=Z
    final_new_family_before=.. final_new_family_after=.. final_old_delta=.. points_per_usd=..
-   cycles=N promoted=M`.
+   cycles=N promoted=M fix_latency_s=.. cycle_s=.. old_kl=..`.
 
 new_family_before / after: the mean, over families that arrive after week 1, of the
 production model's greedy success on the family's gate suite (the frozen suite the gate
@@ -29,6 +29,12 @@ final_*: the same figures on the final test, the demo's evidence. points_per_usd
 of production's mean final-test success over all families from start to end, in points, per
 dollar of every cycle (rejected ones included); the economics report's points per dollar are
 the final test's as well.
+fix_latency_s: per family arriving after week 1, the wall seconds from its first failed episode
+to production serving the first promotion that raised its gate-suite score; the median over
+those families (inf while one is unfixed). cycle_s: the median wall seconds of a cycle, from
+its start to production serving its outcome. old_kl: the forward KL per assistant token from
+the base model to the final production model on 64 scripted conversations of the week-1
+family's test split (demo/forgetting.py), forgetting measured beside old_delta.
 """
 
 from __future__ import annotations
@@ -88,6 +94,10 @@ class DayRow:
     final: dict[str, float] = field(default_factory=dict)  # family final-test scores of production after the day
     ipd: float | None = None  # final-test points (mean over families) per dollar of a promoting cycle
     serve_usd_per_m: float | None = None
+    cycle_s: float = 0.0  # wall seconds of the day's cycle, from its start to production serving its outcome
+    # new family -> wall seconds from its first failed episode to this cycle's promoted fix serving
+    # (a promotion whose candidate scored higher on the family's gate suite than the incumbent)
+    fixed: dict[str, float] = field(default_factory=dict)
 
 
 def loop_config(out: Path, world: WorldConfig, recipe: DemoRecipe, threads: int, anchor_data: list[str]) -> dict:
@@ -153,17 +163,22 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
         finals = final_test.final_suites({n: suite_from_config(n, s) for n, s in cfg.eval.suites.items()},
                                          recipe.final_tasks, cfg.eval.new_failures_max_tokens)
         final_start = final_test.score(v1.path, finals)
+        first_failure: dict[str, float] = {}  # family -> perf_counter of its first failed episode
         try:
             for week in range(1, world.weeks + 1):
                 new = world.new(week)
                 console.rule(f"[bold]week {week}[/]: users ask " + ", ".join(f.name for f in world.live(week))
                              + (f" — [bold red]new: {new.name}[/]" if new else ""))
                 for day in range(1, world.days(week) + 1):
-                    row = _traffic(fw, serving, world, tasks, week, day, run_day, console)
+                    row = _traffic(fw, serving, world, tasks, week, day, run_day, console, first_failure)
                     rows.append(row)
+                    t_cycle = time.perf_counter()
                     st = run_cycle(fw, log=cycle_log)
                     serving.switch_now()
+                    served_at = time.perf_counter()
+                    row.cycle_s = served_at - t_cycle
                     _fill_cycle(row, st, cfg, fw)
+                    _record_fixes(row, st, world, first_failure, served_at, rows)
                     if gate := gate_line(row.cycle, row.outcome, row.why):
                         console.print(f"  {gate}", markup=False, highlight=False)
                     if not row.production:  # no candidate was evaluated: production did not change
@@ -176,6 +191,7 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
         finally:
             serving.close()
         summary = summarize(rows, world, start_scores, final_start, time.perf_counter() - t_start, base_build_s)
+        summary["old_kl"] = _old_family_kl(base, fw.registry.production().path, world, out)
         _write_report(fw, out, rows, console, summary)
     return rows, summary
 
@@ -190,7 +206,35 @@ def _production_scores(fw, cfg) -> dict[str, float]:
     return result.scores
 
 
-def _traffic(fw, serving, world: WorldConfig, tasks, week: int, day: int, run_day, console) -> DayRow:
+def _record_fixes(row: DayRow, st, world: WorldConfig, first_failure: dict[str, float], served_at: float,
+                  rows: list[DayRow]) -> None:
+    """row.fixed: the new families this promotion fixed first (their gate-suite score above the
+    incumbent's), with the wall seconds since each one's first failed episode."""
+    if st.outcome != "promoted":
+        return
+    inc, cand = st.scores.get("incumbent", {}), st.scores.get("candidate", {})
+    fixed_before = {f for r in rows for f in r.fixed}
+    for f in world.families:
+        if (f.arrives > 1 and f.name in first_failure and f.name not in fixed_before
+                and cand.get(f.name, 0.0) > inc.get(f.name, 0.0)):
+            row.fixed[f.name] = served_at - first_failure[f.name]
+
+
+def _old_family_kl(base: Path, production: str | Path, world: WorldConfig, out: Path, n: int = 64) -> float:
+    """Forward KL from the base to production on `n` scripted conversations of the week-1
+    family's test split (demo/forgetting.py): the forgetting beside the accuracy."""
+    from flywheel.demo.final_test import FINAL_SEED
+    from flywheel.demo.forgetting import forward_kl
+    from flywheel.envs import load_env
+    from flywheel.rollout.demos import make_demos
+
+    rows = out / "forgetting-rows.jsonl"
+    make_demos(load_env(ENV, **world.families[0].settings), n, split="test", seed=FINAL_SEED, out=rows)
+    return forward_kl(base, production, rows)
+
+
+def _traffic(fw, serving, world: WorldConfig, tasks, week: int, day: int, run_day, console,
+             first_failure: dict[str, float]) -> DayRow:
     from flywheel.train.progress import CountProgress
 
     plan = day_plan(world, week, day)
@@ -204,6 +248,8 @@ def _traffic(fw, serving, world: WorldConfig, tasks, week: int, day: int, run_da
         def tick(ep) -> None:
             done["n"] += 1
             done["ok"] += ep.success
+            if not ep.success:
+                first_failure.setdefault(ep.family, time.perf_counter())
             bar.update(done["n"], f"{done['ok']} solved")
 
         episodes = asyncio.run(run_day(serving.url, work, world.concurrency, world.correction_rate,

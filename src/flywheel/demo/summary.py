@@ -3,6 +3,7 @@ per-day rows. The figures are defined in demo/run.py's docstring."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from flywheel.demo.report import pct
@@ -35,7 +36,13 @@ def summarize(rows: list, world: WorldConfig, start: dict[str, float], final_sta
     before, after = new_family_figures(rows, world, start, lambda r: r.production)
     final_before, final_after = new_family_figures(rows, world, final_start, lambda r: r.final)
     usd = sum(r.usd for r in rows)
-    return {"new_family_before": before, "new_family_after": after,
+    latencies = [s for r in rows for s in r.fixed.values()]
+    fixed = {f for r in rows for f in r.fixed}
+    news = [f.name for f in world.families if 1 < f.arrives <= world.weeks]
+    cycle_s = sorted(r.cycle_s for r in rows if r.cycle is not None)
+    return {"fix_latency_s": (statistics.median(latencies) if len(fixed) == len(news) and latencies else float("inf")),
+            "fix_latency": {f: next((r.fixed[f] for r in rows if f in r.fixed), None) for f in news},
+            "cycle_s": statistics.median(cycle_s) if cycle_s else float("nan"),"new_family_before": before, "new_family_after": after,
             "old_delta": 100 * (end.get(first, 0.0) - start.get(first, 0.0)),
             "final_new_family_before": final_before, "final_new_family_after": final_after,
             "final_old_delta": 100 * (final_end.get(first, 0.0) - final_start.get(first, 0.0)),
@@ -67,4 +74,5 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
             f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "
             f"old_delta={s['old_delta']:+.1f} final_new_family_before={s['final_new_family_before']:.2f} "
             f"final_new_family_after={s['final_new_family_after']:.2f} final_old_delta={s['final_old_delta']:+.1f} "
-            f"points_per_usd={s['points_per_usd']:.0f} cycles={s['cycles']} promoted={s['promoted']}"]
+            f"points_per_usd={s['points_per_usd']:.0f} cycles={s['cycles']} promoted={s['promoted']} "
+            f"fix_latency_s={s['fix_latency_s']:.0f} cycle_s={s['cycle_s']:.0f} old_kl={s.get('old_kl', float('nan')):.4f}"]
