@@ -25,6 +25,7 @@ read; the cursor only decides which ones a cycle sees).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import random
@@ -330,6 +331,7 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:
     for stage in fw.cfg.train.order:
         if stage in done:
             continue
+        check = None
         n = _count_lines(files[f"{stage}_train"])
         budget = _budget_seconds(fw, st)
         if n < fw.cfg.train.min_examples or budget == 0.0:
@@ -350,22 +352,35 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:
         elif stage == "dpo":
             result = run_dpo(stage_config(fw.cfg, "dpo", **common, data={"train": [files["dpo_train"]]}), log=log)
         else:
-            eval_from = next((k for k in ("new_failures", "rl_heldout", "rl_train") if _count_lines(files[k])), None)
-            test = files[eval_from] if eval_from else None
-            if eval_from == "rl_train":
-                log(f"{st.id}: warning: no held-out RL tasks; the rl stage's own evaluations are on its train "
-                    "tasks (a progress signal only: the gate decides on its suites)")
-            env = {"name": "replay", "settings": {"train": files["rl_train"], "test": test}}
-            result = run_rl(stage_config(fw.cfg, "rl", **common, env=env), log=log)
+            check = _rl_check_split(files, fw.cfg.train, folder / "data") if fw.cfg.train.rl_keep == "if_better" else None
+            if check is not None:
+                env = {"name": "replay", "settings": {"train": check[0], "test": check[1]}}
+                extra = {"eval": {**fw.cfg.train.rl.get("eval", {}),
+                                  "tasks": min(_count_lines(check[1]), fw.cfg.train.rl_check_max)}}
+                log(f"{st.id}: rl trains on {_count_lines(check[0])} tasks and is checked on "
+                    f"{extra['eval']['tasks']} others (train.rl_keep=if_better)")
+            else:
+                eval_from = next((k for k in ("new_failures", "rl_heldout", "rl_train") if _count_lines(files[k])), None)
+                test = files[eval_from] if eval_from else None
+                if eval_from == "rl_train":
+                    log(f"{st.id}: warning: no held-out RL tasks; the rl stage's own evaluations are on its train "
+                        "tasks (a progress signal only: the gate decides on its suites)")
+                env, extra = {"name": "replay", "settings": {"train": files["rl_train"], "test": test}}, {}
+            result = run_rl(stage_config(fw.cfg, "rl", **common, env=env, **extra), log=log)
         seconds = time.perf_counter() - t0
         if result.interrupted:  # cut short: not done; a resumed cycle continues from its checkpoint
             _record_train_cost(fw, st, stage, seconds, result)  # the resumed run counts only its own steps
             fw.save(st)
             log(f"{st.id}: {stage} interrupted at step {result.steps}; the next run resumes it")
             return False
-        current = str(result.final_model)
-        st.stages_run.append({"stage": stage, "examples": n, "steps": result.steps, "seconds": seconds,
-                              "final_model": current})
+        record = {"stage": stage, "examples": n, "steps": result.steps, "seconds": seconds,
+                  "final_model": str(result.final_model)}
+        left_out = _rl_left_out(result) if stage == "rl" and check is not None else None
+        if left_out:
+            record.update(final_model=current, left_out=left_out)  # the candidate stays the model before rl
+            log(f"{st.id}: rl left out: {left_out}; the candidate is the model before it")
+        current = record["final_model"]
+        st.stages_run.append(record)
         _record_train_cost(fw, st, stage, seconds, result)
         fw.save(st)
         crash_point(f"train:{stage}")
@@ -373,6 +388,38 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:
     ran = [s for s in st.stages_run if "skipped" not in s]
     st.candidate_path = current if ran else None
     return True
+
+
+RL_CHECK_MIN = 8  # fewer check tasks than this: rl trains on every task and is kept (nothing to measure on)
+
+
+def _rl_check_split(files: dict[str, str], tm, folder: Path) -> tuple[str, str] | None:
+    """(fit, check) JSONL paths: the curated RL train tasks split by a hash of each line, about
+    `tm.rl_check_fraction` of them into check; None when check would hold < RL_CHECK_MIN tasks.
+    Deterministic, so a resumed cycle splits the same way. The check tasks are curation's
+    train side: the gate's held-out new failures are never among them."""
+    lines = [ln for ln in Path(files["rl_train"]).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    bucket = lambda ln: int(hashlib.sha256(ln.encode()).hexdigest()[:8], 16) / 0x100000000  # noqa: E731
+    check = [ln for ln in lines if bucket(ln) < tm.rl_check_fraction]
+    if len(check) < RL_CHECK_MIN:
+        return None
+    fit = [ln for ln in lines if bucket(ln) >= tm.rl_check_fraction]
+    paths = folder / "rl_fit.jsonl", folder / "rl_check.jsonl"
+    for path, part in zip(paths, (fit, check)):
+        atomic_write(path, "".join(ln + "\n" for ln in part).encode())
+    return str(paths[0]), str(paths[1])
+
+
+def _rl_left_out(result) -> str | None:
+    """Why the rl stage's model is not kept (its greedy success on the check tasks did not rise
+    from its first evaluation to its last), or None to keep it."""
+    evals = [e for e in result.evals if "eval/greedy_accuracy" in e]
+    if len(evals) < 2:
+        return None
+    first, last = evals[0]["eval/greedy_accuracy"], evals[-1]["eval/greedy_accuracy"]
+    if last > first:
+        return None
+    return f"greedy success on its check tasks {first:.3f} -> {last:.3f} in {result.steps} steps (no gain)"
 
 
 def _evaluate(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:

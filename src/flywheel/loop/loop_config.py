@@ -39,6 +39,13 @@ class CycleTrainConfig(Config):
         "SFT files (JSONL, chat or prompt/completion rows) every SFT stage rehearses: skills production "
         "traffic may not exercise, e.g. the base model's own SFT data"))
     anchor_rows: int = Field(256, ge=0, description="rows sampled from anchor_data per SFT stage")
+    rl_keep: Literal["if_better", "always"] = Field("if_better", description=(
+        "if_better: the rl stage trains on a hash-split part of the curated RL tasks and is evaluated "
+        "before and after on the rest (rl_check_fraction, at most rl_check_max, never the gate's new "
+        "failures); the cycle keeps its model only when greedy success there rose, else the candidate "
+        "is the model before it, and the log says why. always: keep it"))
+    rl_check_fraction: float = Field(0.25, gt=0, lt=1, description="share of curated RL train tasks kept to check rl")
+    rl_check_max: int = Field(64, ge=1, description="at most this many rl check tasks are played")
     max_seconds: float | None = Field(None, gt=0, description="wall-clock budget for all stages of a cycle")
     max_usd: float | None = Field(None, gt=0, description="dollar budget (catalog price of `hardware` x seconds)")
     sft: dict[str, Any] = Field(default_factory=dict, description="SFTConfig fields (model, output_dir, data.train filled in)")
