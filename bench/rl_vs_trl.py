@@ -41,7 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 PEER = Path(__file__).resolve().parent / "peers" / "trl_grpo.py"
-SAMPLES_PER_STEP = 64  # 8 prompts x 8 generations
 
 
 @dataclass
@@ -130,21 +129,33 @@ def run_trl(model: Path, seed: int, args, threads: int) -> Run:
     return Run("TRL", seed, evals, s["train_s"], s["samples"], wall)
 
 
-def run_flywheel(model: Path, seed: int, args, threads: int) -> tuple[Run, dict]:
+def flywheel_config(model: Path, out: Path, seed: int, steps: int, lr: float, k: int, eval_every: int,
+                    threads: int, overrides: dict | None = None) -> dict:
+    """flywheel's run of this protocol as an RLConfig dict; `overrides` (section -> settings)
+    change one thing at a time (bench/rl_ablation.py)."""
+    cfg = dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
+               train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": seed},
+               sampling={"temperature": 1.0, "max_tokens": 6},
+               algo={"advantage": "grpo", "eps_low": 0.2, "eps_high": 0.2},
+               optim={"lr": lr, "warmup_steps": 0, "min_lr_ratio": 0.0, "weight_decay": 0.0},
+               eval={"every": eval_every, "tasks": 200, "pass_k": 1}, checkpoint={"every": 0},
+               log={"progress": False}, max_off_policy_steps=k, rollout={"threads": 1},
+               threads=threads if k == 0 else max(1, threads - 1))  # the same thread budget
+    for section, settings in (overrides or {}).items():
+        cfg[section] = {**cfg[section], **settings} if isinstance(settings, dict) else settings
+    return cfg
+
+
+def run_flywheel(model: Path, seed: int, args, threads: int, overrides: dict | None = None) -> tuple[Run, dict]:
     from flywheel.config import RLConfig, validate
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
 
     out = common.WORK / "flywheel-rl"
     shutil.rmtree(out, ignore_errors=True)
-    cfg = validate(dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
-                        train={"steps": args.steps, "groups_per_step": 8, "group_size": 8, "seed": seed},
-                        sampling={"temperature": 1.0, "max_tokens": 6},
-                        algo={"advantage": "grpo", "eps_low": 0.2, "eps_high": 0.2},
-                        optim={"lr": args.lr, "warmup_steps": 0, "min_lr_ratio": 0.0, "weight_decay": 0.0},
-                        eval={"every": args.eval_every, "tasks": 200, "pass_k": 1}, checkpoint={"every": 0},
-                        log={"progress": False}, max_off_policy_steps=args.k, rollout={"threads": 1},
-                        threads=threads if args.k == 0 else max(1, threads - 1)), RLConfig)  # the same thread budget
+    k = (overrides or {}).get("max_off_policy_steps", args.k)
+    cfg = validate(flywheel_config(model, out, seed, args.steps, args.lr, k, args.eval_every, threads, overrides),
+                   RLConfig)
     t0 = time.perf_counter()
     run_rl(cfg, log=lambda m: None)
     wall = time.perf_counter() - t0
@@ -166,7 +177,10 @@ def run_flywheel(model: Path, seed: int, args, threads: int) -> tuple[Run, dict]
     others = [w for s, w in wait_s.items() if s > 1 and (s - 1) % args.eval_every]
     bias = dict(wait_after_eval_ms=1000 * statistics.mean(after) if after else math.nan, wait_other_ms=1000 * statistics.mean(others),
                 final_model=out / "final")
-    return Run("flywheel", seed, evals, clock[args.steps], SAMPLES_PER_STEP * args.steps, wall), bias
+    # every group generated for training: those dynamic sampling discarded count (8 samples each)
+    samples = sum(8 * (r.get("groups", 8) + r.get("rollout/discarded_groups", 0))
+                  for r in records if "time/step_s" in r)
+    return Run("flywheel", seed, evals, clock[args.steps], int(samples), wall), bias
 
 
 def peer_accuracy(model_dir: Path) -> float:

@@ -13,6 +13,8 @@ from typing import Any, Literal, Sequence, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+Decay = Literal["cosine", "linear", "constant"]  # the lr schedule after warm-up (train/schedule.py)
+
 C = TypeVar("C", bound="Config")
 
 
@@ -29,8 +31,11 @@ class Config(BaseModel):
 
 class OptimConfig(Config):
     lr: float = Field(1e-4, gt=0, description="peak learning rate")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="cosine floor as a fraction of lr")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="the decay's floor as a fraction of lr")
     warmup_steps: int = Field(0, ge=0, description="linear warm-up steps from 0 to lr")
+    decay: Decay = Field("cosine", description=(
+        "after warm-up, from lr down to min_lr_ratio * lr at the last step: cosine, linear (TRL's "
+        "default) or constant (no decay)"))
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
@@ -182,10 +187,15 @@ class SamplingConfig(Config):
 
 class AlgoConfig(Config):
     advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    objective: Literal["ppo", "cispo"] = Field("ppo", description=(
+        "ppo: the clipped surrogate; cispo: the clip on a detached weight, every token keeps its "
+        "gradient (MiniMax-M1); the same at train.minibatches=1"))
     eps_low: float = Field(0.2, ge=0)
     eps_high: float = Field(0.2, ge=0, description="> eps_low: DAPO clip-higher")
     aggregation: Literal["token", "sequence", "constant"] = "token"
-    dynamic_sampling: bool = Field(False, description="DAPO: skip groups whose rewards are all equal")
+    dynamic_sampling: bool = Field(False, description=(
+        "DAPO: a group whose rewards are all equal is discarded and another task drawn in its place, "
+        "up to train.draw_limit x groups_per_step groups a step"))
     is_cap: float = Field(2.0, gt=0, description="truncated importance-sampling cap")
     kl_beta: float = Field(0.0, ge=0, description="k3 KL penalty to the initial model; 0 = none")
 
@@ -198,6 +208,12 @@ class RLTrainConfig(Config):
         "optimizer updates per step, each on groups_per_step / minibatches whole groups "
         "(PPO minibatches; more updates per sample)"))
     seed: int = 0
+    draw_limit: float = Field(3.0, ge=1, description=(
+        "with algo.dynamic_sampling: at most this many x groups_per_step groups are taken for one step "
+        "while discarded ones are replaced; the step trains on those kept"))
+    drop_solved: float | None = Field(None, gt=0, le=1, description=(
+        "a train task whose group's mean reward reaches this is not drawn again (ScaleRL's "
+        "no-positive-resampling uses 0.9), unless every task is; null: never dropped"))
     lora: LoraSettings | None = Field(None, description=(
         "train a LoRA adapter (rollout engines run it merged; the KL reference: the model with its "
         "adapter off); null: every weight"))

@@ -14,6 +14,17 @@ WARM_TARGET = 0.35  # held-out greedy accuracy of the shared arithmetic warm sta
 
 
 @pytest.fixture(scope="session")
+def learning_seed() -> int:
+    """The seed of the learning tests' training runs: $FLYWHEEL_TEST_SEED, else 0. The learning
+    matrix (bench/learning_matrix.py) runs them under several seeds and CPU settings."""
+    value = os.environ.get("FLYWHEEL_TEST_SEED", "0")
+    try:
+        return int(value)
+    except ValueError:
+        raise pytest.UsageError(f"FLYWHEEL_TEST_SEED={value!r} is not an integer") from None
+
+
+@pytest.fixture(scope="session")
 def arith_warm_start(tmp_path_factory) -> Path:
     """The peer protocol's tiny model (hidden 256, 4 layers) after SFT on `ab+cd=` until
     held-out greedy accuracy on the 200 test pairs reaches WARM_TARGET (checked every 25 steps,

@@ -111,3 +111,67 @@ def test_work_items_split_a_step_across_workers():
                            items_per_step=2)
     feeder.take(0)
     assert [len(i.tasks) for i in src.submitted] == [2, 3]
+
+
+class RewardSource(FakeSource):
+    """Groups of two attempts; task i scores rewards[i] on both (equal: uninformative) or
+    [1, 0] when rewards[i] is None."""
+
+    def __init__(self, rewards):
+        super().__init__()
+        self.rewards = rewards
+
+    def poll(self, timeout_s=0.0):
+        if not self.queue:
+            return []
+        item = self.queue.popleft()
+        groups = []
+        for t in item.tasks:
+            r = self.rewards[int(t.id[1:])]
+            scores = [1.0, 0.0] if r is None else [r, r]
+            groups.append(TrajectoryGroup(t.id, [Trajectory(t.id, [1, 2], [0, 1], [0.0, -1.0], [-1, item.min_version],
+                                                            reward=x) for x in scores]))
+        return [WorkResult(item.item_id, 0, groups, item.min_version, 0.5, 0.0, 0.1, tokens=len(groups),
+                           kernel_rebuild_s=0.0)]
+
+
+def informative(group):
+    return len({t.reward for t in group.trajectories}) > 1
+
+
+def test_dynamic_sampling_replaces_flat_groups_until_the_step_is_full():
+    rewards = [None if i % 3 == 0 else 1.0 for i in range(30)]  # a third informative
+    feeder = RolloutFeeder(RewardSource(rewards), tasks(30), DataOrder(30, seed=0), groups_per_step=3,
+                           max_off_policy_steps=0, keep=informative, draw_limit=10)
+    got = feeder.take(0)
+    assert len(got.groups) == 3 and all(informative(g) for g in got.groups)
+    assert got.discarded and not any(informative(g) for g in got.discarded)
+    # every group taken is consumed from the data order: none is owed to a resumed run
+    assert set(feeder.state_dict()["untrained"]).isdisjoint(
+        {g.task_index for g in got.groups + got.discarded})
+
+
+def test_dynamic_sampling_stops_at_its_draw_limit():
+    feeder = RolloutFeeder(RewardSource([1.0] * 30), tasks(30), DataOrder(30, seed=0), groups_per_step=2,
+                           max_off_policy_steps=0, keep=informative, draw_limit=3)
+    got = feeder.take(0)
+    assert got.groups == [] and len(got.discarded) == 6  # 3 x 2 groups taken, none kept
+
+
+def test_solved_tasks_are_not_drawn_again_until_every_task_is():
+    rewards = [1.0 if i < 4 else None for i in range(6)]  # tasks 0-3 solved, 4-5 not
+    feeder = RolloutFeeder(RewardSource(rewards), tasks(6), DataOrder(6, seed=0), groups_per_step=3,
+                           max_off_policy_steps=0, solved_at=0.9)
+    for v in range(2):
+        feeder.take(v)  # the first epoch: every task once
+    assert feeder.solved == {0, 1, 2, 3}
+    later = [g.task_index for v in range(2, 6) for g in feeder.take(v).groups]
+    assert set(later) == {4, 5}
+    restored = RolloutFeeder(RewardSource(rewards), tasks(6), DataOrder(6, seed=0), groups_per_step=3,
+                             max_off_policy_steps=0, solved_at=0.9)
+    restored.load_state_dict(feeder.state_dict())
+    assert restored.solved == {0, 1, 2, 3}
+    everything = RolloutFeeder(RewardSource([1.0] * 6), tasks(6), DataOrder(6, seed=0), groups_per_step=3,
+                               max_off_policy_steps=0, solved_at=0.9)
+    for v in range(3):  # every task solved after the first epoch: they are drawn again
+        assert len(everything.take(v).groups) == 3

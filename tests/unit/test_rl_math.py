@@ -58,6 +58,22 @@ def test_gradient_of_unclipped_surrogate():
     assert close(logp.grad, [[-1.0, -1.0]])  # d/dlogp of -(ratio * 2) / 2 tokens, at ratio 1
 
 
+def test_cispo_clips_a_detached_weight_and_keeps_every_gradient():
+    # ratios e^0.5 = 1.6487 (A=+1) and e^-0.5 = 0.6065 (A=-1), both outside [0.8, 1.2]
+    logp = torch.tensor([[0.5], [-0.5]], requires_grad=True)
+    loss, _ = policy_loss(logp, torch.zeros(2, 1), ADV, torch.ones(2, 1), objective="cispo")
+    # l = -w * A * logp with w = clip(ratio): -(1.2 * 1 * 0.5) and -(0.8 * -1 * -0.5), mean of 2 tokens
+    assert loss.item() == pytest.approx((-0.6 - 0.4) / 2)
+    loss.backward()
+    # PPO gives these clipped tokens no gradient; CISPO gives -w * A / 2 tokens
+    assert close(logp.grad, [[-0.6], [0.4]])
+    at_one = torch.zeros(1, 2, requires_grad=True)  # ratio 1: the same gradient as PPO's
+    policy_loss(at_one, at_one.detach(), torch.tensor([2.0]), torch.ones(1, 2), objective="cispo")[0].backward()
+    assert close(at_one.grad, [[-1.0, -1.0]])
+    with pytest.raises(ValueError, match="unknown policy objective 'a2c'"):
+        policy_loss(LOGP, LOGP, ADV, MASK, objective="a2c")
+
+
 def test_k3_kl_and_reference_penalty():
     logp, ref = torch.tensor([[math.log(0.5)]]), torch.tensor([[math.log(0.25)]])
     # d = log(0.25 / 0.5) = -log 2: e^d - d - 1 = 0.5 + log 2 - 1

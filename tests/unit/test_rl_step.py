@@ -77,6 +77,27 @@ def test_minibatches_make_one_update_each_and_sum_what_they_trained(tmp_path):
     assert metrics["reward_mean"] == 0.5
 
 
+def test_later_minibatches_take_their_ratio_to_the_weights_at_the_step_start(tmp_path, monkeypatch):
+    """Minibatch 1 runs at ratio 1; minibatch 2 sees the weights minibatch 1 moved, so its
+    ratio to the step's start differs from 1 and, at a large lr, the clip binds."""
+    model, tok = load(build_tiny_model(tmp_path, TinySpec(hidden=64, layers=2, heads=4, ffn=128)))
+    opt = torch.optim.AdamW(model.parameters(), lr=5e-2)
+    groups = [make_group([1, 2, 7], [3, 258], [4, 258]) for _ in range(2)]
+    parts = []
+    import flywheel.train.rl_step as rl_step_module
+
+    real_update = rl_step_module.update
+
+    def spy(*args, **kwargs):
+        parts.append(real_update(*args, **kwargs))
+        return parts[-1]
+
+    monkeypatch.setattr(rl_step_module, "update", spy)
+    rl_step(model, opt, groups, RLStepConfig(minibatches=2, is_cap=1e9), pad_id=tok.pad_token_id)
+    assert parts[0]["ratio_mean"] == 1.0 and parts[0]["clip_fraction"] == 0.0
+    assert abs(parts[1]["ratio_mean"] - 1.0) > 1e-3 and parts[1]["clip_fraction"] > 0.0
+
+
 def test_a_non_finite_minibatch_is_skipped_alone(tmp_path):
     model, tok = load(build_tiny_model(tmp_path, TinySpec(hidden=64, layers=2, heads=4, ffn=128)))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -122,11 +143,11 @@ def test_the_step_config_carries_every_rl_setting_by_name():
     assert not carried & set(LEARNER_ONLY)
     cfg = validate(dict(model="m", env={"name": "arithmetic"},
                         algo={"advantage": "rloo", "eps_low": 0.1, "eps_high": 0.3, "aggregation": "constant",
-                              "dynamic_sampling": True, "is_cap": 3.0, "kl_beta": 0.05},
+                              "dynamic_sampling": True, "is_cap": 3.0, "kl_beta": 0.05, "objective": "cispo"},
                         sampling={"max_tokens": 7, "temperature": 0.7}, optim={"grad_clip": 0.5},
                         train={"minibatches": 2, "groups_per_step": 2}), RLConfig)
     assert RLStepConfig.from_config(cfg) == RLStepConfig(
         advantage="rloo", eps_low=0.1, eps_high=0.3, aggregation="constant", dynamic_sampling=True, is_cap=3.0,
-        kl_beta=0.05, max_tokens=7, temperature=0.7, grad_clip=0.5, minibatches=2)
+        kl_beta=0.05, max_tokens=7, temperature=0.7, grad_clip=0.5, minibatches=2, objective="cispo")
     assert set(AlgoConfig.model_fields) == {"advantage", "eps_low", "eps_high", "aggregation", "dynamic_sampling",
-                                            "is_cap", "kl_beta"}  # each set to a non-default value above
+                                            "is_cap", "kl_beta", "objective"}  # each set to a non-default value above

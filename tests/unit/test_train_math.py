@@ -8,18 +8,28 @@ import torch
 from flywheel.rollout.data_order import DataOrder
 from flywheel.train.padding import pad_batch
 from flywheel.train.losses import token_nll_sum
-from flywheel.train.schedule import warmup_cosine
+from flywheel.train.schedule import lr_multiplier
 
 
 def test_warmup_then_cosine_to_the_floor():
     # warm-up 4 steps: 1/4, 2/4, 3/4, 4/4; then 11 - 4 - 1 = 6 decay steps
-    assert [warmup_cosine(s, 4, 11, 0.1) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert warmup_cosine(4, 4, 11, 0.1) == pytest.approx(1.0)
+    assert [lr_multiplier(s, 4, 11, 0.1) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_multiplier(4, 4, 11, 0.1) == pytest.approx(1.0)
     # halfway (3 of 6 decay steps): 0.1 + 0.9 * (1 + cos(pi/2)) / 2 = 0.55
-    assert warmup_cosine(7, 4, 11, 0.1) == pytest.approx(0.55)
-    assert warmup_cosine(10, 4, 11, 0.1) == pytest.approx(0.1)
-    assert warmup_cosine(50, 4, 11, 0.1) == pytest.approx(0.1)
-    assert warmup_cosine(0, 0, 3, 0.0) == 1.0
+    assert lr_multiplier(7, 4, 11, 0.1) == pytest.approx(0.55)
+    assert lr_multiplier(10, 4, 11, 0.1) == pytest.approx(0.1)
+    assert lr_multiplier(50, 4, 11, 0.1) == pytest.approx(0.1)
+    assert lr_multiplier(0, 0, 3, 0.0) == 1.0
+
+
+def test_linear_and_constant_decay():
+    # no warm-up, 11 steps: 10 decay steps; step 5 is halfway, step 10 the last
+    assert lr_multiplier(5, 0, 11, 0.0, "linear") == pytest.approx(0.5)
+    assert lr_multiplier(10, 0, 11, 0.0, "linear") == 0.0
+    assert lr_multiplier(8, 0, 11, 0.2, "linear") == pytest.approx(0.2 + 0.8 * 0.2)
+    assert [lr_multiplier(s, 2, 11, 0.1, "constant") for s in (0, 1, 2, 10)] == [0.5, 1.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="unknown lr decay 'step'"):
+        lr_multiplier(3, 0, 11, 0.1, "step")
 
 
 def test_data_order_visits_every_example_per_epoch_and_resumes():

@@ -8,6 +8,12 @@ version <= v + k: k = 0 is synchronous on-policy training, k = 1 generates step 
 step s trains. Groups that are nevertheless too old (a slow worker, a restart) are dropped
 by the VersionedBuffer, counted, and their tasks generated again.
 
+Filters (both off by default):
+- `keep` (DAPO's dynamic sampling): a group it rejects (all rewards equal: no gradient) is
+  discarded and another task drawn in its place, until `groups_per_step` groups are kept or
+  `draw_limit` x groups_per_step have been taken for the step; the step then trains on those kept.
+- `solved_at` (ScaleRL's no-positive-resampling): a task whose group's mean reward reaches it
+  is never drawn again, unless every task is solved.
 Data position: tasks are drawn from the DataOrder when submitted. `state_dict` holds the
 task indices drawn but not yet trained, in order; a resumed run submits those first, so
 after SIGKILL + resume no task is skipped and none is trained twice.
@@ -18,6 +24,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable
 
 from flywheel.buffer import VersionedBuffer
 from flywheel.orchestrate.worker import WorkItem, WorkResult
@@ -35,13 +42,19 @@ class StepRollouts:
 
     groups: list[TrajectoryGroup]
     wait_s: float  # learner time spent waiting for them
+    discarded: list[TrajectoryGroup] = field(default_factory=list)  # taken for this step, rejected by `keep`
     work: dict[str, float] = field(default_factory=dict)  # sums over the work items received meanwhile
 
 
 class RolloutFeeder:
     def __init__(self, source, tasks: list[Task], order: DataOrder, groups_per_step: int,
-                 max_off_policy_steps: int, items_per_step: int = 1):
+                 max_off_policy_steps: int, items_per_step: int = 1,
+                 keep: Callable[[TrajectoryGroup], bool] | None = None, draw_limit: float = 3.0,
+                 solved_at: float | None = None):
         self.source, self.tasks, self.order = source, tasks, order
+        self.keep, self.solved_at = keep, solved_at
+        self.max_taken = max(groups_per_step, int(draw_limit * groups_per_step))
+        self.solved: set[int] = set()  # task indices not to draw again (solved_at)
         self.groups_per_step, self.k = groups_per_step, max_off_policy_steps
         self.items_per_step = max(1, min(items_per_step, groups_per_step))
         self.buffer = VersionedBuffer(max_off_policy_steps, on_drop=self._regenerate)
@@ -56,11 +69,12 @@ class RolloutFeeder:
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict:
-        return {"untrained": list(self._untrained)}
+        return {"untrained": list(self._untrained), "solved": sorted(self.solved)}
 
     def load_state_dict(self, state: dict) -> None:
         self._untrained = list(state.get("untrained", []))
         self._undrawn = deque(self._untrained)
+        self.solved = set(state.get("solved", []))
 
     # ------------------------------------------------------------------ submitting
 
@@ -70,8 +84,9 @@ class RolloutFeeder:
         out = []
         while self._undrawn and len(out) < n:
             out.append(self._undrawn.popleft())
-        if len(out) < n:
-            new = self.order.take(n - len(out))
+        skip = self.solved if len(self.solved) < len(self.tasks) else set()
+        while len(out) < n:
+            new = [i for i in self.order.take(n - len(out)) if i not in skip]
             self._untrained += new
             out += new
         return out
@@ -110,15 +125,23 @@ class RolloutFeeder:
         """Block until `groups_per_step` groups fresh enough for `learner_version` are ready."""
         t0 = time.perf_counter()
         got: list[TrajectoryGroup] = []
-        while len(got) < self.groups_per_step:
+        discarded: list[TrajectoryGroup] = []
+        while len(got) < self.groups_per_step and len(got) + len(discarded) < self.max_taken:
             self.fill(learner_version, taken=len(got))
-            got += self.buffer.take(self.groups_per_step - len(got), learner_version, timeout_s=0)
+            want = min(self.groups_per_step - len(got), self.max_taken - len(got) - len(discarded))
+            for g in self.buffer.take(want, learner_version, timeout_s=0):
+                self._untrained.remove(g.task_index)
+                if self.solved_at is not None and _mean_reward(g) >= self.solved_at:
+                    self.solved.add(g.task_index)
+                (got if self.keep is None or self.keep(g) else discarded).append(g)
             if len(got) < self.groups_per_step:
                 self._receive(self.source.poll(poll_s))
-        for g in got:
-            self._untrained.remove(g.task_index)
         work, self._work = {key: 0.0 for key in WORK_KEYS} | self._work, {}  # zeros: no item arrived meanwhile
-        return StepRollouts(got, time.perf_counter() - t0, work)
+        return StepRollouts(got, time.perf_counter() - t0, discarded, work)
+
+
+def _mean_reward(group: TrajectoryGroup) -> float:
+    return sum(t.reward for t in group.trajectories) / len(group.trajectories)
 
 
 def _split(indices: list[int], parts: int) -> list[list[int]]:

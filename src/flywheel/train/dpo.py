@@ -31,7 +31,7 @@ from flywheel.train.padding import pad_batch
 from flywheel.train.progress import StepProgress
 from flywheel.train.rl_step import token_logprobs
 from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
-from flywheel.train.schedule import warmup_cosine
+from flywheel.train.schedule import lr_multiplier
 from flywheel.train.stop import Deadline, interrupted, interrupted_message
 
 
@@ -76,7 +76,7 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
     total = cfg.train.steps or max(1, math.ceil(cfg.train.epochs * len(pairs) / cfg.train.batch_size))
     oc = cfg.optim
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=oc.lr, betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, oc.warmup_steps, total, oc.min_lr_ratio))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_multiplier(s, oc.warmup_steps, total, oc.min_lr_ratio, oc.decay))
     order = DataOrder(len(pairs), cfg.train.seed)
     step = 0
     if ckpt is not None:

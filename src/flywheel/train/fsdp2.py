@@ -315,7 +315,7 @@ def rl_step_fsdp2(model, optimizer, groups: list, cfg, pad_id: int, rank: Rank, 
     Metrics: loss summed over ranks (the global loss), trained_tokens summed, the other
     means weighted by each rank's tokens; grad_norm is already global. Plans of one model
     call only (RLStepConfig.one_forward); a non-finite loss on any rank skips the update on all."""
-    from flywheel.train.rl_step import assign_advantages, merge_minibatches, split_groups, update
+    from flywheel.train.rl_step import assign_advantages, merge_minibatches, proximal_logprobs, split_groups, update
 
     groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
     if not groups:
@@ -325,11 +325,13 @@ def rl_step_fsdp2(model, optimizer, groups: list, cfg, pad_id: int, rank: Rank, 
     # each other's all-gathers and reduce-scatters forever
     cfg = dataclasses.replace(cfg, one_forward=True)
     parts = []
-    for chunk in split_groups(groups, cfg.minibatches):
-        mine, scale = rl_share(chunk, rank, cfg.aggregation)
+    shares = [rl_share(chunk, rank, cfg.aggregation) for chunk in split_groups(groups, cfg.minibatches)]
+    # every rank makes the same calls: a proximal pass per later minibatch (rl_step.rl_step's rule)
+    proximal = [None] + [proximal_logprobs(model, mine, cfg, pad_id, ref_model) for mine, _ in shares[1:]]
+    for (mine, scale), before in zip(shares, proximal):
         with _scaled_logit_gradients(model, scale):
             m = update(model, optimizer, mine, cfg, pad_id, ref_model, ref_context,
-                       all_finite=lambda finite: rank.sum([float(not finite)])[0] == 0)
+                       all_finite=lambda finite: rank.sum([float(not finite)])[0] == 0, proximal_N=before)
         parts.append(_global_metrics(m, scale, rank))
     return merge_minibatches(groups, parts)
 

@@ -31,7 +31,7 @@ from flywheel.train.checkpoint import save_checkpoint, save_model_folder
 from flywheel.train.lora import MergedWeights, is_peft, load_trainable, trainable_count
 from flywheel.train.rl_step import RLStepConfig, rl_step
 from flywheel.train.run_state import restore_trainer_state, trainer_state
-from flywheel.train.schedule import warmup_cosine
+from flywheel.train.schedule import lr_multiplier
 
 
 class RLLearner:
@@ -56,7 +56,7 @@ class RLLearner:
                                            betas=oc.betas, eps=oc.eps, weight_decay=oc.weight_decay,
                                            fused=True)  # one kernel for every parameter: ~20 % of a tiny step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: warmup_cosine(s, oc.warmup_steps, cfg.train.steps, oc.min_lr_ratio))
+            self.optimizer, lambda s: lr_multiplier(s, oc.warmup_steps, cfg.train.steps, oc.min_lr_ratio, oc.decay))
         self.algo = RLStepConfig.from_config(cfg)
         if ckpt is not None:  # (run_rl says it resumed)
             if rank is None:

@@ -8,6 +8,11 @@ Clipped surrogate (PPO, Schulman et al. 2017; GRPO, Shao et al. 2024), per token
     ratio = exp(logp - old_logp)
     l_t = -min(ratio * A_b, clip(ratio, 1 - eps_low, 1 + eps_high) * A_b) * is_weight_t + beta * KL_t
 - DAPO clip-higher (Yu et al. 2025): eps_high > eps_low lets low-probability tokens rise.
+- CISPO (MiniMax-M1, arXiv:2506.13585), `objective="cispo"`: the clip moves from the update to
+  a detached weight, so every token keeps its gradient:
+    l_t = -sg(clip(ratio, 1 - eps_low, 1 + eps_high)) * A_b * logp_t * is_weight_t + beta * KL_t
+  At ratio = 1 (one update per batch: the proximal policy is the learner's own weights) its
+  gradient equals PPO's; the two differ only from a step's second minibatch on.
 - KL to a reference with the k3 estimator (Schulman, "Approximating KL divergence", 2020):
   KL_t = exp(ref - logp) - (ref - logp) - 1, unbiased for KL(pi || ref) and always >= 0.
 - Truncated importance sampling for off-policy tokens (Yao et al. 2025, "Your efficient RL
@@ -28,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 Aggregation = Literal["sequence", "token", "constant"]
+Objective = Literal["ppo", "cispo"]
 
 
 def token_nll_sum(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
@@ -60,14 +66,20 @@ def policy_loss(logp_B_T: torch.Tensor, old_logp_B_T: torch.Tensor, advantages_B
                 mask_B_T: torch.Tensor, eps_low: float = 0.2, eps_high: float = 0.2,
                 aggregation: Aggregation = "token", max_tokens: int | None = None,
                 ref_logp_B_T: torch.Tensor | None = None, kl_beta: float = 0.0,
-                behavior_logp_B_T: torch.Tensor | None = None, is_cap: float = 2.0) -> tuple[torch.Tensor, dict]:
+                behavior_logp_B_T: torch.Tensor | None = None, is_cap: float = 2.0,
+                objective: Objective = "ppo") -> tuple[torch.Tensor, dict]:
     """Clipped policy-gradient loss (see the module docstring). Returns (loss, metrics)."""
     mask = mask_B_T.to(logp_B_T.dtype)
     ratio = torch.exp(logp_B_T - old_logp_B_T)
     adv = advantages_B[:, None]
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
-    per_token = -torch.minimum(unclipped, clipped)
+    if objective == "ppo":
+        unclipped = ratio * adv
+        clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv
+        per_token = -torch.minimum(unclipped, clipped)
+    elif objective == "cispo":
+        per_token = -ratio.clamp(1.0 - eps_low, 1.0 + eps_high).detach() * adv * logp_B_T
+    else:
+        raise ValueError(f"unknown policy objective {objective!r}: use ppo or cispo")
     metrics = {}
     if behavior_logp_B_T is not None:
         is_weight = torch.exp(old_logp_B_T - behavior_logp_B_T).clamp(max=is_cap).detach()

@@ -35,6 +35,7 @@ import torch
 
 from flywheel.config import RLConfig
 from flywheel.envs.splits import eval_overlap
+from flywheel.rollout.advantages import informative
 from flywheel.rollout.data_order import DataOrder
 from flywheel.rollout.evaluate import evaluate
 from flywheel.inference.lora import adapter_base, is_adapter_folder
@@ -222,6 +223,11 @@ def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack
     return source
 
 
+def _informative(group) -> bool:
+    """Dynamic sampling's test: the group's rewards are not all equal."""
+    return informative(torch.tensor([t.reward for t in group.trajectories]))
+
+
 def _in_flight_tokens(groups) -> int:
     """Sampled tokens of a newer version than their trajectory's first (in-flight updates)."""
     count = 0
@@ -270,7 +276,8 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     source, eval_engine = _rollout_source(cfg, engine_model, tokenizer, env, renderer, n_workers, plain, stack, log,
                                           learner)
     feeder = RolloutFeeder(source, tasks, order, cfg.train.groups_per_step, cfg.max_off_policy_steps,
-                           items_per_step=max(1, n_workers))
+                           items_per_step=max(1, n_workers), keep=_informative if cfg.algo.dynamic_sampling else None,
+                           draw_limit=cfg.train.draw_limit, solved_at=cfg.train.drop_solved)
     feeder.load_state_dict(feeder_state)
     metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
                                 start_step=step)
@@ -307,7 +314,8 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             groups = roll.groups
             t1 = time.perf_counter()
             staleness = [step - g.oldest_version for g in groups]
-            rewards = [t.reward for g in groups for t in g.trajectories]  # before dynamic sampling drops any
+            # every group taken, those dynamic sampling discarded included: what the policy scored
+            rewards = [t.reward for g in groups + roll.discarded for t in g.trajectories]
             m = learner.update(groups)
             lr = m.pop("lr")
             tokens_trained += int(m.get("trained_tokens", 0))
@@ -327,12 +335,14 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             record = {**m, "reward_mean": sum(rewards) / samples, "lr": lr,
                       "reward_std": float(torch.tensor(rewards).std()) if samples > 1 else 0.0,
                       "samples_per_s": samples / (t3 - t0), "tokens_per_s": tokens / (t3 - t0),
-                      "staleness_mean": sum(staleness) / len(staleness), "time/step_s": t3 - t0,
+                      "staleness_mean": sum(staleness) / max(1, len(staleness)), "time/step_s": t3 - t0,
                       "rollout/in_flight_tokens": float(_in_flight_tokens(groups)),
                       "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2,
                       **{f"rollout/{k}": v for k, v in roll.work.items()},
                       **feeder.buffer.stats(), **source.stats(),
-                      "rollout/regenerated_groups": float(feeder.regenerated_groups)}
+                      "rollout/regenerated_groups": float(feeder.regenerated_groups),
+                      "rollout/discarded_groups": float(len(roll.discarded)),
+                      "rollout/solved_tasks": float(len(feeder.solved))}
             rollouts_log.write(json.dumps({
                 "step": step, "tasks": [g.task_index for g in groups], "staleness": staleness,
                 "rewards": [[t.reward for t in g.trajectories] for g in groups]}) + "\n")

@@ -8,10 +8,12 @@ per-position results are scattered back to (B, T - 1) with zeros elsewhere (ever
 masks them).
 A step may split its groups into `minibatches` (whole groups each) with one optimizer update
 per minibatch, as PPO's minibatches or TRL's steps_per_generation: more updates per sample.
-The proximal policy of each update is the learner's weights just before it (the PPO ratio
-starts at 1); the sampler's logprobs are the behaviour policy, corrected by truncated
-importance sampling (train/losses.py) — the decoupled form AReaL and prime-rl use for
-asynchronous training — so a later minibatch's drift from the sampler is what the cap bounds.
+The proximal policy of every update is the learner's weights at the step's start (the PPO
+ratio is 1 in the first minibatch; the clip, or CISPO's clipped weight, bounds how far the
+later ones move from it); the sampler's logprobs are the behaviour policy, corrected by
+truncated importance sampling (train/losses.py) — the decoupled form AReaL and prime-rl use
+for asynchronous training. With one minibatch a step the ratio is 1 throughout: the clip never
+binds and eps_low / eps_high / objective change nothing, as in TRL with num_iterations=1.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 from flywheel.config import RLConfig
 from flywheel.rollout.advantages import ESTIMATORS, informative
 from flywheel.train.forward import set_learner_mode
-from flywheel.train.losses import Aggregation, policy_loss
+from flywheel.train.losses import Aggregation, Objective, policy_loss
 from flywheel.train.shared_prefix import PlainPlan, attention_cost, plan_batch, plan_kinds
 from flywheel.types import TrajectoryGroup
 
@@ -40,6 +42,7 @@ LEARNER_ONLY = ("shared_prefix", "autocast_bf16", "one_forward")
 @dataclass
 class RLStepConfig:
     advantage: str = "grpo"  # grpo | dr_grpo | rloo
+    objective: Objective = "ppo"  # ppo | cispo (train/losses.py)
     eps_low: float = 0.2
     eps_high: float = 0.2  # > eps_low: DAPO clip-higher
     aggregation: Aggregation = "token"
@@ -173,8 +176,12 @@ def rl_step(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, 
     groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
     if not groups:
         return {"skipped": 1.0, "groups": 0.0}
-    parts = [update(model, optimizer, chunk, cfg, pad_id, ref_model, ref_context)
-             for chunk in split_groups(groups, cfg.minibatches)]
+    chunks = split_groups(groups, cfg.minibatches)
+    # the PPO ratio of every minibatch is to the weights at the step's start (ratio 1 for the
+    # first), so the clip bounds how far the later updates move from them
+    proximal = [None] + [proximal_logprobs(model, chunk, cfg, pad_id, ref_model) for chunk in chunks[1:]]
+    parts = [update(model, optimizer, chunk, cfg, pad_id, ref_model, ref_context, proximal_N=before)
+             for chunk, before in zip(chunks, proximal)]
     return merge_minibatches(groups, parts)
 
 
@@ -193,16 +200,12 @@ def merge_minibatches(groups: list[TrajectoryGroup], parts: list[dict[str, float
     return merged
 
 
-def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int,
-           ref_model=None, ref_context=contextlib.nullcontext,
-           all_finite: Callable[[bool], bool] = lambda finite: finite) -> dict[str, float]:
-    """One optimizer update on groups whose advantages are assigned; its loss and gradient
-    metrics (the step's groups and rewards are rl_step's). all_finite(this loss is finite)
-    -> whether to go on: a sharded learner's ranks agree there, so none skips the backward
-    that the others' collectives wait for."""
+def _plan(model, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int, use_ref: bool, ref_model=None):
+    """(packed batch, forward plan, keep): keep is (B, T - 1), True at the plan's N loss
+    positions in row-major order. Deterministic in its inputs, so the proximal pass and the
+    update of the same groups share one plan."""
     device = next(model.parameters()).device
     batch = pack(groups, pad_id, device)
-    use_ref = ref_model is not None and bool(cfg.kl_beta)
     kinds = plan_kinds(model) if cfg.shared_prefix else ()
     if cfg.one_forward:
         kinds = tuple(k for k in kinds if k == "tree")
@@ -215,21 +218,47 @@ def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, p
     trajs = [t for g in groups for t in g.trajectories]
     plan = plan_batch([t.ids for t in trajs], [t.loss_mask for t in trajs], rows, pad_id, device, share=bool(kinds),
                       attn_cost=attention_cost(model), kinds=kinds)
-    keep = batch["mask"] != 0  # (B, T - 1), row-major order = the plan's N positions
+    keep = batch["mask"] != 0
     if int(keep.sum()) != plan.targets_N.numel():
         raise ValueError("loss_mask and ids disagree in length for some trajectory")
+    return batch, plan, keep
+
+
+def proximal_logprobs(model, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int,
+                      ref_model=None) -> torch.Tensor:
+    """logp_N of `groups` under the model as it is now, no gradient: a step's proximal policy
+    (the PPO ratio's denominator) for its second and later minibatches."""
+    _, plan, _ = _plan(model, groups, cfg, pad_id, ref_model is not None and bool(cfg.kl_beta), ref_model)
+    set_learner_mode(model, dropout=False)
+    with torch.no_grad():
+        return loss_position_logprobs(model, plan, cfg.autocast_bf16, cfg.temperature)[0]
+
+
+def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, pad_id: int,
+           ref_model=None, ref_context=contextlib.nullcontext,
+           all_finite: Callable[[bool], bool] = lambda finite: finite,
+           proximal_N: torch.Tensor | None = None) -> dict[str, float]:
+    """One optimizer update on groups whose advantages are assigned; its loss and gradient
+    metrics (the step's groups and rewards are rl_step's). all_finite(this loss is finite)
+    -> whether to go on: a sharded learner's ranks agree there, so none skips the backward
+    that the others' collectives wait for. proximal_N: the PPO ratio's denominator at the
+    plan's loss positions (proximal_logprobs before the step's first update); None: the
+    weights as they are (ratio 1, the first minibatch's)."""
+    use_ref = ref_model is not None and bool(cfg.kl_beta)
+    batch, plan, keep = _plan(model, groups, cfg, pad_id, use_ref, ref_model)
     set_learner_mode(model, dropout=False)  # the sampler's mode: on-policy logprobs are equal
     logp_N, entropy_N = loss_position_logprobs(model, plan, cfg.autocast_bf16, cfg.temperature)
     logp = torch.zeros_like(batch["mask"]).masked_scatter(keep, logp_N)
+    old = logp.detach() if proximal_N is None else torch.zeros_like(batch["mask"]).masked_scatter(keep, proximal_N)
     ref = None
     if use_ref:
         with torch.no_grad(), ref_context():
             ref_N, _ = loss_position_logprobs(ref_model, plan, cfg.autocast_bf16, cfg.temperature)
         ref = torch.zeros_like(batch["mask"]).masked_scatter(keep, ref_N)
-    loss, metrics = policy_loss(logp, logp.detach(), batch["advantages"], batch["mask"],
+    loss, metrics = policy_loss(logp, old, batch["advantages"], batch["mask"],
                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, aggregation=cfg.aggregation,
                                 max_tokens=cfg.max_tokens, ref_logp_B_T=ref, kl_beta=cfg.kl_beta,
-                                behavior_logp_B_T=batch["behavior"], is_cap=cfg.is_cap)
+                                behavior_logp_B_T=batch["behavior"], is_cap=cfg.is_cap, objective=cfg.objective)
     optimizer.zero_grad(set_to_none=True)
     if not all_finite(bool(torch.isfinite(loss))):
         return {"skipped": 1.0, "loss": loss.item()}

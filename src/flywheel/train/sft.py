@@ -39,7 +39,7 @@ from flywheel.errors import TrainError
 from flywheel.train.run_state import restore_trainer_state, start_run, trainer_state
 from flywheel.train.stop import Deadline, interrupted, interrupted_message
 from flywheel.cpu_wait import CpuWait
-from flywheel.train.schedule import warmup_cosine
+from flywheel.train.schedule import lr_multiplier
 from flywheel.train.sft_data import Example, load_sft_examples
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     optimizer = _adamw(model, cfg)
     oc = cfg.optim
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_cosine(s, oc.warmup_steps, total_steps, oc.min_lr_ratio))
+        optimizer, lambda s: lr_multiplier(s, oc.warmup_steps, total_steps, oc.min_lr_ratio, oc.decay))
     order = DataOrder(len(examples), tc.seed)
     step, resumed_from = 0, None
     if ckpt is not None:
