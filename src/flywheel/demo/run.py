@@ -112,7 +112,9 @@ def loop_config(out: Path, world: WorldConfig, recipe: DemoRecipe, threads: int,
             "sft": {"train": {"steps": sft_steps, "batch_size": 16, "micro_batch_size": 16},
                     "optim": {"lr": 1e-3, "warmup_steps": 10, "min_lr_ratio": 0.1}, "log": {"progress": False},
                     "threads": threads},
-            "rl": {"train": {"steps": max(rl_steps, 1), "groups_per_step": 8, "group_size": 8},
+            # draw_limit 1: flat groups are dropped, not replaced (a new family's first groups are
+            # nearly all flat, and replacing them would triple the rollouts of a step)
+            "rl": {"train": {"steps": max(rl_steps, 1), "groups_per_step": 8, "group_size": 8, "draw_limit": 1.0},
                    "sampling": {"temperature": 1.0, "max_tokens": 120}, "optim": {"lr": 5e-5},
                    "algo": {"dynamic_sampling": True}, "eval": {"tasks": 16}, "log": {"progress": False},
                    "threads": threads},
