@@ -85,9 +85,10 @@ def test_base_recipe_key_is_the_hash_of_its_fields():
     fields = {"hidden": 64, "layers": 2, "heads": 4, "ffn": 256, "demos": 4500, "steps": 3000, "batch": 16,
               "lr": 3e-3, "warmup": 30, "family": demo_base.FAMILIES[0].settings, "digits": [2, 3, 4],
               "split_rule": "sha256-prefix-8B/test<0.2", "template": "compact", "tools_share": 0.5, "seed": 2,
-              "stop_at": 0.95}
+              "stop_at": 0.95, "phrasings": list(demo_base.ADD_PHRASINGS)}
     assert recipe.key() == hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
-    # "933f17bef0a5" before the hash split, "bf3bc74d5e4f" before the demos offered tools: not reused
-    assert recipe.key() == "c30f179e8a44"
+    # "933f17bef0a5" before the hash split, "bf3bc74d5e4f" before the demos offered tools,
+    # "c30f179e8a44" before the eight phrasings: not reused
+    assert recipe.key() == "df54807bc6d8"
     assert dataclasses.replace(recipe, steps=3001).key() != recipe.key()
     assert SMALL_BASE.key() != recipe.key()
