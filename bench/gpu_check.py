@@ -172,6 +172,9 @@ def update_time(engine, folder: Path, dtype: str, device: str) -> float:
 _WARM: dict[str, Path] = {}
 
 
+LEARNED_POINTS = 10  # the RL section learned when held-out greedy accuracy rose this many points
+
+
 def rl(args, root: Path, strategy: str = "single", steps: int | None = None) -> dict:
     """A short GRPO run from the warm start (built once, shared by the rl sections); strategy
     fsdp2: the learner as one NCCL rank in its own process, driven by run_rl."""
@@ -207,7 +210,10 @@ def rl(args, root: Path, strategy: str = "single", steps: int | None = None) -> 
     result = run_rl(cfg, log=lambda m: None)
     rows = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
     rewards = [r["reward_mean"] for r in rows]
+    before, after = result.evals[0]["eval/greedy_accuracy"], result.evals[-1]["eval/greedy_accuracy"]
     return {"backend": backend, "engine": cfg.rollout.engine, "strategy": strategy, "steps": steps,
+            # the learning tests' rule (tests/integration/test_rl_learning.py): +10 points held out
+            "learned": after >= before + LEARNED_POINTS / 100, "warm_start_accuracy": before,
             "reward_first5": statistics.mean(rewards[:5]), "reward_last5": statistics.mean(rewards[-5:]),
             "accuracy_before": result.evals[0]["eval/greedy_accuracy"],
             "accuracy_after": result.evals[-1]["eval/greedy_accuracy"],
@@ -283,8 +289,10 @@ def main() -> None:
     (root / "gpu_check.md").write_text("\n".join(lines) + "\n")
     ok = sum(s["ok"] for s in report["sections"].values())
     learner_s = report["sections"].get("learner", {})
+    rl_s = report["sections"].get("rl", {})
     print(f"gpu_check: sections_ok={ok}/{len(report['sections'])} mfu={learner_s.get('mfu')} "
-          f"device={args.device} report={root / 'gpu_check.md'}")
+          f"rl_learned={int(bool(rl_s.get('learned')))} rl_accuracy={rl_s.get('accuracy_before')}->"
+          f"{rl_s.get('accuracy_after')} device={args.device} report={root / 'gpu_check.md'}")
 
 
 if __name__ == "__main__":
