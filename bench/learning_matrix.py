@@ -1,14 +1,15 @@
 """The learning tests under several seeds and CPU settings: does learning hold on any machine?
 
-Runs `pytest -m slow` on the learning-outcome test files, once per (setting, seed), each in a
-fresh process with the setting's environment and FLYWHEEL_TEST_SEED=seed (the seed of the
-tests' training runs; tests/integration/conftest.py `learning_seed`). Settings:
+Runs `pytest -m slow` on the learning-outcome test files once per setting, each in a fresh
+process with the setting's environment and FLYWHEEL_TEST_SEEDS="0 1 2": a test taking
+`learning_seed` (tests/integration/conftest.py; the RL learning test) runs once per seed from
+the session's shared warm start, the others at their own fixed seeds. Settings:
 - default: the machine as it is;
 - omp1 / omp2: OMP_NUM_THREADS=1 / 2 (torch's default thread count, where a test sets none);
 - avx2: ONEDNN_MAX_CPU_ISA=AVX2, oneDNN's kernels limited to AVX2 as on an older CPU kind (a
   stand-in for another machine's float rounding).
 A test that passes under one setting and fails under another is a defect of the test or of its
-recipe. Reported: per setting and seed, the tests passed / run and which failed, and minutes.
+recipe. Reported: per setting, the test cases passed / run and which failed, and minutes.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ _FAILED = re.compile(r"^FAILED (\S+)", re.M)
 _COUNTS = re.compile(r"(\d+) (passed|failed|error|errors|skipped)")
 
 
-def run(setting: str, seed: int, tests: list[str]) -> tuple[int, int, list[str], float]:
+def run(setting: str, seeds: list[int], tests: list[str]) -> tuple[int, int, list[str], float]:
     """(passed, run, failed test ids, minutes) of one pytest process."""
-    env = {**os.environ, **SETTINGS[setting], "FLYWHEEL_TEST_SEED": str(seed)}
+    env = {**os.environ, **SETTINGS[setting], "FLYWHEEL_TEST_SEEDS": " ".join(map(str, seeds))}
     t0 = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "slow", "-p", "no:cacheprovider", *tests],
                           cwd=common.ROOT, env=env, capture_output=True, text=True)
@@ -59,16 +60,16 @@ def main() -> None:
     args = ap.parse_args()
     rows, all_passed, all_run = [], 0, 0
     for setting in args.settings:
-        for seed in args.seeds:
-            passed, ran, failed, minutes = run(setting, seed, args.tests)
-            all_passed, all_run = all_passed + passed, all_run + ran
-            rows.append(f"| {setting} | {seed} | {passed}/{ran} | {', '.join(failed) or '-'} | {minutes:.1f} |")
-            print(rows[-1], flush=True)
+        passed, ran, failed, minutes = run(setting, args.seeds, args.tests)
+        all_passed, all_run = all_passed + passed, all_run + ran
+        rows.append(f"| {setting} | {passed}/{ran} | {', '.join(failed) or '-'} | {minutes:.1f} |")
+        print(rows[-1], flush=True)
     body = "\n".join([
         f"Machine: {common.machine_line(0).rsplit(',', 1)[0]}. Tests: {', '.join(args.tests)} (`-m slow`). "
         "Settings: " + "; ".join(f"{k}: {' '.join(f'{a}={b}' for a, b in v.items()) or 'as is'}"
                                  for k, v in SETTINGS.items() if k in args.settings) + ".", "",
-        "| setting | FLYWHEEL_TEST_SEED | passed / run | failed | minutes |", "|---|---|---|---|---|", *rows])
+        f"FLYWHEEL_TEST_SEEDS: {' '.join(map(str, args.seeds))}.", "",
+        "| setting | test cases passed / run | failed | minutes |", "|---|---|---|---|", *rows])
     last = (f"learning_matrix: passed={all_passed} run={all_run} settings={len(args.settings)} "
             f"seeds={len(args.seeds)} all_pass={int(all_passed == all_run and all_run > 0)}")
     common.append_report("bench/learning_matrix.py: the learning tests across seeds and CPU settings", body, last,

@@ -13,15 +13,20 @@ import pytest
 WARM_TARGET = 0.35  # held-out greedy accuracy of the shared arithmetic warm start
 
 
-@pytest.fixture(scope="session")
-def learning_seed() -> int:
-    """The seed of the learning tests' training runs: $FLYWHEEL_TEST_SEED, else 0. The learning
-    matrix (bench/learning_matrix.py) runs them under several seeds and CPU settings."""
-    value = os.environ.get("FLYWHEEL_TEST_SEED", "0")
+def learning_seeds() -> list[int]:
+    """The seeds of the learning tests' training runs: $FLYWHEEL_TEST_SEEDS (e.g. "0 1 2"), else
+    [0]. Each seed is a test case of its own, sharing the session's warm starts; the learning
+    matrix (bench/learning_matrix.py) runs them under several CPU settings."""
+    value = os.environ.get("FLYWHEEL_TEST_SEEDS", "0")
     try:
-        return int(value)
+        return [int(s) for s in value.replace(",", " ").split()]
     except ValueError:
-        raise pytest.UsageError(f"FLYWHEEL_TEST_SEED={value!r} is not an integer") from None
+        raise pytest.UsageError(f"FLYWHEEL_TEST_SEEDS={value!r} is not a list of integers") from None
+
+
+def pytest_generate_tests(metafunc) -> None:
+    if "learning_seed" in metafunc.fixturenames:
+        metafunc.parametrize("learning_seed", learning_seeds())
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """RL learns: held-out greedy accuracy on the shared `ab+cd=` task rises by >= 10 points from a
 short SFT warm start (conftest's `arith_warm_start`, ~0.35-0.45), with rollouts one step
-off-policy (seed: $FLYWHEEL_TEST_SEED, else 0); measured figures in docs/benchmarks.md ("Learning tests across machines")."""
+off-policy (seeds: $FLYWHEEL_TEST_SEEDS, else 0); measured figures in docs/benchmarks.md ("Learning tests across machines")."""
 
 import pytest
 
