@@ -204,6 +204,9 @@ def main() -> None:
     ap.add_argument("--warm-target", type=float, default=0.35,
                     help="the SFT warm start runs until held-out greedy accuracy reaches this")
     ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--flywheel", type=json.loads, default={}, metavar="JSON",
+                    help='flywheel settings changed from the protocol\'s, by section, e.g. '
+                         '\'{"algo": {"dynamic_sampling": true}}\' (bench/rl_ablation.py measures each alone)')
     ap.add_argument("--no-report", action="store_true", help="print only; do not append to docs/benchmarks.md")
     args = ap.parse_args()
     threads = common.set_threads(args.threads)
@@ -212,7 +215,7 @@ def main() -> None:
     runs: list[tuple[Run, Run, dict]] = []
     for seed in args.seeds:
         trl = run_trl(model, seed, args, threads)
-        fw, bias = run_flywheel(model, seed, args, threads)
+        fw, bias = run_flywheel(model, seed, args, threads, args.flywheel)
         bias["peer_eval_of_final"] = peer_accuracy(bias.pop("final_model"))
         runs.append((trl, fw, bias))
         print(f"seed {seed}: TRL {trl.time_to_target(args.target):.1f} s to target, final {trl.final:.3f}; "
@@ -223,6 +226,8 @@ def main() -> None:
     sps_ratios = [fw.samples_per_s / trl.samples_per_s for trl, fw, _ in runs]
     mode = ("synchronous" if args.k == 0 else
             f"{args.k} step off-policy; learner {max(1, threads - 1)} thread(s) + 1 rollout worker process, 1 thread")
+    if args.flywheel:
+        mode += f"; {json.dumps(args.flywheel)}"
 
     def row(system: str, rs: list[Run]) -> str:
         return (f"| {system} | {common.median_range([r.time_to_target(t) for r in rs], '{:.1f}')} | "
