@@ -134,7 +134,7 @@ def test_the_closing_line_says_apart_the_base_build():
 def test_fix_latency_is_the_median_over_new_families_and_inf_while_one_is_unfixed(demo):
     _, summary = demo
     assert summary["fix_latency"] == {"subtract": 95.0} and summary["fix_latency_s"] == 95.0
-    assert summary["cycle_s"] == 50.0  # the median of 0 (c1's row default), 50 and 70
+    assert summary["cycle_s"] == 50.0  # the median of the cycles that trained: 0 (c1's row default), 50 and 70
     week3 = DayRow(3, 1, "v5", {"multiply": 300}, {"multiply": 300}, 9000, 40.0, cycle="c4", outcome="rejected",
                    production={"add": 0.9, "subtract": 0.1, "multiply": 0.0},
                    final={"add": 0.9, "subtract": 0.1, "multiply": 0.0})

@@ -31,8 +31,8 @@ dollar of every cycle (rejected ones included); the economics report's points pe
 the final test's as well.
 fix_latency_s: per family arriving after week 1, the wall seconds from its first failed episode
 to production serving the first promotion that raised its gate-suite score; the median over
-those families (inf while one is unfixed). cycle_s: the median wall seconds of a cycle, from
-its start to production serving its outcome. old_kl: the forward KL per assistant token from
+those families (inf while one is unfixed). cycle_s: the median wall seconds of a cycle that
+trained (promoted or rejected), from its start to production serving its outcome. old_kl: the forward KL per assistant token from
 the base model to the final production model on 64 scripted conversations of the week-1
 family's test split (demo/forgetting.py), forgetting measured beside old_delta.
 """

@@ -39,7 +39,7 @@ def summarize(rows: list, world: WorldConfig, start: dict[str, float], final_sta
     latencies = [s for r in rows for s in r.fixed.values()]
     fixed = {f for r in rows for f in r.fixed}
     news = [f.name for f in world.families if 1 < f.arrives <= world.weeks]
-    cycle_s = sorted(r.cycle_s for r in rows if r.cycle is not None)
+    cycle_s = sorted(r.cycle_s for r in rows if r.outcome in ("promoted", "rejected"))  # cycles that trained
     return {"fix_latency_s": (statistics.median(latencies) if len(fixed) == len(news) and latencies else float("inf")),
             "fix_latency": {f: next((r.fixed[f] for r in rows if f in r.fixed), None) for f in news},
             "cycle_s": statistics.median(cycle_s) if cycle_s else float("nan"),"new_family_before": before, "new_family_after": after,
