@@ -14,6 +14,7 @@ What the variants are, and what peers report of each:
 - linear: TRL's linear decay to 0 against flywheel's cosine.
 - dynamic: DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476): groups whose rewards
   are all equal are replaced by new tasks, up to 3x the groups a step.
+- dynamic_linear: dynamic sampling with linear decay, the two that helped alone.
 - dr_grpo: advantages not divided by the group's std (Liu et al. 2025, arXiv:2503.20783).
 - sequence: the loss averaged per sequence, then over sequences (the original GRPO), against
   the token mean (DAPO's, TRL 1.16's default `dapo`).
@@ -42,6 +43,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "sync": ("synchronous (max_off_policy_steps 0)", {"max_off_policy_steps": 0}),
     "linear": ("linear decay to 0 (TRL's schedule)", {"optim": {"decay": "linear"}}),
     "dynamic": ("dynamic sampling, up to 3x groups a step", {"algo": {"dynamic_sampling": True}}),
+    "dynamic_linear": ("dynamic sampling and TRL's linear decay (the two best alone)",
+                       {"algo": {"dynamic_sampling": True}, "optim": {"decay": "linear"}}),
     "dr_grpo": ("advantages not scaled by the group std", {"algo": {"advantage": "dr_grpo"}}),
     "sequence": ("per-sequence mean loss", {"algo": {"aggregation": "sequence"}}),
     "minibatches2": ("2 updates a step, PPO clip 0.2", {"train": {"minibatches": 2}}),
