@@ -1,8 +1,8 @@
 """Which of flywheel's RL choices make it learn faster per step: one difference at a time.
 
 The protocol is bench/rl_vs_trl.py's (same warm start, task, batch shape, lr, held-out
-evaluation and sustained-target rule). Every variant below is flywheel's benchmark config with
-one setting changed; TRL's GRPOTrainer runs on the same seeds as the peer row. Reported per
+evaluation and sustained-target rule). Every variant below is the baseline (flywheel as that
+benchmark ran it before this ablation) with one setting changed; TRL's GRPOTrainer runs on the same seeds as the peer row. Reported per
 variant over `--seeds`: the step at which the held-out greedy accuracy reaches `--target` and
 stays there (per seed and median), the final accuracy, the accuracy at `--early` steps, and
 the samples generated per step. Clock times are not compared here (bench/rl_vs_trl.py does
@@ -38,18 +38,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import rl_vs_trl  # noqa: E402
 
+# The baseline is flywheel as bench/rl_vs_trl.py ran it before this ablation (cosine decay, no
+# dynamic sampling); every other variant changes one thing from it (dynamic_linear: two).
+BASELINE = {"algo": {"dynamic_sampling": False}, "optim": {"decay": "cosine"}}
+
+
+def _from_baseline(**changes: dict) -> dict:
+    return {section: {**BASELINE.get(section, {}), **settings} if isinstance(settings, dict) else settings
+            for section, settings in {**BASELINE, **changes}.items()}
+
+
 VARIANTS: dict[str, tuple[str, dict]] = {
-    "baseline": ("flywheel as bench/rl_vs_trl.py runs it: 1 step off-policy, cosine to 0, GRPO, token mean", {}),
-    "sync": ("synchronous (max_off_policy_steps 0)", {"max_off_policy_steps": 0}),
-    "linear": ("linear decay to 0 (TRL's schedule)", {"optim": {"decay": "linear"}}),
-    "dynamic": ("dynamic sampling, up to 3x groups a step", {"algo": {"dynamic_sampling": True}}),
-    "dynamic_linear": ("dynamic sampling and TRL's linear decay (the two best alone)",
-                       {"algo": {"dynamic_sampling": True}, "optim": {"decay": "linear"}}),
-    "dr_grpo": ("advantages not scaled by the group std", {"algo": {"advantage": "dr_grpo"}}),
-    "sequence": ("per-sequence mean loss", {"algo": {"aggregation": "sequence"}}),
-    "minibatches2": ("2 updates a step, PPO clip 0.2", {"train": {"minibatches": 2}}),
+    "baseline": ("1 step off-policy, cosine to 0, GRPO, token mean, no dynamic sampling", BASELINE),
+    "sync": ("synchronous (max_off_policy_steps 0)", _from_baseline(max_off_policy_steps=0)),
+    "linear": ("linear decay to 0 (TRL's schedule)", _from_baseline(optim={"decay": "linear"})),
+    "dynamic": ("dynamic sampling, up to 3x groups a step", _from_baseline(algo={"dynamic_sampling": True})),
+    "dynamic_linear": ("dynamic sampling and TRL's linear decay (the two best alone): flywheel's recipe",
+                       _from_baseline(algo={"dynamic_sampling": True}, optim={"decay": "linear"})),
+    "dr_grpo": ("advantages not scaled by the group std", _from_baseline(algo={"advantage": "dr_grpo"})),
+    "sequence": ("per-sequence mean loss", _from_baseline(algo={"aggregation": "sequence"})),
+    "minibatches2": ("2 updates a step, PPO clip 0.2", _from_baseline(train={"minibatches": 2})),
     "minibatches2_cispo": ("2 updates a step, CISPO weight clipped to [0.8, 1.2]",
-                           {"train": {"minibatches": 2}, "algo": {"objective": "cispo"}}),
+                           _from_baseline(train={"minibatches": 2}, algo={"objective": "cispo"})),
 }
 
 

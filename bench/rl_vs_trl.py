@@ -2,8 +2,10 @@
 
 Both systems start from the same SFT warm start (run until held-out greedy accuracy reaches
 `--warm-target`) and train with the same batch shape: 8 prompts x 8 generations per step, at
-most 6 new tokens, temperature 1, lr `--lr`, `--steps` steps. Each system keeps its own
-schedule: TRL decays linearly to 0, flywheel on a cosine to 0.
+most 6 new tokens, temperature 1, lr `--lr`, `--steps` steps, each decaying linearly to 0.
+flywheel runs its RL recipe: dynamic sampling replaces groups whose rewards are all equal
+(up to 3x the groups a step; every sample generated counts in its samples/s), as measured
+best by bench/rl_ablation.py.
 
 TRL runs the peer protocol of bench/peers/trl_grpo.py. flywheel runs `flywheel rl`'s own path,
 `run_rl`, with one rollout worker process, one step off-policy (`--k`).
@@ -136,7 +138,9 @@ def flywheel_config(model: Path, out: Path, seed: int, steps: int, lr: float, k:
     cfg = dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
                train={"steps": steps, "groups_per_step": 8, "group_size": 8, "seed": seed},
                sampling={"temperature": 1.0, "max_tokens": 6},
-               algo={"advantage": "grpo", "eps_low": 0.2, "eps_high": 0.2},
+               # flywheel's RL recipe: dynamic sampling (refilled) and RL's default linear decay to 0,
+               # the winners of bench/rl_ablation.py
+               algo={"advantage": "grpo", "eps_low": 0.2, "eps_high": 0.2, "dynamic_sampling": True},
                optim={"lr": lr, "warmup_steps": 0, "min_lr_ratio": 0.0, "weight_decay": 0.0},
                eval={"every": eval_every, "tasks": 200, "pass_k": 1}, checkpoint={"every": 0},
                log={"progress": False}, max_off_policy_steps=k, rollout={"threads": 1},
@@ -247,7 +251,7 @@ def main() -> None:
         f"Machine: {common.machine_line(threads)}. Warm start: {sft_steps} SFT steps, held-out greedy {sft_acc:.3f}. "
         f"Both: 8 prompts x 8 generations, <= 6 tokens, {args.steps} steps, lr {args.lr:g}, evaluated greedy on the "
         f"same 200 held-out pairs at step 0, every {args.eval_every} steps and the last, outside the clock. "
-        f"flywheel: {mode}, cosine to 0; TRL GRPOTrainer "
+        f"flywheel: {mode}, dynamic sampling, linear to 0; TRL GRPOTrainer "
         f"(bench/peers/trl_grpo.py), linear to 0. Target: held-out greedy >= {t:.2f} from some evaluation to the end "
         f"of the run (sustained). Seeds {', '.join(map(str, args.seeds))}; median (range).", "",
         "| system | time to target (clock) | step at target, per seed | final held-out | samples/s | "

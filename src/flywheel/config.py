@@ -193,9 +193,10 @@ class AlgoConfig(Config):
     eps_low: float = Field(0.2, ge=0)
     eps_high: float = Field(0.2, ge=0, description="> eps_low: DAPO clip-higher")
     aggregation: Literal["token", "sequence", "constant"] = "token"
-    dynamic_sampling: bool = Field(False, description=(
+    dynamic_sampling: bool = Field(True, description=(
         "DAPO: a group whose rewards are all equal is discarded and another task drawn in its place, "
-        "up to train.draw_limit x groups_per_step groups a step"))
+        "up to train.draw_limit x groups_per_step groups a step (on by default: fewer steps to a "
+        "target in bench/rl_ablation.py; a step whose groups are all flat trains nothing)"))
     is_cap: float = Field(2.0, gt=0, description="truncated importance-sampling cap")
     kl_beta: float = Field(0.0, ge=0, description="k3 KL penalty to the initial model; 0 = none")
 
@@ -299,6 +300,17 @@ class RolloutConfig(Config):
         return self
 
 
+class RLOptimConfig(OptimConfig):
+    """RL's optimizer settings: its defaults are the winners of bench/rl_ablation.py (linear decay
+    to 0, as TRL's GRPOTrainer), whether the section is left out or only partly set."""
+
+    lr: float = Field(1e-5, gt=0, description="peak learning rate")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="the decay's floor as a fraction of lr")
+    decay: Decay = Field("linear", description=(
+        "after warm-up, from lr down to min_lr_ratio * lr at the last step: linear (measured best "
+        "with dynamic sampling, docs/benchmarks.md), cosine or constant"))
+
+
 class RLConfig(Config):
     model: str = Field(..., description="local Hugging Face model folder (e.g. an SFT warm start)")
     output_dir: str = "runs/rl"
@@ -306,7 +318,7 @@ class RLConfig(Config):
     train: RLTrainConfig = RLTrainConfig()
     sampling: SamplingConfig = SamplingConfig()
     algo: AlgoConfig = AlgoConfig()
-    optim: OptimConfig = OptimConfig(lr=1e-5, warmup_steps=0, min_lr_ratio=1.0, weight_decay=0.0)
+    optim: RLOptimConfig = RLOptimConfig()
     eval: RLEvalConfig = RLEvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()

@@ -33,6 +33,7 @@ def _config(data_dir: Path) -> dict:
                   "sft": {"train": {"epochs": SFT_EPOCHS, "batch_size": 1, "micro_batch_size": 1}, **quiet},
                   "dpo": {"train": {"epochs": 1, "batch_size": 1}, **quiet},
                   "rl": {"train": {"steps": 2, "groups_per_step": 2, "group_size": 2},
+                         "algo": {"dynamic_sampling": False},  # every group trains: all flat here
                          "sampling": {"max_tokens": MAX_TOKENS}, "eval": {"tasks": 2}, **quiet}},
         "eval": {"suites": {"arith": {"env": "arithmetic", "tasks": 4, "max_tokens": MAX_TOKENS}},
                  "new_failures_max_tokens": MAX_TOKENS, "new_failures_max": 4},

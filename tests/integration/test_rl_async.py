@@ -27,7 +27,10 @@ def cfg(model, out, **over):
     base = dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
                 train={"steps": 6, "groups_per_step": 2, "group_size": 4},
                 sampling={"max_tokens": 4}, eval={"tasks": 8}, checkpoint={"every": 2},
-                log={"progress": False}, threads=1, max_off_policy_steps=1, rollout={"workers": 1})
+                log={"progress": False}, threads=1, max_off_policy_steps=1, rollout={"workers": 1},
+                # every group trains: these are tests of data order and staleness, on an untrained
+                # model whose groups are all flat (dynamic sampling would discard them)
+                algo={"dynamic_sampling": False})
     base.update(over)
     return validate(base, RLConfig)
 
@@ -99,7 +102,7 @@ def test_sigkill_of_the_whole_run_then_resume(model, tmp_path, forked_cli):
     raw = dict(model=str(model), output_dir=str(out), env={"name": "arithmetic"},
                train={"steps": 12, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
                eval={"tasks": 8}, checkpoint={"every": 3, "keep": 5}, log={"progress": False}, threads=1,
-               max_off_policy_steps=1)
+               max_off_policy_steps=1, algo={"dynamic_sampling": False})
     config.write_text(json.dumps(raw))
     proc = forked_cli(["rl", config])
     deadline = time.time() + 90

@@ -213,3 +213,15 @@ def test_rl_greedy_sampling_is_named():
 def test_sft_stop_at_without_periodic_evaluations_is_named():
     msg = error_of(load_config, None, SFTConfig, ["model=m", "data.train=[a.jsonl]", "eval.stop_at={val_loss: 1.0}"])
     assert "needs eval.every > 0" in msg
+
+
+def test_rl_optim_defaults_hold_when_the_section_is_partly_set():
+    """RL's schedule defaults (linear to 0, bench/rl_ablation.py's winner) apply whether `optim`
+    is left out or only its lr is given; SFT keeps its cosine."""
+    from flywheel.config import RLConfig, SFTConfig
+
+    left_out = validate(dict(model="m", env={"name": "arithmetic"}), RLConfig).optim
+    partly = validate(dict(model="m", env={"name": "arithmetic"}, optim={"lr": 1e-4}), RLConfig).optim
+    assert (left_out.decay, left_out.min_lr_ratio, left_out.lr) == ("linear", 0.0, 1e-5)
+    assert (partly.decay, partly.min_lr_ratio, partly.lr) == ("linear", 0.0, 1e-4)
+    assert validate(dict(model="m", data={"train": ["t.jsonl"]}), SFTConfig).optim.decay == "cosine"
