@@ -35,9 +35,11 @@ def test_reduced_demo_runs_end_to_end(tmp_path, monkeypatch, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     m = re.fullmatch(r"demo: new_family_before=(\S+) new_family_after=(\S+) old_delta=(\S+) "
                      r"final_new_family_before=(\S+) final_new_family_after=(\S+) final_old_delta=(\S+) "
-                     r"points_per_usd=(\S+) cycles=2 promoted=(\d)", lines[-1])
+                     r"points_per_usd=(\S+) cycles=2 promoted=(\d) fix_latency_s=(\S+) cycle_s=(\S+) "
+                     r"old_kl=(\S+)", lines[-1])
     assert m, lines[-1]
     assert all(0.0 <= float(m.group(i)) <= 1.0 for i in (1, 2, 4, 5))
+    assert float(m.group(11)) >= 0.0  # old_kl: a KL is never negative (0 when production is the base)
     # the final test: one economics line per cycle, production's mean before and after it
     import json
 

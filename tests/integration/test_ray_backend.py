@@ -79,6 +79,7 @@ def ray_config(model, out: Path, address: str | None = None, rollout_on: str = "
                train={"steps": 6, "groups_per_step": 2, "group_size": 4}, sampling={"max_tokens": 4},
                eval={"tasks": 8}, checkpoint={"every": 2, "keep": 5}, log={"progress": False}, threads=1,
                max_off_policy_steps=1,
+               algo={"dynamic_sampling": False},  # every group trains: an untrained model's are all flat
                rollout={"workers": 2, "backend": "ray", "ray": {
                    "address": address, "worker_cpus": 0.5, "worker_resources": {rollout_on: 0.5},
                    "env_actors": 2, "env_cpus": 0.5, "env_resources": {"env_cpu": 0.5}}})
