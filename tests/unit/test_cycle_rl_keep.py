@@ -30,3 +30,14 @@ def test_the_check_split_is_a_stable_hash_split_of_the_train_tasks(tmp_path):
     assert open(check).read().splitlines() == check_lines  # the same split again (a resumed cycle)
     (tmp_path / "few.jsonl").write_text("\n".join(lines[:RL_CHECK_MIN]) + "\n")
     assert _rl_check_split({"rl_train": str(tmp_path / "few.jsonl")}, CycleTrainConfig(), tmp_path) is None
+
+
+def test_records_of_one_prompt_stay_on_one_side(tmp_path):
+    lines = [json.dumps({"prompt_hash": f"h{i % 50}", "trace_id": f"t{i}"}) for i in range(200)]  # 4 traces each
+    (tmp_path / "rl_train.jsonl").write_text("\n".join(lines) + "\n")
+    fit, check = _rl_check_split({"rl_train": str(tmp_path / "rl_train.jsonl")}, CycleTrainConfig(), tmp_path)
+    sides = {}
+    for side, path in (("fit", fit), ("check", check)):
+        for line in open(path).read().splitlines():
+            sides.setdefault(json.loads(line)["prompt_hash"], set()).add(side)
+    assert all(len(s) == 1 for s in sides.values()) and len(sides) == 50

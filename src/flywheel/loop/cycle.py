@@ -394,12 +394,17 @@ RL_CHECK_MIN = 8  # fewer check tasks than this: rl trains on every task and is 
 
 
 def _rl_check_split(files: dict[str, str], tm, folder: Path) -> tuple[str, str] | None:
-    """(fit, check) JSONL paths: the curated RL train tasks split by a hash of each line, about
+    """(fit, check) JSONL paths: the curated RL train tasks split by a hash of each record's
+    prompt_hash (of the line where it has none), about
     `tm.rl_check_fraction` of them into check; None when check would hold < RL_CHECK_MIN tasks.
     Deterministic, so a resumed cycle splits the same way. The check tasks are curation's
     train side: the gate's held-out new failures are never among them."""
     lines = [ln for ln in Path(files["rl_train"]).read_text(encoding="utf-8").splitlines() if ln.strip()]
-    bucket = lambda ln: int(hashlib.sha256(ln.encode()).hexdigest()[:8], 16) / 0x100000000  # noqa: E731
+
+    def bucket(line: str) -> float:  # by the record's prompt_hash: a prompt asked twice stays on one side
+        key = json.loads(line).get("prompt_hash") or line
+        return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0x100000000
+
     check = [ln for ln in lines if bucket(ln) < tm.rl_check_fraction]
     if len(check) < RL_CHECK_MIN:
         return None
