@@ -175,23 +175,3 @@ def test_solved_tasks_are_not_drawn_again_until_every_task_is():
                                max_off_policy_steps=0, solved_at=0.9)
     for v in range(3):  # every task solved after the first epoch: they are drawn again
         assert len(everything.take(v).groups) == 3
-
-
-def test_asynchronous_dynamic_sampling_generates_the_replacements_ahead():
-    """With k = 1 and half the groups discarded, the feeder keeps more than two steps of groups
-    in flight, as the kept share says; synchronous, it never runs ahead."""
-    rewards = [None if i % 2 else 1.0 for i in range(400)]  # every other task informative
-    src = RewardSource(rewards)
-    feeder = RolloutFeeder(src, tasks(400), DataOrder(400, seed=0), groups_per_step=4, max_off_policy_steps=1,
-                           keep=informative, draw_limit=3)
-    for v in range(6):
-        got = feeder.take(v)
-        assert len(got.groups) == 4
-    assert 0.4 < feeder.kept_share < 0.65
-    feeder.fill(6)
-    assert feeder._in_flight_groups + len(feeder.buffer) >= 2 * 4 + 3  # two steps and the expected discards
-    sync = RolloutFeeder(RewardSource(rewards), tasks(400), DataOrder(400, seed=0), groups_per_step=4,
-                         max_off_policy_steps=0, keep=informative, draw_limit=3)
-    sync.take(0)
-    sync.fill(1)
-    assert sync._in_flight_groups + len(sync.buffer) <= 4 + 4  # one step, and what the last draw left

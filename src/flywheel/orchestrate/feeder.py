@@ -21,7 +21,6 @@ after SIGKILL + resume no task is skipped and none is trained twice.
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -56,7 +55,6 @@ class RolloutFeeder:
         self.keep, self.solved_at = keep, solved_at
         self.max_taken = max(groups_per_step, int(draw_limit * groups_per_step))
         self.solved: set[int] = set()  # task indices not to draw again (solved_at)
-        self.kept_share = 1.0  # moving average of the share of taken groups that `keep` kept
         self.groups_per_step, self.k = groups_per_step, max_off_policy_steps
         self.items_per_step = max(1, min(items_per_step, groups_per_step))
         self.buffer = VersionedBuffer(max_off_policy_steps, on_drop=self._regenerate)
@@ -95,13 +93,8 @@ class RolloutFeeder:
 
     def fill(self, learner_version: int, taken: int = 0) -> None:
         """Submit work until k + 1 steps of groups are in flight, buffered, or already `taken`
-        for the step being assembled; with `keep` and k >= 1, also the groups the recent kept
-        share says will be discarded, so that replacements are already generated when a step
-        needs them (with k = 0 they would be stale by the next step)."""
+        for the step being assembled."""
         want = (self.k + 1) * self.groups_per_step
-        if self.keep is not None and self.k >= 1:
-            share = max(self.kept_share, self.groups_per_step / self.max_taken)
-            want += math.ceil(self.groups_per_step * (1.0 / share - 1.0))
         while self._in_flight_groups + len(self.buffer) + taken < want:
             indices = self._draw(self.groups_per_step)
             for part in _split(indices, self.items_per_step):
@@ -143,8 +136,6 @@ class RolloutFeeder:
                 (got if self.keep is None or self.keep(g) else discarded).append(g)
             if len(got) < self.groups_per_step:
                 self._receive(self.source.poll(poll_s))
-        if self.keep is not None:
-            self.kept_share = 0.7 * self.kept_share + 0.3 * len(got) / max(1, len(got) + len(discarded))
         work, self._work = {key: 0.0 for key in WORK_KEYS} | self._work, {}  # zeros: no item arrived meanwhile
         return StepRollouts(got, time.perf_counter() - t0, discarded, work)
 
