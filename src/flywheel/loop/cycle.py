@@ -352,20 +352,7 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:
         elif stage == "dpo":
             result = run_dpo(stage_config(fw.cfg, "dpo", **common, data={"train": [files["dpo_train"]]}), log=log)
         else:
-            check = _rl_check_split(files, fw.cfg.train, folder / "data") if fw.cfg.train.rl_keep == "if_better" else None
-            if check is not None:
-                env = {"name": "replay", "settings": {"train": check[0], "test": check[1]}}
-                extra = {"eval": {**fw.cfg.train.rl.get("eval", {}),
-                                  "tasks": min(_count_lines(check[1]), fw.cfg.train.rl_check_max)}}
-                log(f"{st.id}: rl trains on {_count_lines(check[0])} tasks and is checked on "
-                    f"{extra['eval']['tasks']} others (train.rl_keep=if_better)")
-            else:
-                eval_from = next((k for k in ("new_failures", "rl_heldout", "rl_train") if _count_lines(files[k])), None)
-                test = files[eval_from] if eval_from else None
-                if eval_from == "rl_train":
-                    log(f"{st.id}: warning: no held-out RL tasks; the rl stage's own evaluations are on its train "
-                        "tasks (a progress signal only: the gate decides on its suites)")
-                env, extra = {"name": "replay", "settings": {"train": files["rl_train"], "test": test}}, {}
+            env, extra, check = _rl_stage_data(fw, st, files, folder, log)
             result = run_rl(stage_config(fw.cfg, "rl", **common, env=env, **extra), log=log)
         seconds = time.perf_counter() - t0
         if result.interrupted:  # cut short: not done; a resumed cycle continues from its checkpoint
@@ -388,6 +375,27 @@ def _train(fw: LoopStores, st: CycleState, log: Callable[[str], None]) -> bool:
     ran = [s for s in st.stages_run if "skipped" not in s]
     st.candidate_path = current if ran else None
     return True
+
+
+def _rl_stage_data(fw: LoopStores, st: CycleState, files: dict[str, str], folder: Path,
+                   log: Callable[[str], None]) -> tuple[dict, dict, tuple[str, str] | None]:
+    """(env, extra stage settings, check split) of the rl stage: with train.rl_keep=if_better
+    and enough tasks, the fit/check split (the check tasks are its eval); else every curated
+    RL task, evaluated on the first held-out set that has tasks."""
+    tm = fw.cfg.train
+    check = _rl_check_split(files, tm, folder / "data") if tm.rl_keep == "if_better" else None
+    if check is not None:
+        tasks = min(_count_lines(check[1]), tm.rl_check_max)
+        log(f"{st.id}: rl trains on {_count_lines(check[0])} tasks and is checked on {tasks} others "
+            "(train.rl_keep=if_better)")
+        return ({"name": "replay", "settings": {"train": check[0], "test": check[1]}},
+                {"eval": {**tm.rl.get("eval", {}), "tasks": tasks}}, check)
+    eval_from = next((k for k in ("new_failures", "rl_heldout", "rl_train") if _count_lines(files[k])), None)
+    if eval_from == "rl_train":
+        log(f"{st.id}: warning: no held-out RL tasks; the rl stage's own evaluations are on its train "
+            "tasks (a progress signal only: the gate decides on its suites)")
+    test = files[eval_from] if eval_from else None
+    return {"name": "replay", "settings": {"train": files["rl_train"], "test": test}}, {}, None
 
 
 RL_CHECK_MIN = 8  # fewer check tasks than this: rl trains on every task and is kept (nothing to measure on)
