@@ -44,10 +44,10 @@ from flywheel.envs.splits import SPLIT_RULE
 
 
 # Ways to ask for an addition, the numbers at different places in each: a base taught only
-# "What is {a} + {b}?" copies digits from where that template puts them and cannot copy them
-# from "What is {a} minus {b}?" (a week-2 candidate called calc("790 - 774") for "790 minus
-# 744" after two cycles). A pretrained model reads numbers wherever they are; these stand in
-# for that. None says "minus", "times" or another operation: the new families stay new.
+# "What is {a} + {b}?" copies digits from where that template puts them, and garbles the
+# second number of a question that puts it elsewhere ("What is {a} minus {b}?"; README, "The
+# flagship demo"). A pretrained model reads numbers wherever they are; these stand in for
+# that. None says "minus", "times" or another operation: the new families stay new.
 ADD_PHRASINGS = ("What is {a} + {b}?", "What is {a} plus {b}?", "Add {a} and {b}.", "What is the sum of {a} and {b}?",
                  "Compute {a} + {b}.", "{a} + {b} = ?", "How much is {a} plus {b}?", "Please add {b} to {a}.")
 
