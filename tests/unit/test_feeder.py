@@ -1,11 +1,13 @@
 """The rollout feeder: what it submits, with which staleness bound, what it trains, and what
 a checkpoint owes after a kill. A fake source stands in for the workers."""
 
+import asyncio
 from collections import deque
 
 from flywheel.orchestrate.feeder import RolloutFeeder
 from flywheel.orchestrate.worker import WorkResult
 from flywheel.rollout.data_order import DataOrder
+from flywheel.rollout.refill import play_refilled
 from flywheel.types import Task, Trajectory, TrajectoryGroup
 
 
@@ -125,12 +127,17 @@ class RewardSource(FakeSource):
         if not self.queue:
             return []
         item = self.queue.popleft()
-        groups = []
-        for t in item.tasks:
-            r = self.rewards[int(t.id[1:])]
-            scores = [1.0, 0.0] if r is None else [r, r]
-            groups.append(TrajectoryGroup(t.id, [Trajectory(t.id, [1, 2], [0, 1], [0.0, -1.0], [-1, item.min_version],
-                                                            reward=x) for x in scores]))
+
+        async def play_groups(tasks):
+            groups = []
+            for t in tasks:
+                r = self.rewards[int(t.id[1:])]
+                scores = [1.0, 0.0] if r is None else [r, r]
+                groups.append(TrajectoryGroup(t.id, [Trajectory(t.id, [1, 2], [0, 1], [0.0, -1.0],
+                                                                [-1, item.min_version], reward=x) for x in scores]))
+            return groups
+
+        groups = asyncio.run(play_refilled(play_groups, item.tasks, item.spares, item.keep))  # as the workers do
         return [WorkResult(item.item_id, 0, groups, item.min_version, 0.5, 0.0, 0.1, tokens=len(groups),
                            kernel_rebuild_s=0.0)]
 
@@ -149,6 +156,44 @@ def test_dynamic_sampling_replaces_flat_groups_until_the_step_is_full():
     # every group taken is consumed from the data order: none is owed to a resumed run
     assert set(feeder.state_dict()["untrained"]).isdisjoint(
         {g.task_index for g in got.groups + got.discarded})
+
+
+def test_dynamic_sampling_refills_in_the_item_and_returns_unplayed_spares_to_the_draw():
+    rewards = [None if i % 3 == 0 else 1.0 for i in range(60)]
+    src = RewardSource(rewards)
+    order = DataOrder(60, seed=2)
+    feeder = RolloutFeeder(src, tasks(60), order, groups_per_step=2, max_off_policy_steps=1, keep=informative,
+                           draw_limit=3)
+    consumed = []
+    for v in range(6):
+        got = feeder.take(v)
+        assert len(got.groups) + len(got.discarded) <= 6  # the draw limit: 3 x 2 groups a step
+        consumed += [g.task_index for g in got.groups + got.discarded]
+    # each item carried its share of the step's spares, and one item a step sufficed
+    assert all(len(i.spares) == 4 and i.keep is informative for i in src.submitted)
+    assert len(src.submitted) == 7  # 6 steps + the one in flight (k = 1)
+    # the spares an item did not play are owed, not lost: what was consumed and what is owed
+    # are the data order's first tasks, none skipped, none twice
+    drawn = consumed + feeder.state_dict()["untrained"]
+    assert len(set(drawn)) == len(drawn)
+    assert sorted(drawn) == sorted(DataOrder(60, seed=2).take(len(drawn)))
+
+
+def test_the_learner_waits_for_work_only_when_the_buffer_is_dry():
+    class Watched(RewardSource):
+        def poll(self, timeout_s=0.0):
+            self.waits.append((timeout_s, len(feeder.buffer)))
+            return super().poll(timeout_s)
+
+    src = Watched([None if i % 3 == 0 else 1.0 for i in range(60)])
+    src.waits = []
+    feeder = RolloutFeeder(src, tasks(60), DataOrder(60, seed=0), groups_per_step=2, max_off_policy_steps=0,
+                           keep=informative, draw_limit=3)
+    for v in range(4):
+        feeder.take(v)
+    # discards left groups in the buffer on some polls: those polls must not block
+    assert any(n for _, n in src.waits)
+    assert all(timeout == 0.0 for timeout, n in src.waits if n)
 
 
 def test_dynamic_sampling_stops_at_its_draw_limit():

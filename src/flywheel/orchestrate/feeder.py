@@ -12,6 +12,8 @@ Filters (both off by default):
 - `keep` (DAPO's dynamic sampling): a group it rejects (all rewards equal: no gradient) is
   discarded and another task drawn in its place, until `groups_per_step` groups are kept or
   `draw_limit` x groups_per_step have been taken for the step; the step then trains on those kept.
+  The replacements travel with the work as spares, and the worker refills at once
+  (rollout/refill.py); spares it did not play go back to the front of the draw.
 - `solved_at` (ScaleRL's no-positive-resampling): a task whose group's mean reward reaches it
   is never drawn again, unless every task is solved.
 Data position: tasks are drawn from the DataOrder when submitted. `state_dict` holds the
@@ -62,7 +64,7 @@ class RolloutFeeder:
         self._untrained: list[int] = []  # drawn, not yet trained, in draw order
         self._in_flight_groups = 0
         self._next_item = 0
-        self._item_tasks: dict[int, list[int]] = {}
+        self._item_tasks: dict[int, tuple[list[int], int]] = {}  # item -> (task indices, then spares; tasks)
         self._work: dict[str, float] = {}
         self.regenerated_groups = 0
 
@@ -98,11 +100,19 @@ class RolloutFeeder:
         while self._in_flight_groups + len(self.buffer) + taken < want:
             indices = self._draw(self.groups_per_step)
             for part in _split(indices, self.items_per_step):
-                item = WorkItem(self._next_item, [self.tasks[i] for i in part], learner_version)
-                self._item_tasks[item.item_id] = part
+                spares = self._draw(self._spares_for(len(part)))
+                item = WorkItem(self._next_item, [self.tasks[i] for i in part], learner_version,
+                                [self.tasks[i] for i in spares], self.keep)
+                self._item_tasks[item.item_id] = (part + spares, len(part))
                 self._next_item += 1
                 self._in_flight_groups += len(part)
                 self.source.submit(item)
+
+    def _spares_for(self, tasks: int) -> int:
+        """Spares an item of `tasks` tasks carries: its share of the step's draw limit."""
+        if self.keep is None:
+            return 0
+        return round(tasks * (self.max_taken - self.groups_per_step) / self.groups_per_step)
 
     def _regenerate(self, group: TrajectoryGroup) -> None:
         """Called by the buffer for a group too stale to train: its task is drawn again next."""
@@ -113,8 +123,9 @@ class RolloutFeeder:
 
     def _receive(self, results: list[WorkResult]) -> None:
         for r in results:
-            indices = self._item_tasks.pop(r.item_id)
-            self._in_flight_groups -= len(indices)
+            indices, tasks = self._item_tasks.pop(r.item_id)
+            self._in_flight_groups -= tasks
+            self._undrawn.extendleft(reversed(indices[len(r.groups):]))  # spares not played: drawn next
             for key in WORK_KEYS:
                 self._work[key] = self._work.get(key, 0.0) + (1 if key == "items" else getattr(r, key))
             for index, group in zip(indices, r.groups):
@@ -129,13 +140,15 @@ class RolloutFeeder:
         while len(got) < self.groups_per_step and len(got) + len(discarded) < self.max_taken:
             self.fill(learner_version, taken=len(got))
             want = min(self.groups_per_step - len(got), self.max_taken - len(got) - len(discarded))
-            for g in self.buffer.take(want, learner_version, timeout_s=0):
+            ready = self.buffer.take(want, learner_version, timeout_s=0)
+            for g in ready:
                 self._untrained.remove(g.task_index)
                 if self.solved_at is not None and _mean_reward(g) >= self.solved_at:
                     self.solved.add(g.task_index)
                 (got if self.keep is None or self.keep(g) else discarded).append(g)
             if len(got) < self.groups_per_step:
-                self._receive(self.source.poll(poll_s))
+                # wait for work only when the buffer ran dry (discards can leave groups there)
+                self._receive(self.source.poll(poll_s if len(ready) < want else 0.0))
         work, self._work = {key: 0.0 for key in WORK_KEYS} | self._work, {}  # zeros: no item arrived meanwhile
         return StepRollouts(got, time.perf_counter() - t0, discarded, work)
 

@@ -31,6 +31,7 @@ from flywheel.inference.decoder import fusion_groups, unsupported_reason
 from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
 from flywheel.process import cycle_collector_paused
 from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
+from flywheel.rollout.refill import play_refilled
 from flywheel.weights import SharedMemoryTransport
 
 
@@ -81,8 +82,9 @@ class InProcessRollouts:
         if self.threads:
             torch.set_num_threads(self.threads)
         try:
-            groups = self._loop.run(play(self.env, item.tasks, SamplerPolicy(self.engine, self.params, self.renderer),
-                                         group_size=self.group_size))
+            policy = SamplerPolicy(self.engine, self.params, self.renderer)
+            groups = self._loop.run(play_refilled(lambda tasks: play(self.env, tasks, policy, group_size=self.group_size),
+                                                  item.tasks, item.spares, item.keep))
         finally:
             torch.set_num_threads(learner_threads)
         tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)

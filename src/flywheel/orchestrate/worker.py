@@ -20,7 +20,7 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 
 import torch
@@ -31,6 +31,7 @@ from flywheel.models import ChatRenderer, load
 from flywheel.models.loading import quiet_transformers
 from flywheel.process import cycle_collector_paused, die_with_parent
 from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
+from flywheel.rollout.refill import Keep, play_refilled
 from flywheel.types import Task, TrajectoryGroup
 from flywheel.weights import SharedMemoryTransport
 
@@ -61,6 +62,10 @@ class WorkItem:
     item_id: int
     tasks: list[Task]
     min_version: int
+    # dynamic sampling's refill (rollout/refill.py): spares played in place of the groups `keep`
+    # rejects; the result's groups answer (tasks + spares)[:len(groups)]
+    spares: list[Task] = field(default_factory=list)
+    keep: Keep | None = None
 
 
 @dataclass
@@ -128,7 +133,7 @@ class EpisodeRunner:
         t0 = time.perf_counter()
         version = self.engine.version
         try:
-            groups = self.loop.run(play(self.env, item.tasks, self.policy, group_size=self.spec.group_size))
+            groups = self.loop.run(play_refilled(self._play_groups, item.tasks, item.spares, item.keep))
             error = None
         except Exception as e:  # noqa: BLE001 - reported to the learner, which decides
             groups, error = [], f"{type(e).__name__}: {e}"
@@ -137,6 +142,9 @@ class EpisodeRunner:
         rebuild_s, self._rebuild_seen = rebuilt - self._rebuild_seen, rebuilt
         return WorkResult(item.item_id, self.worker_id, groups, version, time.perf_counter() - t0, weight_wait_s,
                           weight_load_s, tokens, error, pickup, rebuild_s)
+
+    def _play_groups(self, tasks: list[Task]):
+        return play(self.env, tasks, self.policy, group_size=self.spec.group_size)
 
     def close(self) -> None:
         self.loop.close()

@@ -35,8 +35,8 @@ import torch
 
 from flywheel.config import RLConfig
 from flywheel.envs.splits import eval_overlap
-from flywheel.rollout.advantages import informative
 from flywheel.rollout.data_order import DataOrder
+from flywheel.rollout.refill import varied_rewards
 from flywheel.rollout.evaluate import evaluate
 from flywheel.inference.lora import adapter_base, is_adapter_folder
 from flywheel.train.checkpoint import load_state
@@ -223,11 +223,6 @@ def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack
     return source
 
 
-def _informative(group) -> bool:
-    """Dynamic sampling's test: the group's rewards are not all equal."""
-    return informative(torch.tensor([t.reward for t in group.trajectories]))
-
-
 def _in_flight_tokens(groups) -> int:
     """Sampled tokens of a newer version than their trajectory's first (in-flight updates)."""
     count = 0
@@ -276,7 +271,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     source, eval_engine = _rollout_source(cfg, engine_model, tokenizer, env, renderer, n_workers, plain, stack, log,
                                           learner)
     feeder = RolloutFeeder(source, tasks, order, cfg.train.groups_per_step, cfg.max_off_policy_steps,
-                           items_per_step=max(1, n_workers), keep=_informative if cfg.algo.dynamic_sampling else None,
+                           items_per_step=max(1, n_workers), keep=varied_rewards if cfg.algo.dynamic_sampling else None,
                            draw_limit=cfg.train.draw_limit, solved_at=cfg.train.drop_solved)
     feeder.load_state_dict(feeder_state)
     metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,

@@ -1,0 +1,53 @@
+"""Dynamic sampling's refill in the player (rollout/refill.py), worked by hand."""
+
+import asyncio
+
+from flywheel.rollout.refill import play_refilled, spares_wanted, varied_rewards
+from flywheel.types import Task, Trajectory, TrajectoryGroup
+
+
+def group(task_id, rewards):
+    return TrajectoryGroup(task_id, [Trajectory(task_id, [1], [1], [-0.5], [0], reward=r) for r in rewards])
+
+
+def test_spares_wanted_is_one_per_missing_group_at_most_those_left():
+    assert spares_wanted(kept=1, needed=3, spares_left=4) == 2
+    assert spares_wanted(kept=1, needed=3, spares_left=1) == 1
+    assert spares_wanted(kept=3, needed=3, spares_left=4) == 0
+    assert spares_wanted(kept=0, needed=3, spares_left=0) == 0
+
+
+def test_varied_rewards_keeps_groups_whose_rewards_differ():
+    assert varied_rewards(group("a", [1.0, 0.0]))
+    assert not varied_rewards(group("a", [1.0, 1.0]))
+    assert not varied_rewards(group("a", [0.0, 0.0]))
+
+
+def run(tasks, spares, keep, varied):
+    """Play with a fake player: task ids in `varied` get rewards [1, 0], others [1, 1]."""
+    batches = []
+
+    async def play_groups(ts):
+        batches.append([t.id for t in ts])
+        return [group(t.id, [1.0, 0.0] if t.id in varied else [1.0, 1.0]) for t in ts]
+
+    groups = asyncio.run(play_refilled(play_groups, [Task(id=i, prompt=i) for i in tasks],
+                                       [Task(id=i, prompt=i) for i in spares], keep))
+    return [g.task_id for g in groups], batches
+
+
+def test_spares_replace_rejected_groups_in_batches_until_enough_are_kept():
+    # a, c flat; b kept -> 2 missing: d (flat), e (kept) -> 1 missing: f (kept) -> done, g unplayed
+    ids, batches = run("abc", "defg", varied_rewards, varied={"b", "e", "f", "g"})
+    assert batches == [["a", "b", "c"], ["d", "e"], ["f"]]
+    assert ids == ["a", "b", "c", "d", "e", "f"]  # group i answers (tasks + spares)[i]
+
+
+def test_spares_run_out_before_the_groups_are_kept():
+    ids, batches = run("ab", "c", varied_rewards, varied=set())
+    assert batches == [["a", "b"], ["c"]] and ids == ["a", "b", "c"]
+
+
+def test_without_a_keep_rule_spares_are_not_played():
+    ids, batches = run("ab", "cd", None, varied=set())
+    assert batches == [["a", "b"]] and ids == ["a", "b"]
