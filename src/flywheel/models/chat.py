@@ -15,6 +15,7 @@ tokenizer, and any BPE when pieces meet at special tokens) the ids equal
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -99,6 +100,20 @@ class ChatRenderer:
             if len(self._encoded) > ENCODE_MEMO:
                 self._encoded.popitem(last=False)
         return ids
+
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """Whether the template shows a request's tools to the model (a probe tool's unique name
+        must appear in the rendered prompt). A template without a tools section would drop
+        them without a word."""
+        probe = "flywheel_probe_tool_7f3a"
+        tool = {"type": "function", "function": {"name": probe, "description": "", "parameters": {"type": "object"}}}
+        try:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[tool],
+                                                      tokenize=False, add_generation_prompt=True)
+        except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
+            return False
+        return probe in text
 
     def prompt_ids(self, messages: Sequence[Message], tools: Sequence[dict] | None = None) -> list[int]:
         """Ids of `messages` followed by the assistant generation prompt."""

@@ -1,7 +1,8 @@
 """Tool-call parsing from assistant text. Default: the Hermes / Qwen convention,
 `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, any number per turn, with text
-around them. A malformed call never raises: it becomes an entry in `errors`, which the env
-turns into a tool-error message for the model."""
+around them; a tag may also hold a JSON list of such calls (the SmolLM2 family's format,
+models/chat_template_smollm2_tools.jinja). A malformed call never raises: it becomes an entry
+in `errors`, which the env turns into a tool-error message for the model."""
 
 from __future__ import annotations
 
@@ -38,22 +39,30 @@ class HermesParser:
                 body, pos = text[body_start:], len(text)
             else:
                 body, pos = text[body_start:end], end + len(self.close_tag)
-            call, error = self._parse_body(body.strip(), len(calls) + len(errors))
-            if call is not None:
-                calls.append(call)
-            else:
-                errors.append(error)
+            for call, error in self._parse_body(body.strip(), len(calls) + len(errors)):
+                if call is not None:
+                    calls.append(call)
+                else:
+                    errors.append(error)
             if end < 0:
                 break
         return ParsedTurn(content="".join(outside).strip(), tool_calls=calls, errors=errors)
 
-    @staticmethod
-    def _parse_body(body: str, index: int) -> tuple[ToolCall | None, str]:
-        where = f"tool call {index + 1}"
+    @classmethod
+    def _parse_body(cls, body: str, index: int) -> list[tuple[ToolCall | None, str]]:
+        """The calls in one tag's body (an object, or a list of them), each a call or an error;
+        `index`: the turn's calls and errors before this tag."""
         try:
             obj = json.loads(body)
         except json.JSONDecodeError as e:
-            return None, f"{where}: invalid JSON ({e.msg} at column {e.colno}): {_clip(body)}"
+            return [(None, f"tool call {index + 1}: invalid JSON ({e.msg} at column {e.colno}): {_clip(body)}")]
+        if isinstance(obj, list):
+            return [cls._call(item, index + i) for i, item in enumerate(obj)]
+        return [cls._call(obj, index)]
+
+    @staticmethod
+    def _call(obj, index: int) -> tuple[ToolCall | None, str]:
+        where = f"tool call {index + 1}"
         if not isinstance(obj, dict):
             return None, f"{where}: expected a JSON object with 'name' and 'arguments', got {type(obj).__name__}"
         name = obj.get("name")

@@ -190,6 +190,10 @@ class OpenAIService:
         messages = req.message_dicts()
         if self._renderer is None:
             raise bad("messages", "this model has no chat template; use /v1/completions")
+        if tools and not self._renderer.renders_tools:
+            raise bad("tools", "this model's chat template renders no tools, so the model would never see them; "
+                               "serve a folder made by `flywheel model import`, which supplies a tools template "
+                               "for known families, or describe the tools in a system message")
         try:
             prompt = self._renderer.prompt_ids(_template_messages(messages), tools)
         except Exception as e:  # jinja's raise_exception and template errors

@@ -1,0 +1,42 @@
+"""A request's tools never vanish: a model whose chat template renders no tools refuses a
+request with tools (400 naming `tools`) instead of answering as if none were offered."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
+from flywheel.service import OpenAIService
+from flywheel.service.app import create_app
+from flywheel.service.background import BackgroundServer
+
+CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluate arithmetic.",
+                                         "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}
+# ChatML with no tools section, like SmolLM2-Instruct's own template
+NO_TOOLS = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+
+
+def test_a_template_without_tools_refuses_tools_and_still_chats(tmp_path):
+    folder = build_tiny_model(tmp_path / "m", TinySpec(hidden=64, layers=2, heads=4, ffn=128))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert ChatRenderer(tokenizer).renders_tools  # flywheel's own template does
+    tokenizer.chat_template = NO_TOOLS
+    tokenizer.save_pretrained(folder)
+    assert not ChatRenderer(AutoTokenizer.from_pretrained(folder)).renders_tools
+    srv = BackgroundServer(create_app(OpenAIService(folder, default_max_tokens=4))).start()
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    try:
+        hello = [{"role": "user", "content": "What is 2 + 3?"}]
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="flywheel", messages=hello, tools=[CALC])
+        assert "tools" in str(e.value) and "renders no tools" in str(e.value)
+        # tool_choice none offers no tools: nothing to drop
+        assert client.chat.completions.create(model="flywheel", messages=hello, tools=[CALC], tool_choice="none")
+        assert client.chat.completions.create(model="flywheel", messages=hello).choices[0].message.role == "assistant"
+    finally:
+        srv.stop()
