@@ -132,6 +132,7 @@ def test_rl_update_two_gloo_ranks_match_the_single_process_step(setup, tmp_path)
         assert abs(m["loss"] - r["loss"]) < 1e-5 and abs(m["grad_norm"] - r["grad_norm"]) < 1e-5, (m, r)
 
 
+@pytest.mark.slow  # two more ranks started (~9 s): make test keeps the SFT and RL two-rank equivalences
 def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(setup, tmp_path):
     """A NaN behaviour logprob in the last trajectory (rank 1's share only): both ranks skip
     that update, as the single-process learner skips it, instead of rank 0 waiting forever in

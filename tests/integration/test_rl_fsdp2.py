@@ -73,6 +73,7 @@ def params(folder) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow  # a whole RL run over two ranks (~13 s); the two-rank update itself stays in make test (test_fsdp2.py)
 def test_an_fsdp2_run_follows_the_single_process_run(setup, tmp_path):
     """Synchronous (rollouts in the driver): the same rollouts step for step, so the same tasks
     and rewards, parameters within float noise, and the single-process checkpoint format."""

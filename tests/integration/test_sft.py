@@ -92,6 +92,7 @@ def test_existing_checkpoints_are_not_overwritten(setup, tmp_path):
     assert run_sft(cfg, log=lambda m: None).resumed_from == 2
 
 
+@pytest.mark.slow  # a run killed and resumed (the slow marker's kind); make test kills a cycle mid-RL (test_cycle.py)
 def test_sigkill_and_resume_follows_the_uninterrupted_curve(setup, tmp_path, forked_cli):
     """Only the killed run (`flywheel sft`) needs a process of its own: the uninterrupted
     reference and the resume run here, on one thread as the child."""
