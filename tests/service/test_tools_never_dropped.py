@@ -28,7 +28,10 @@ def test_a_template_without_tools_refuses_tools_and_still_chats(tmp_path):
     tokenizer.chat_template = NO_TOOLS
     tokenizer.save_pretrained(folder)
     assert not ChatRenderer(AutoTokenizer.from_pretrained(folder)).renders_tools
-    srv = BackgroundServer(create_app(OpenAIService(folder, default_max_tokens=4))).start()
+    service = OpenAIService(folder, default_max_tokens=4)
+    assert service.template_note() == ("chat template: the model's own; "
+                                       "tools: refused with a 400 (the template renders none)")
+    srv = BackgroundServer(create_app(service)).start()
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
     try:
         hello = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -62,6 +62,7 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
                                 trace_sink=sink, dtype=dtype, device=device)
     where = "traces off" if sink is None else f"traces -> {sink.store.url}"
     typer.echo(f"serving {name} ({service.version}) from {model} on http://{host}:{port}/v1 ({where})")
+    typer.echo(service.template_note())
     store = None if sink is None else sink.store  # also takes traces and feedback from other stacks
     pool = IngestPool(default_ingest_workers() if ingest_workers is None else ingest_workers)
     ft, auth = None, {}

@@ -39,6 +39,7 @@ from flywheel.inference import LocalEngine
 from flywheel.inference.sampler import SamplingParams
 from flywheel.inference.scheduler import BatchScheduler, JobResult
 from flywheel.models import ChatRenderer, ChatTemplateError
+from flywheel.models.gguf_import import read_record
 from flywheel.models.token_bytes import token_table
 from flywheel.models.tool_calls import HermesParser, ToolCallParser
 from flywheel.service import responses as R
@@ -94,6 +95,16 @@ class OpenAIService:
                                         continuous=continuous)
         self._renderer = _renderer(engine)
         self._wakers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> _Waker
+
+    def template_note(self) -> str:
+        """Which chat template this model is served with, and whether requests may carry tools."""
+        if self._renderer is None:
+            return "chat template: none (chat requests are refused; use /v1/completions)"
+        record = read_record(self.model_path) if self.model_path is not None else None
+        which = "the model's own" if record is None or record.chat_template.startswith("own") else (
+            f"flywheel's {record.chat_template} (the model's own renders no tools)")
+        tools = "rendered" if self._renderer.renders_tools else "refused with a 400 (the template renders none)"
+        return f"chat template: {which}; tools: {tools}"
 
     # ------------------------------------------------------------------ versions
 
