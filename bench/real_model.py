@@ -21,6 +21,7 @@ import argparse
 import json
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -84,6 +85,7 @@ def generation(model: Path, repeats: int) -> tuple[list[float], list[float]]:
 def sft_flywheel(model: Path, data: Path, work: Path, steps: int, threads: int) -> tuple[list[float], float]:
     """(tokens/s per step after the first 2, peak RSS in GB) of `flywheel sft` in its own process."""
     out = work / "sft"
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run each round (an existing run's folder is refused)
     cfg = dict(model=str(model), output_dir=str(out), data={"train": [str(data)], "format": "chat"},
                train={"steps": steps, "batch_size": 8, "micro_batch_size": 8, "dropout": False,
                       "lora": {"rank": 16, "alpha": 32}},
@@ -91,8 +93,10 @@ def sft_flywheel(model: Path, data: Path, work: Path, steps: int, threads: int) 
                threads=threads)
     path = work / "sft.json"
     path.write_text(json.dumps(cfg))
-    subprocess.run([sys.executable, "-m", "flywheel.cli.main", "sft", str(path)], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    done = subprocess.run([sys.executable, "-m", "flywheel.cli.main", "sft", str(path)], stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        sys.exit(f"flywheel sft failed (exit {done.returncode}): {done.stderr[-2000:]}")
     peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20  # KiB -> GiB
     from flywheel.train.metrics import read_metrics
 
@@ -114,10 +118,9 @@ def sft_bare(model: Path, rows: list[dict], steps: int) -> list[float]:
     opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-4)
     encoded = []
     for r in rows:
-        prompt = tok.apply_chat_template(r["messages"][:1], tokenize=True, add_generation_prompt=True)
-        prompt = prompt["input_ids"] if isinstance(prompt, dict) else prompt
-        full = tok.apply_chat_template(r["messages"], tokenize=True)
-        full = full["input_ids"] if isinstance(full, dict) else full
+        prompt = tok.apply_chat_template(r["messages"][:1], tokenize=True, add_generation_prompt=True,
+                                         return_dict=True)["input_ids"]
+        full = tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]
         encoded.append((full, [0] * len(prompt) + [1] * (len(full) - len(prompt))))
     rates = []
     for step in range(steps):
