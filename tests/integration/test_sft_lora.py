@@ -104,3 +104,18 @@ def test_an_adapter_continues_as_it_is_and_refuses_another_shape(setup, tmp_path
     assert json.loads((again.final_model / "adapter_config.json").read_text())["r"] == 4
     with pytest.raises(AdapterError, match="the adapter has rank 4"):
         run_sft(config(first, data, tmp_path / "c", steps=4, lora={"rank": 8}), log=lambda m: None)
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_activation_checkpointing_gives_the_same_steps(setup, tmp_path, lora):
+    """Recomputing activations in the backward pass changes memory, not the numbers."""
+    _, model, data = setup
+    runs = {}
+    for ckpt in (False, True):
+        cfg = config(model, data, tmp_path / f"ckpt-{ckpt}", steps=3, activation_checkpointing=ckpt,
+                     **({} if lora else {"lora": None}))
+        run_sft(cfg, log=lambda m: None)
+        runs[ckpt] = losses(tmp_path / f"ckpt-{ckpt}")
+    assert runs[True].keys() == runs[False].keys() == {1, 2, 3}
+    for step in runs[False]:
+        assert abs(runs[True][step] - runs[False][step]) < 1e-5, (step, runs)
