@@ -90,7 +90,8 @@ def test_sft_with_an_unknown_override_exits_2(runner, tmp_path):
     result = runner.invoke(app, ["sft", str(config), "train.steps=3", "train.stepz=3"])
     assert result.exit_code == 2
     assert ("  train.stepz: unknown key; valid keys here are: "
-            "batch_size, dropout, epochs, lora, micro_batch_size, seed, steps, strategy, world_size\n") in result.stderr
+            "activation_checkpointing, batch_size, dropout, epochs, lora, micro_batch_size, seed, steps, strategy, "
+            "world_size\n") in result.stderr
     assert "Traceback" not in result.output and result.stdout == ""
 
 
