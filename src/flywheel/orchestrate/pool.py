@@ -83,8 +83,9 @@ class InProcessRollouts:
             torch.set_num_threads(self.threads)
         try:
             policy = SamplerPolicy(self.engine, self.params, self.renderer)
-            groups = self._loop.run(play_refilled(lambda tasks: play(self.env, tasks, policy, group_size=self.group_size),
-                                                  item.tasks, item.spares, item.keep))
+            groups = self._loop.run(play_refilled(
+                lambda tasks: play(self.env, tasks, policy, group_size=self.group_size),
+                item.tasks, item.spares, item.keep))
         finally:
             torch.set_num_threads(learner_threads)
         tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
