@@ -213,3 +213,23 @@ def test_a_fine_tuning_job_through_the_api_then_its_model_answers(smol, tmp_path
         srv.stop()
         service.close()
         store.close()
+
+
+def test_rl_with_a_worker_process_and_in_flight_weight_updates(smol, tmp_path):
+    """One step off-policy with a rollout worker process that takes newer weights between
+    decode steps, on the real model (LoRA: the worker runs the merged weights): the staleness
+    bound holds and every step trains."""
+    from flywheel.config import RLConfig, validate
+    from flywheel.train.metrics import read_metrics
+    from flywheel.train.rl import run_rl
+
+    out = tmp_path / "rl"
+    run_rl(validate(dict(model=str(smol), output_dir=str(out), env={"name": "arithmetic"},
+                         train={"steps": 3, "groups_per_step": 2, "group_size": 4, "lora": {"rank": 8, "alpha": 16}},
+                         sampling={"max_tokens": 12}, eval={"tasks": 2}, algo={"dynamic_sampling": False},
+                         max_off_policy_steps=1, rollout={"workers": 1, "in_flight_updates": True},
+                         checkpoint={"every": 0}, log={"progress": False}, threads=1), RLConfig), log=lambda m: None)
+    train = [r for r in read_metrics(out / "metrics.jsonl") if "reward_mean" in r]
+    assert [r["step"] for r in train] == [1, 2, 3] and all("rollout/in_flight_tokens" in r for r in train)
+    rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert rows and all(0 <= s <= 1 for r in rows for s in r["staleness"])
