@@ -26,6 +26,10 @@ from flywheel.jsonl import MAX_LINE_BYTES
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.service.background import free_port
 
+# a real server process taking 50 MB and 400 MB lines (~16 s on 2 cores): make test-all; the
+# per-line limit itself is unit-tested (tests/unit/test_jsonl.py)
+pytestmark = pytest.mark.slow
+
 GB = 2 ** 30
 HEAD = b'{"messages": [{"role": "user", "content": "'
 TAIL = b'"}, {"role": "assistant", "content": "ok"}]}\n'
