@@ -101,6 +101,12 @@ class SFTTrainConfig(Config):
         "processes, each on its share of every batch (train/fsdp2.py)"))
     world_size: int = Field(2, ge=1, description="processes (GPUs on cuda) of train.strategy=fsdp2")
 
+    @model_validator(mode="after")
+    def _checkpointing_runs_in_one_process(self):
+        if self.activation_checkpointing and self.strategy == "fsdp2":
+            raise ValueError("activation_checkpointing is not supported with strategy: fsdp2 yet")
+        return self
+
 
 class EvalConfig(Config):
     every: int = Field(0, ge=0, description="validate every N steps; 0 = only at the end")

@@ -226,3 +226,10 @@ def test_rl_optim_defaults_hold_when_the_section_is_partly_set():
     assert (left_out.decay, left_out.min_lr_ratio, left_out.lr) == ("linear", 0.0, 1e-5)
     assert (partly.decay, partly.min_lr_ratio, partly.lr) == ("linear", 0.0, 1e-4)
     assert validate(dict(model="m", data={"train": ["t.jsonl"]}), SFTConfig).optim.decay == "cosine"
+
+
+def test_activation_checkpointing_is_refused_under_fsdp2_naming_both():
+    base = dict(model="m", data={"train": ["d.jsonl"]})
+    validate({**base, "train": {"activation_checkpointing": True}}, SFTConfig)
+    with pytest.raises(ConfigError, match="activation_checkpointing is not supported with strategy: fsdp2"):
+        validate({**base, "train": {"activation_checkpointing": True, "strategy": "fsdp2"}}, SFTConfig)

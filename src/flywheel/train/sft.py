@@ -83,9 +83,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
         trained, total = trainable_count(model)
         log(f"LoRA: training {trained:,} of {total:,} parameters")
     set_learner_mode(model, dropout=cfg.train.dropout)
-    if cfg.train.activation_checkpointing:
-        if dist is not None:
-            raise TrainError("train.activation_checkpointing is not supported with train.strategy: fsdp2 yet")
+    if cfg.train.activation_checkpointing:  # single-process only (SFTTrainConfig checks)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     evaluator = evaluator or _import_evaluator(cfg.eval.evaluator)
 
