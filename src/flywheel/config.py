@@ -95,7 +95,7 @@ class SFTTrainConfig(Config):
     lora: LoraSettings | None = Field(None, description="train a LoRA adapter; null: every weight")
     activation_checkpointing: bool = Field(False, description=(
         "recompute each layer's activations in the backward pass instead of keeping them: less memory, "
-        "about a third more compute"))
+        "each layer's forward run twice"))
     strategy: Literal["single", "fsdp2"] = Field("single", description=(
         "single: one process; fsdp2: the learner sharded (torch FSDP2) over train.world_size local "
         "processes, each on its share of every batch (train/fsdp2.py)"))
