@@ -181,9 +181,11 @@ def run_flywheel(model: Path, seed: int, args, threads: int, overrides: dict | N
     others = [w for s, w in wait_s.items() if s > 1 and (s - 1) % args.eval_every]
     bias = dict(wait_after_eval_ms=1000 * statistics.mean(after) if after else math.nan, wait_other_ms=1000 * statistics.mean(others),
                 final_model=out / "final")
-    # every group generated for training: those dynamic sampling discarded count (8 samples each)
-    samples = sum(8 * (r.get("groups", 8) + r.get("rollout/discarded_groups", 0))
-                  for r in records if "time/step_s" in r)
+    # every group generated for training: those dynamic sampling discarded count, and those the
+    # buffer dropped as too stale (a running total), 8 samples each
+    steps = [r for r in records if "time/step_s" in r]
+    samples = sum(8 * (r.get("groups", 8) + r.get("rollout/discarded_groups", 0)) for r in steps)
+    samples += 8 * int(max((r.get("buffer/dropped_groups", 0) for r in steps), default=0))
     return Run("flywheel", seed, evals, clock[args.steps], int(samples), wall), bias
 
 

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from flywheel.rollout.refill import play_refilled, spares_wanted, varied_rewards
+from flywheel.rollout.refill import Refiller, play_refilled, spares_wanted, varied_rewards
 from flywheel.types import Task, Trajectory, TrajectoryGroup
 
 
@@ -23,16 +23,21 @@ def test_varied_rewards_keeps_groups_whose_rewards_differ():
     assert not varied_rewards(group("a", [0.0, 0.0]))
 
 
-def run(tasks, spares, keep, varied):
-    """Play with a fake player: task ids in `varied` get rewards [1, 0], others [1, 1]."""
-    batches = []
-
+def fake_player(varied, batches):
+    """A player whose task ids in `varied` get rewards [1, 0], others [1, 1]; records its batches."""
     async def play_groups(ts):
         batches.append([t.id for t in ts])
         return [group(t.id, [1.0, 0.0] if t.id in varied else [1.0, 1.0]) for t in ts]
+    return play_groups
 
-    groups = asyncio.run(play_refilled(play_groups, [Task(id=i, prompt=i) for i in tasks],
-                                       [Task(id=i, prompt=i) for i in spares], keep))
+
+def tasks_of(ids):
+    return [Task(id=i, prompt=i) for i in ids]
+
+
+def run(tasks, spares, keep, varied, ahead=0):
+    batches = []
+    groups = asyncio.run(play_refilled(fake_player(varied, batches), tasks_of(tasks), tasks_of(spares), keep, ahead))
     return [g.task_id for g in groups], batches
 
 
@@ -51,3 +56,27 @@ def test_spares_run_out_before_the_groups_are_kept():
 def test_without_a_keep_rule_spares_are_not_played():
     ids, batches = run("ab", "cd", None, varied=set())
     assert batches == [["a", "b"]] and ids == ["a", "b"]
+
+
+def test_spares_played_ahead_join_the_first_batch():
+    # a, c flat; with 2 ahead, d (flat) and e (kept) join the first batch -> 2 kept, 1 missing: f
+    ids, batches = run("abc", "defg", varied_rewards, varied={"b", "e", "f", "g"}, ahead=2)
+    assert batches == [["a", "b", "c", "d", "e"], ["f"]]
+    assert ids == ["a", "b", "c", "d", "e", "f"]
+
+
+def test_spares_played_ahead_are_returned_even_when_not_needed():
+    ids, batches = run("ab", "cd", varied_rewards, varied={"a", "b", "c", "d"}, ahead=5)  # at most those there
+    assert batches == [["a", "b", "c", "d"]] and ids == ["a", "b", "c", "d"]
+
+
+def test_refiller_plays_ahead_what_the_previous_item_rejected():
+    batches = []
+    refiller = Refiller(fake_player({"b", "e", "f", "y"}, batches))
+    asyncio.run(refiller.play(tasks_of("abc"), tasks_of("defg"), varied_rewards))  # a, c, d rejected
+    assert refiller.ahead == 3
+    asyncio.run(refiller.play(tasks_of("xy"), tasks_of("pqrs"), varied_rewards))
+    assert batches[-2:] == [["x", "y", "p", "q", "r"], ["s"]]  # the tasks and 3 spares at once, then a refill
+    assert refiller.ahead == 5  # x, p, q, r, s
+    asyncio.run(refiller.play(tasks_of("ef"), [], varied_rewards))  # no spares: the guess stays
+    assert batches[-1] == ["e", "f"] and refiller.ahead == 5

@@ -31,7 +31,8 @@ from flywheel.inference.decoder import fusion_groups, unsupported_reason
 from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
 from flywheel.process import cycle_collector_paused
 from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
-from flywheel.rollout.refill import play_refilled
+from flywheel.rollout.refill import Refiller
+from flywheel.types import Task
 from flywheel.weights import SharedMemoryTransport
 
 
@@ -59,6 +60,7 @@ class InProcessRollouts:
         self.params, self.renderer, self.threads = params, renderer, threads
         self._queue: deque[WorkItem] = deque()
         self._loop = EpisodeLoop()
+        self._refiller = Refiller(self._play_groups)
 
     def submit(self, item: WorkItem) -> None:
         self._queue.append(item)
@@ -82,15 +84,15 @@ class InProcessRollouts:
         if self.threads:
             torch.set_num_threads(self.threads)
         try:
-            policy = SamplerPolicy(self.engine, self.params, self.renderer)
-            groups = self._loop.run(play_refilled(
-                lambda tasks: play(self.env, tasks, policy, group_size=self.group_size),
-                item.tasks, item.spares, item.keep))
+            groups = self._loop.run(self._refiller.play(item.tasks, item.spares, item.keep))
         finally:
             torch.set_num_threads(learner_threads)
         tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
         return [WorkResult(item.item_id, 0, groups, self.engine.version, time.perf_counter() - t0, 0.0, 0.0,
                            tokens)]
+
+    def _play_groups(self, tasks: list[Task]):
+        return play(self.env, tasks, SamplerPolicy(self.engine, self.params, self.renderer), group_size=self.group_size)
 
     def stats(self) -> dict[str, float]:
         return {}

@@ -31,7 +31,7 @@ from flywheel.models import ChatRenderer, load
 from flywheel.models.loading import quiet_transformers
 from flywheel.process import cycle_collector_paused, die_with_parent
 from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
-from flywheel.rollout.refill import Keep, play_refilled
+from flywheel.rollout.refill import Keep, Refiller
 from flywheel.types import Task, TrajectoryGroup
 from flywheel.weights import SharedMemoryTransport
 
@@ -125,6 +125,7 @@ class EpisodeRunner:
         renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
         self.policy = SamplerPolicy(self.engine, SamplingParams(**spec.sampling), renderer)
         self.loop = EpisodeLoop()
+        self.refiller = Refiller(self._play_groups)
         self._rebuild_seen = 0.0  # engine.kernel_rebuild_s at the previous result
 
     def play(self, item: WorkItem, weight_wait_s: float, weight_load_s: float, pickup: str) -> WorkResult:
@@ -133,7 +134,7 @@ class EpisodeRunner:
         t0 = time.perf_counter()
         version = self.engine.version
         try:
-            groups = self.loop.run(play_refilled(self._play_groups, item.tasks, item.spares, item.keep))
+            groups = self.loop.run(self.refiller.play(item.tasks, item.spares, item.keep))
             error = None
         except Exception as e:  # noqa: BLE001 - reported to the learner, which decides
             groups, error = [], f"{type(e).__name__}: {e}"
