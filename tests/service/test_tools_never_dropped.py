@@ -9,8 +9,7 @@ from transformers import AutoTokenizer
 
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
 from flywheel.service import OpenAIService
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
+from live_server import serve_openai
 
 CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluate arithmetic.",
                                          "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}}}}
@@ -31,8 +30,7 @@ def test_a_template_without_tools_refuses_tools_and_still_chats(tmp_path):
     service = OpenAIService(folder, default_max_tokens=4)
     assert service.template_note() == ("chat template: the model's own; "
                                        "tools: refused with a 400 (the template renders none)")
-    srv = BackgroundServer(create_app(service)).start()
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    srv, client = serve_openai(service)
     try:
         hello = [{"role": "user", "content": "What is 2 + 3?"}]
         with pytest.raises(openai.BadRequestError) as e:
@@ -43,3 +41,18 @@ def test_a_template_without_tools_refuses_tools_and_still_chats(tmp_path):
         assert client.chat.completions.create(model="flywheel", messages=hello).choices[0].message.role == "assistant"
     finally:
         srv.stop()
+
+
+def test_renders_and_rollout_conversations_refuse_tools_the_template_cannot_show(tmp_path):
+    from flywheel.models import ToolsNotRendered
+
+    folder = build_tiny_model(tmp_path / "m", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = NO_TOOLS
+    renderer = ChatRenderer(tokenizer)
+    hello = [{"role": "user", "content": "What is 2 + 3?"}]
+    with pytest.raises(ToolsNotRendered, match="renders no tools"):
+        renderer.render(hello, tools=[CALC], add_generation_prompt=True)
+    with pytest.raises(ToolsNotRendered):
+        renderer.start(hello, tools=[CALC])  # how an environment's episode opens
+    assert renderer.render(hello, add_generation_prompt=True).startswith("<|im_start|>user")  # no tools: fine

@@ -32,3 +32,15 @@ def test_the_demo_line_is_read_from_the_last_demo_line_only():
     got = parse_demo_line(out)
     assert got["new_family_after"] == 0.97 and got["old_delta"] == -2.5 and got["cycles"] == 6
     assert math.isnan(got["final_old_delta"]) and "new_family_before" not in got
+    assert "general_kl" not in got  # a tiny base prints no general-ability line
+
+
+def test_a_pretrained_base_adds_its_general_ability_figures():
+    from demo import parse_demo_line
+
+    from flywheel.demo.summary import general_line
+
+    line = general_line({"general_kl": 0.0123, "simple_right_before": 20.0, "simple_kept": 19.0,
+                         "simple_points_lost": 5.0})
+    got = parse_demo_line(f"{line}\ndemo: cycles=7\n")
+    assert got == {"cycles": 7.0, "general_kl": 0.0123, "simple_lost": 5.0}

@@ -29,11 +29,13 @@ def token_kl(base_logits_N_V: torch.Tensor, model_logits_N_V: torch.Tensor) -> t
 @torch.no_grad()
 def forward_kl(base_dir: str | Path, model_dir: str | Path, rows_path: str | Path, batch: int = 16) -> float:
     """Mean KL(base || model) over the assistant tokens of the chat rows in `rows_path` (each
-    token's KL at the position that predicts it). Both models share the base's tokenizer."""
+    token's KL at the position that predicts it). Both models share the base's tokenizer; a
+    LoRA adapter folder is measured merged into its base."""
     from flywheel.models import load
+    from flywheel.train.lora import whole_model
 
     base, tokenizer = load(base_dir)
-    model, _ = load(model_dir)
+    model, _ = load(whole_model(model_dir))
     base.eval(), model.eval()
     examples, _ = load_sft_examples([str(rows_path)], tokenizer, SFTDataConfig(train=[str(rows_path)], format="chat"))
     total, tokens = 0.0, 0

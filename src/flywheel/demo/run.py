@@ -68,6 +68,9 @@ class DemoRecipe:
     # cycle waits and the next day's traffic adds to them
     min_new_failures: int = 20
     final_tasks: int = 200  # tasks per family of the independent final test (demo/final_test.py)
+    lora_rank: int = 0  # 0: full fine-tuning; else every training stage trains a LoRA adapter of this rank
+    sft_batch: int = 16
+    sft_lr: float = 1e-3
 
 
 DEMO_RECIPE = DemoRecipe()
@@ -102,6 +105,7 @@ class DayRow:
 
 def loop_config(out: Path, world: WorldConfig, recipe: DemoRecipe, threads: int, anchor_data: list[str]) -> dict:
     sft_steps, rl_steps, dpo_steps = recipe.sft_steps, recipe.rl_steps, recipe.dpo_steps
+    lora = {"rank": recipe.lora_rank, "alpha": 2 * recipe.lora_rank} if recipe.lora_rank else None
     return {
         "data_dir": str(out),
         "curation": {"heldout_fraction": 0.25, "min_heldout": 1},
@@ -109,16 +113,19 @@ def loop_config(out: Path, world: WorldConfig, recipe: DemoRecipe, threads: int,
             "order": ["sft"] + (["dpo"] if dpo_steps else []) + (["rl"] if rl_steps else []), "min_examples": 8,
             "replay_ratio": recipe.replay_ratio, "min_replay": recipe.min_replay,
             "anchor_data": anchor_data, "anchor_rows": recipe.anchor_rows,
-            "sft": {"train": {"steps": sft_steps, "batch_size": 16, "micro_batch_size": 16},
-                    "optim": {"lr": 1e-3, "warmup_steps": 10, "min_lr_ratio": 0.1}, "log": {"progress": False},
-                    "threads": threads},
+            "sft": {"train": {"steps": sft_steps, "batch_size": recipe.sft_batch, "micro_batch_size": recipe.sft_batch,
+                              "lora": lora},
+                    "optim": {"lr": recipe.sft_lr, "warmup_steps": min(10, sft_steps // 5), "min_lr_ratio": 0.1},
+                    "log": {"progress": False}, "threads": threads},
             # draw_limit 1: flat groups are dropped, not replaced (a new family's first groups are
             # nearly all flat, and replacing them would triple the rollouts of a step)
-            "rl": {"train": {"steps": max(rl_steps, 1), "groups_per_step": 8, "group_size": 8, "draw_limit": 1.0},
+            "rl": {"train": {"steps": max(rl_steps, 1), "groups_per_step": 8, "group_size": 8, "draw_limit": 1.0,
+                             "lora": lora},
                    "sampling": {"temperature": 1.0, "max_tokens": 120}, "optim": {"lr": 5e-5},
                    "algo": {"dynamic_sampling": True}, "eval": {"tasks": 16}, "log": {"progress": False},
                    "threads": threads},
-            "dpo": {"train": {"steps": max(dpo_steps, 1), "batch_size": 16}, "beta": 0.1, "optim": {"lr": 1e-4},
+            "dpo": {"train": {"steps": max(dpo_steps, 1), "batch_size": 16, "lora": lora}, "beta": 0.1,
+                    "optim": {"lr": 1e-4},
                     "log": {"progress": False}, "threads": threads}},
         "eval": {"suites": {f.name: {"env": ENV, "settings": f.settings, "tasks": recipe.eval_tasks, "max_tokens": 120}
                             for f in world.families if f.arrives <= world.weeks},
@@ -128,12 +135,16 @@ def loop_config(out: Path, world: WorldConfig, recipe: DemoRecipe, threads: int,
 
 
 def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *, threads: int = 2,
-             base_recipe: BaseRecipe | None = None, console=None) -> tuple[list[DayRow], dict[str, Any]]:
+             base_recipe: BaseRecipe | None = None, base: Path | None = None,
+             console=None) -> tuple[list[DayRow], dict[str, Any]]:
+    """The demo in `out` (recreated). `base`: a pretrained model folder to start from (then no
+    tiny base is built, no base SFT data is rehearsed, and its general ability is measured
+    before and after: demo/general.py); else the tiny base of `base_recipe`."""
     import torch
     from rich.console import Console
 
     from flywheel.config import validate
-    from flywheel.demo import final_test
+    from flywheel.demo import final_test, general
     from flywheel.demo.users import run_day
     from flywheel.envs import load_env
     from flywheel.loop.cycle import LoopStores, run_cycle
@@ -143,17 +154,22 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
 
     console = console or Console(soft_wrap=True)  # a piped log: long lines stay whole, not cut at 80 columns
     torch.set_num_threads(threads)
+    pretrained = base is not None
+    if pretrained and recipe.anchor_rows:
+        raise ValueError(f"anchor_rows={recipe.anchor_rows} rehearses the tiny base's own SFT data, which a "
+                         f"pretrained base ({base}) does not come with: set it to 0")
     built, t_base = [], time.perf_counter()
-    base = base_model(base_recipe, log=lambda m: (built.append(m), console.print(m)))  # it logs only when it builds
+    if not pretrained:
+        base = base_model(base_recipe, log=lambda m: (built.append(m), console.print(m)))  # logs only when it builds
     base_build_s = time.perf_counter() - t_base if built else 0.0
     shutil.rmtree(out, ignore_errors=True)
-    cfg = validate(loop_config(out, world, recipe, threads, [str(base_demos(base))]), LoopConfig)
+    cfg = validate(loop_config(out, world, recipe, threads, [] if pretrained else [str(base_demos(base))]), LoopConfig)
     per_family = sum(world.days(w) for w in range(1, world.weeks + 1)) * world.episodes_per_day
     tasks = {f.name: load_env(ENV, **f.settings).tasks("train", n=per_family, seed=world.seed) for f in world.families}
     rows: list[DayRow] = []
     t_start = time.perf_counter()
     with LoopStores(cfg) as fw:
-        v1 = fw.registry.register(base, notes="demo base model (week-1 family)")
+        v1 = fw.registry.register(base, notes="demo base model" + ("" if pretrained else " (week-1 family)"))
         fw.registry.promote(v1.id, "demo start")
         serving = serve_production(fw)
         console.print(f"serving {v1.id} on {serving.url}")
@@ -162,6 +178,7 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
         console.print(f"each cycle's full log (the training metrics too): {out / CYCLE_LOG}")
         console.print(f"scoring {v1.id} on each family's gate suite and final test")
         start_scores = _production_scores(fw, cfg)
+        general_start = general.Probe.measure(base, out / "general") if pretrained else None
         finals = final_test.final_suites({n: suite_from_config(n, s) for n, s in cfg.eval.suites.items()},
                                          recipe.final_tasks, cfg.eval.new_failures_max_tokens)
         final_start = final_test.score(v1.path, finals)
@@ -194,6 +211,9 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
             serving.close()
         summary = summarize(rows, world, start_scores, final_start, time.perf_counter() - t_start, base_build_s)
         summary["old_kl"] = _old_family_kl(base, fw.registry.production().path, world, out)
+        if general_start is not None:
+            console.print("measuring general ability (chat prompts and simple questions) against the base")
+            summary["general"] = general_start.compare(fw.registry.production().path)
         _write_report(fw, out, rows, console, summary)
     return rows, summary
 

@@ -65,12 +65,21 @@ def took_line(s: dict[str, Any]) -> str:
     return took + " (its base model came from the cache)"
 
 
+def general_line(g: dict[str, float]) -> str:
+    """A pretrained base's general ability at the end against the start (demo/general.py)."""
+    return (f"general ability against the base: forward KL {g['general_kl']:.4f} per token on everyday chat "
+            f"prompts; simple questions it answered right: {g['simple_kept']:.0f} of {g['simple_right_before']:.0f} "
+            f"still right ({g['simple_points_lost']:.1f} points lost)")
+
+
 def summary_lines(s: dict[str, Any]) -> list[str]:
     """The demo's closing lines; the last is the `demo: ...` line."""
+    general = [general_line(s["general"])] if s.get("general") else []
     return [took_line(s) + "; gate suites: " + ", ".join(
                 f"{k} {pct(v['start'])} -> {pct(v['end'])}" for k, v in s["per_family"].items())
             + "; final test: " + ", ".join(
                 f"{k} {pct(v['final_start'])} -> {pct(v['final_end'])}" for k, v in s["per_family"].items()),
+            *general,
             f"demo: new_family_before={s['new_family_before']:.2f} new_family_after={s['new_family_after']:.2f} "
             f"old_delta={s['old_delta']:+.1f} final_new_family_before={s['final_new_family_before']:.2f} "
             f"final_new_family_after={s['final_new_family_after']:.2f} final_old_delta={s['final_old_delta']:+.1f} "

@@ -33,6 +33,16 @@ class ChatTemplateError(ValueError):
     """The chat template cannot be rendered incrementally for these messages."""
 
 
+class ToolsNotRendered(ChatTemplateError):
+    """Tools were given, and the chat template has no place for them: the model would never
+    see them. Raised by every render, so neither a request nor a rollout drops them silently."""
+
+    def __init__(self):
+        super().__init__("this model's chat template renders no tools, so the model would never see them; serve a "
+                         "folder made by `flywheel model import`, which supplies a tools template for known "
+                         "families, or describe the tools in a system message")
+
+
 class ChatRenderer:
     """Renders messages through a Hugging Face tokenizer's chat template."""
 
@@ -56,6 +66,9 @@ class ChatRenderer:
 
     def render(self, messages: Sequence[Message], tools: Sequence[dict] | None = None,
                add_generation_prompt: bool = False) -> str:
+        """The template's text; ToolsNotRendered when `tools` are given and it has no place for them."""
+        if tools and not self.renders_tools:
+            raise ToolsNotRendered()
         key = self._memo_key(messages, tools, add_generation_prompt)
         if key is not None:
             with self._memo_lock:

@@ -32,7 +32,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from flywheel.inference.lora import is_adapter_folder
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.service import responses as R
 from flywheel.service.body_limit import BodyLimit
@@ -48,7 +47,7 @@ from flywheel.service.ingest import ingest_router, read_json
 from flywheel.service.ingest_pool import IngestPool
 from flywheel.service.openapi import install as install_openapi, route_doc
 from flywheel.service.served_models import ServedModels
-from flywheel.train.lora import merged_copy
+from flywheel.train.lora import whole_model
 
 
 MAX_BODY_BYTES = 64 * 2 ** 20  # a JSON request: a batch of 500 ~2 KB traces is ~1 MB
@@ -250,8 +249,8 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
             if path is None:
                 raise OpenAIError(f"no fine-tuned model or checkpoint {model!r}", param="model", status=404,
                                   type="not_found_error")
-            if format == "merged" and is_adapter_folder(path):
-                path = await asyncio.to_thread(merged_copy, Path(path))
+            if format == "merged":
+                path = await asyncio.to_thread(whole_model, Path(path))
             name = model.replace(":", "_").replace("/", "_")
             return StreamingResponse(tar_stream(Path(path), name), media_type="application/x-tar",
                                      headers={"content-disposition": f'attachment; filename="{name}.tar"'})

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ValidationError
 from flywheel.inference import LocalEngine
 from flywheel.inference.sampler import SamplingParams
 from flywheel.inference.scheduler import BatchScheduler, JobResult
-from flywheel.models import ChatRenderer, ChatTemplateError
+from flywheel.models import ChatRenderer, ChatTemplateError, ToolsNotRendered
 from flywheel.models.gguf_import import read_record
 from flywheel.models.token_bytes import token_table
 from flywheel.models.tool_calls import HermesParser, ToolCallParser
@@ -118,8 +118,12 @@ class OpenAIService:
 
     @staticmethod
     def _load(model, **load_kw):
+        """An engine for `model`: a loaded engine as it is; a model folder; a LoRA adapter
+        folder (a promoted LoRA candidate) merged into its base, once, beside it."""
         if isinstance(model, (str, Path)):
-            return LocalEngine.from_path(str(model), **load_kw)
+            from flywheel.train.lora import whole_model
+
+            return LocalEngine.from_path(str(whole_model(model)), **load_kw)
         return model
 
     def switch(self, model, version: str, **load_kw) -> None:
@@ -201,12 +205,10 @@ class OpenAIService:
         messages = req.message_dicts()
         if self._renderer is None:
             raise bad("messages", "this model has no chat template; use /v1/completions")
-        if tools and not self._renderer.renders_tools:
-            raise bad("tools", "this model's chat template renders no tools, so the model would never see them; "
-                               "serve a folder made by `flywheel model import`, which supplies a tools template "
-                               "for known families, or describe the tools in a system message")
         try:
             prompt = self._renderer.prompt_ids(_template_messages(messages), tools)
+        except ToolsNotRendered as e:
+            raise bad("tools", str(e)) from None
         except Exception as e:  # jinja's raise_exception and template errors
             raise bad("messages", f"cannot render the chat template: {e}") from None
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"

@@ -87,6 +87,12 @@ def merged_copy(adapter: str | Path) -> Path:
     return dest
 
 
+def whole_model(path: str | Path) -> Path:
+    """A folder that loads as a whole model: `path` itself, or for a LoRA adapter its
+    `merged_copy`."""
+    return merged_copy(path) if is_adapter_folder(path) else Path(path)
+
+
 def is_peft(model) -> bool:
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 

@@ -1,0 +1,128 @@
+"""General ability beside the demo's families: what training on narrow traffic costs the rest
+(RL's Razor: the further a fine-tuned model's distribution moves from its base, the more it
+forgets). Measured for a pretrained base only (a tiny model has no general ability to lose):
+
+- the forward KL per token from the base to production on the base's own greedy answers to
+  GENERAL_PROMPTS, everyday chat requests that none of the families resembles
+  (demo/forgetting.py's measure: 0 for the base itself);
+- SIMPLE_QUESTIONS the base answered right at the start, asked again at the end: the points
+  lost are the share of them production no longer answers right.
+
+A question counts as answered right when its reply contains one of its accepted answers
+(case-insensitive). Only questions the base got right are asked again, so the figure is a
+loss against the base by construction, never a gain from luck.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+GENERAL_PROMPTS = (
+    "Write a short greeting for a friend's birthday card.",
+    "Give me three tips for sleeping better.",
+    "What should I pack for a weekend trip to the beach?",
+    "Explain what a rainbow is in two sentences.",
+    "Suggest a name for a small orange cat.",
+    "How do I make a cup of tea?",
+    "Write one sentence about autumn.",
+    "What is a good way to start learning to cook?",
+    "Describe a dog to someone who has never seen one.",
+    "Why do people enjoy music?",
+    "Give me a simple idea for a rainy afternoon.",
+    "What does a librarian do?",
+    "Write a polite reply declining a meeting invitation.",
+    "Tell me a fun fact about the ocean.",
+    "How can I keep a houseplant healthy?",
+    "What is the difference between a lake and a river?",
+)
+
+# (question, accepted answers): plain knowledge a small instruct model often has
+SIMPLE_QUESTIONS = (
+    ("What is the capital of France?", ("paris",)),
+    ("What is the capital of Japan?", ("tokyo",)),
+    ("What is the capital of Italy?", ("rome",)),
+    ("What is the capital of Germany?", ("berlin",)),
+    ("What is the capital of Spain?", ("madrid",)),
+    ("What is the capital of England?", ("london",)),
+    ("What color is the sky on a clear day?", ("blue",)),
+    ("What color is grass?", ("green",)),
+    ("What color are ripe bananas?", ("yellow",)),
+    ("What is the opposite of hot?", ("cold",)),
+    ("What is the opposite of up?", ("down",)),
+    ("What is the opposite of day?", ("night",)),
+    ("How many legs does a spider have?", ("eight", "8")),
+    ("How many days are in a week?", ("seven", "7")),
+    ("How many months are in a year?", ("twelve", "12")),
+    ("What animal says moo?", ("cow",)),
+    ("What animal barks?", ("dog",)),
+    ("Which planet do we live on?", ("earth",)),
+    ("What is frozen water called?", ("ice",)),
+    ("What do bees make?", ("honey",)),
+    ("Which star is closest to the Earth?", ("sun",)),
+    ("What is the largest ocean on Earth?", ("pacific",)),
+    ("Who wrote Romeo and Juliet?", ("shakespeare",)),
+    ("What language is spoken in Brazil?", ("portuguese",)),
+    ("What gas do plants take in from the air?", ("carbon dioxide", "co2")),
+    ("In which season do leaves fall from trees?", ("autumn", "fall")),
+    ("What is the largest planet in our solar system?", ("jupiter",)),
+    ("What do you call a baby cat?", ("kitten",)),
+    ("What do you call a baby dog?", ("puppy",)),
+    ("What is the boiling point of water in Celsius?", ("100",)),
+)
+CHAT_TOKENS = 64  # per answer to a general prompt
+QUESTION_TOKENS = 32  # per answer to a simple question
+
+
+def answered_right(reply: str, accepted: tuple[str, ...]) -> bool:
+    text = reply.lower()
+    return any(a in text for a in accepted)
+
+
+def _greedy(model_dir: str | Path, questions: list[str], max_tokens: int) -> list[str]:
+    """The model's greedy reply to each question, asked alone in a chat."""
+    from flywheel.inference import LocalEngine, SamplingParams
+    from flywheel.models import ChatRenderer
+    from flywheel.train.lora import whole_model
+
+    engine = LocalEngine.from_path(str(whole_model(model_dir)))
+    renderer = ChatRenderer(engine.tokenizer)
+    prompts = [renderer.prompt_ids([{"role": "user", "content": q}]) for q in questions]
+    samples = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
+    return [s[0].text for s in samples]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The base's side of the measurement, taken at the start."""
+
+    base: Path
+    rows: Path  # the base's answers to GENERAL_PROMPTS as chat rows (JSONL)
+    right: tuple[int, ...]  # indices of SIMPLE_QUESTIONS the base answered right
+
+    @classmethod
+    def measure(cls, base: str | Path, folder: Path) -> Probe:
+        folder.mkdir(parents=True, exist_ok=True)
+        replies = _greedy(base, list(GENERAL_PROMPTS), CHAT_TOKENS)
+        rows = folder / "general-rows.jsonl"
+        rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p},
+                                                         {"role": "assistant", "content": r}]}) + "\n"
+                                for p, r in zip(GENERAL_PROMPTS, replies)), encoding="utf-8")
+        answers = _greedy(base, [q for q, _ in SIMPLE_QUESTIONS], QUESTION_TOKENS)
+        right = tuple(i for i, (a, (_, accepted)) in enumerate(zip(answers, SIMPLE_QUESTIONS))
+                      if answered_right(a, accepted))
+        return cls(Path(base), rows, right)
+
+    def compare(self, model_dir: str | Path) -> dict[str, float]:
+        """general_kl (per token, base -> model), simple_right_before (of len(SIMPLE_QUESTIONS)),
+        simple_kept (of those, still right) and simple_points_lost (100 x lost / right before)."""
+        from flywheel.demo.forgetting import forward_kl
+
+        kl = forward_kl(self.base, model_dir, self.rows)
+        asked = [SIMPLE_QUESTIONS[i] for i in self.right]
+        answers = _greedy(model_dir, [q for q, _ in asked], QUESTION_TOKENS) if asked else []
+        kept = sum(answered_right(a, accepted) for a, (_, accepted) in zip(answers, asked))
+        lost = 100 * (len(asked) - kept) / len(asked) if asked else float("nan")
+        return {"general_kl": kl, "simple_right_before": float(len(asked)), "simple_kept": float(kept),
+                "simple_points_lost": lost}

