@@ -239,7 +239,8 @@ def test_a_loop_cycle_trains_a_lora_candidate_and_the_ledger_prices_it(smol, tmp
     from flywheel.loop.cycle import LoopStores, run_cycle
     from flywheel.loop.loop_config import LoopConfig
 
-    settings = {"operator": "*", "template": "What is {a} times {b}?", "max_digits": 2, "bare_prompt": True}
+    settings = {"operator": "*", "template": "What is {a} times {b}?", "max_digits": 2, "bare_prompt": True,
+                "chain_prob": 0.0}
     quiet = {"log": {"progress": False}, "threads": 2}
     cfg = validate({
         "data_dir": str(tmp_path / "data"), "curation": {"heldout_fraction": 0.25},
@@ -258,7 +259,7 @@ def test_a_loop_cycle_trains_a_lora_candidate_and_the_ledger_prices_it(smol, tmp
         for i, t in enumerate(tasks):
             fw.traces.add_feedback(f"t{i}", {
                 "score": 0.0, "correction": {"role": "assistant", "content": t.answer},
-                "verifier": {"env": "calculator", "settings": settings, "task": dataclasses.asdict(t)}})
+                "verifier": {"env": "calculator", "task": dataclasses.asdict(t)}})
         st = run_cycle(fw, log=lambda m: None)
         records = {r.stage: r for r in fw.ledger.read() if r.cycle == st.id}
         table = build_report(fw.ledger.read()).family_table()
