@@ -240,3 +240,42 @@ def test_rl_step_without_any_loss_token(model_dir):
     group = TrajectoryGroup("t", [Trajectory("t", [1, 2, 3], [0, 0, 0], [0.0] * 3, [-1] * 3, r) for r in (0.0, 1.0)])
     m = rl_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), [group], RLStepConfig(), PAD)
     assert m["skipped"] == 0.0 and m["shared_prefix"] == 0.0 and m["loss"] == 0.0
+
+
+def test_sft_loss_shares_a_common_system_prompt_and_matches_the_plain_loss(model_dir):
+    """SFT rows repeating one long system prompt (tool schemas): the shared sum of -log p equals
+    the plain forward's, and so do the gradients; a LoRA (peft) model shares too."""
+    from peft import LoraConfig, get_peft_model
+
+    from flywheel.train.forward import sft_loss
+    from flywheel.train.padding import pad_batch
+    from flywheel.train.shared_prefix import shared_nll_sum
+
+    rng = random.Random(3)
+    system = [rng.randrange(250) for _ in range(40)]
+    ids, mask = [], []
+    for _ in range(5):
+        user = [rng.randrange(250) for _ in range(rng.randint(2, 6))]
+        answer = [rng.randrange(250) for _ in range(rng.randint(1, 5))]
+        ids.append(system + user + answer)
+        mask.append([0] * (len(system) + len(user)) + [1] * len(answer))
+    for wrap in (False, True):
+        model = fresh(model_dir, torch.float64)
+        if wrap:
+            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+            with torch.no_grad():  # B = 0 at init: make the adapter matter
+                for name, p in model.named_parameters():
+                    if "lora_B" in name:
+                        p.normal_(0, 0.5)
+        assert plan_kinds(model)  # a peft wrapper is looked through
+        twin = copy.deepcopy(model)
+        nll, n = shared_nll_sum(model, ids, mask, PAD, "cpu")
+        nll.backward()
+        pid, attn, tmask = pad_batch(ids, mask, PAD)
+        plain, m = sft_loss(twin, pid, attn, tmask, normalizer=1.0)
+        plain.backward()
+        assert n == m["tokens"] == sum(sum(r[1:]) for r in mask)
+        assert float(nll) == pytest.approx(float(plain), rel=1e-6)  # both take fp32 logits
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            if p.requires_grad:
+                assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name

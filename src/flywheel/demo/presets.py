@@ -5,12 +5,13 @@
 - `smollm2-135m-instruct`: SmolLM2-135M-Instruct from its wheel on the package index
   (models/packaged.py). A pretrained chat model that answers arithmetic from memory, mostly
   wrong, and has never seen the calc tool: the cycles teach it to call the tool. LoRA (rank
-  16) at 5e-4 for 30 steps of 8 rows: in a probe on this machine that turned 0-8 % into 100 % on
-  all three families from 64 scripted episodes each of two of them (2 min of SFT). Its
-  traffic is 200 episodes a day, its suites 60 tasks a family, its final test 100: a
-  forward pass costs ~35x the tiny model's. RL is off: SFT on the users' corrections already
-  takes every family to its ceiling, so RL would cost minutes for no measurable gain. No base
-  SFT data to rehearse (anchor_rows 0); its general ability is measured instead (demo/general.py).
+  16) at 5e-4 for 30 steps of 8 rows: a pretrained model learns the call's format from a few
+  dozen corrections, where the tiny one needs hundreds of steps. Its traffic is 200 episodes a
+  day, its suites 60 tasks a family, its final test 100: a forward pass costs ~35x the tiny
+  model's. RL is off: each RL step plays 64 episodes of up to 120 tokens, minutes a cycle on
+  2 cores. No base SFT data to rehearse (anchor_rows 0); its general ability is measured
+  instead (demo/general.py). Its figures: docs/benchmarks.md (`python bench/demo.py -- --base
+  smollm2-135m-instruct`).
 """
 
 from __future__ import annotations

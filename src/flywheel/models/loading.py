@@ -26,10 +26,15 @@ _GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 def quiet_transformers() -> None:
     """No per-load progress bars (set again at each use: something may have imported
-    transformers before this module set HF_HUB_DISABLE_PROGRESS_BARS)."""
+    transformers before this module set HF_HUB_DISABLE_PROGRESS_BARS), and not peft's use of
+    the attribute transformers 5 renamed (peft asks `is_gradient_checkpointing` of every model
+    it wraps; transformers warns each time, about peft's code, not the user's)."""
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def check_model_folder(path: str | Path) -> dict:

@@ -41,6 +41,7 @@ from flywheel.train.stop import Deadline, interrupted, interrupted_message
 from flywheel.cpu_wait import CpuWait
 from flywheel.train.schedule import lr_multiplier
 from flywheel.train.sft_data import Example, load_sft_examples
+from flywheel.train.shared_prefix import shared_nll_sum
 
 if TYPE_CHECKING:
     from flywheel.train.fsdp2 import Rank
@@ -163,12 +164,18 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
                 micro = mine[i:i + tc.micro_batch_size]
                 if dist is not None:  # reduce-scatter once per step, after its last micro-batch
                     dist.grad_sync(model, i + tc.micro_batch_size >= len(mine))
-                ids, attn, tmask = pad_batch([e.ids for e in micro], [e.loss_mask for e in micro], pad_id)
-                ids, attn, tmask = ids.to(cfg.device), attn.to(cfg.device), tmask.to(cfg.device)
-                loss, m = sft_loss(model, ids, attn, tmask, normalizer=max(1, n_trained))
-                loss.backward()
-                nll_sum += m["nll_sum"]
-                n_tokens += int(attn.sum())
+                if dist is None:  # rows' shared prefixes once (every FSDP2 rank must make the same calls)
+                    nll, _ = shared_nll_sum(model, [e.ids for e in micro], [e.loss_mask for e in micro], pad_id,
+                                            cfg.device)
+                    (nll / max(1, n_trained)).backward()
+                    nll_sum += float(nll.detach())
+                else:
+                    ids, attn, tmask = pad_batch([e.ids for e in micro], [e.loss_mask for e in micro], pad_id)
+                    ids, attn, tmask = ids.to(cfg.device), attn.to(cfg.device), tmask.to(cfg.device)
+                    loss, m = sft_loss(model, ids, attn, tmask, normalizer=max(1, n_trained))
+                    loss.backward()
+                    nll_sum += m["nll_sum"]
+                n_tokens += sum(len(e.ids) for e in micro)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), oc.grad_clip or float("inf"))
             if dist is not None:  # a replicated DTensor: the global norm; the step's numbers, all ranks'
                 grad_norm = grad_norm.full_tensor()

@@ -143,9 +143,16 @@ def attention_mask_4d(allowed: torch.Tensor, model) -> torch.Tensor:
     return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
+def _unwrapped(model):
+    """The Hugging Face model under a peft wrapper (whose forward passes keyword arguments
+    through to it), else the model itself: what the checks below read."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def supports_shared_prefix(model) -> bool:
     """A causal LM whose attention takes a custom 4-D mask ("sdpa" or "eager") and explicit
-    position ids, with full-attention layers only."""
+    position ids, with full-attention layers only (a peft-wrapped one: its base's)."""
+    model = _unwrapped(model)
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "is_encoder_decoder", False):
         return False
@@ -164,8 +171,9 @@ def plan_kinds(model) -> tuple[str, ...]:
     turns the cache off)."""
     if not supports_shared_prefix(model):
         return ()
-    checkpointing = (model.is_activation_checkpointing if hasattr(type(model), "is_activation_checkpointing")
-                     else getattr(model, "is_gradient_checkpointing", False))  # transformers 5 renamed it
+    inner = _unwrapped(model)
+    checkpointing = (inner.is_activation_checkpointing if hasattr(type(inner), "is_activation_checkpointing")
+                     else getattr(inner, "is_gradient_checkpointing", False))  # transformers 5 renamed it
     if checkpointing or _cache_kwarg(model) is None:
         return ("tree",)
     return ("tree", "prefix")
@@ -174,13 +182,13 @@ def plan_kinds(model) -> tuple[str, ...]:
 def attention_cost(model) -> float:
     """Work of one query-key pair relative to one token through the linear layers: 4h flops per
     pair against ~32h^2 per token for a 4x MLP, so 1 / (8h)."""
-    hidden = getattr(getattr(model, "config", None), "hidden_size", None) or 256
+    hidden = getattr(getattr(_unwrapped(model), "config", None), "hidden_size", None) or 256
     return 1.0 / (8.0 * hidden)
 
 
 def _cache_kwarg(model) -> str | None:
     """transformers 5 names the cache argument `cache`; 4.x called it `past_key_values`."""
-    params = inspect.signature(model.forward).parameters
+    params = inspect.signature(_unwrapped(model).forward).parameters
     return next((k for k in ("cache", "past_key_values") if k in params), None)
 
 
@@ -353,3 +361,17 @@ def _insert(trie: dict, tokens: list[int]) -> list[int]:
         path.append(node)
         parent = node
     return path
+
+
+def shared_nll_sum(model, ids: list[list[int]], loss_mask: list[list[int]], pad_id: int, device
+                   ) -> tuple[torch.Tensor, int]:
+    """(sum over the rows' loss positions of -log p(target), N): SFT's loss numerator with the
+    rows' common prefixes computed once (`plan_batch` with every row in one group: a system
+    prompt and tool schemas that every row repeats are run once, not per row). Equal to the
+    plain forward's sum up to float reassociation; the plain plan where sharing saves < 10 %."""
+    plan = plan_batch(ids, loss_mask, [list(range(len(ids)))], pad_id, device, attn_cost=attention_cost(model),
+                      kinds=plan_kinds(model))
+    logits_Nn_V = plan.logits(model).float()
+    logz_Nn = torch.logsumexp(logits_Nn_V, -1)
+    nll_N = logz_Nn[plan.src_N] - logits_Nn_V[plan.src_N, plan.targets_N]
+    return nll_N.sum(), int(plan.targets_N.numel())
