@@ -46,6 +46,7 @@ from flywheel.inference.logits import Needs, processed_logprobs, reported_logpro
 from flywheel.inference.sampler import Sample, SamplingParams
 
 TopPairs = list[tuple[int, float]]  # one token's alternatives: (id, logprob), best first
+SHARED_PREFIX_MIN = 16  # tokens all of an admit's distinct prompts must share before they are computed once
 
 
 @dataclass(frozen=True)
@@ -244,9 +245,13 @@ class DecodeBatch:
                 if c > P:
                     self.buf[:, :, B:B + R, :, :c - P].zero_()
                 target = KVCache(self.buf[:, :, B:B + R, :, c - P:], 0)
-            logits = self.runner.forward(tokens_U_P, positions_U_P, target, key_valid_U_P, causal=True,
-                                         cache_rows=row_uniq, **_lora(RowGroups(uniq_lora, P, dev))
-                                         ).index_select(0, row_uniq)
+            L = self._shared_prefix_len(uniq, uniq_lora)
+            if L:  # the prompts' common prefix once, then each prompt's rest on it
+                logits = self._prefill_on_prefix(uniq, L, P, pad, target, row_uniq).index_select(0, row_uniq)
+            else:
+                logits = self.runner.forward(tokens_U_P, positions_U_P, target, key_valid_U_P, causal=True,
+                                             cache_rows=row_uniq, **_lora(RowGroups(uniq_lora, P, dev))
+                                             ).index_select(0, row_uniq)
             stops = [sorted(set(sp.stop_token_ids) | (set() if sp.ignore_eos else engine.eos_ids)) for sp in settings]
             width = max(1, max(len(s) for s in stops))
             f32 = torch.float32
@@ -276,6 +281,42 @@ class DecodeBatch:
         for row in new_rows:
             self.requests.setdefault(row.request.key, row.request)
         self._settings_changed()
+
+    def _shared_prefix_len(self, uniq: list[tuple[int, ...]], uniq_lora: list) -> int:
+        """L, the tokens every distinct prompt starts with, when computing them once saves
+        work (>= SHARED_PREFIX_MIN tokens, >= 2 prompts, each keeping >= 1 token of its own);
+        0 otherwise, and always on the HF fallback, with LoRA rows or a sliding window."""
+        if (len(uniq) < 2 or not self.engine.share_prefix or not self.can_join_running or any(uniq_lora)
+                or self.runner.sliding_window is not None):
+            return 0
+        first, L = uniq[0], min(len(u) for u in uniq) - 1
+        for u in uniq[1:]:
+            L = next((i for i in range(L) if u[i] != first[i]), L)
+        return L if L >= SHARED_PREFIX_MIN else 0
+
+    def _prefill_on_prefix(self, uniq: list[tuple[int, ...]], L: int, P: int, pad: int, target: KVCache,
+                           row_uniq: torch.Tensor) -> torch.Tensor:
+        """Prefill the U distinct prompts, which share their first L tokens, into `target` (R
+        rows fanned out by row_uniq) exactly as one forward of them left-padded to P would:
+        the prefix in one row of its own, then the U rests (S = P - L columns, left-padded)
+        attending to it. A row's cache columns are [padding, prefix, its rest], the same layout
+        as the plain prefill's, so decoding goes on unchanged. Returns the U last logits."""
+        dev, U, S = self.dev, len(uniq), P - L
+        prefix = self.runner.new_cache(1, L)
+        self.runner.forward(torch.tensor([list(uniq[0][:L])], device=dev), torch.arange(L, device=dev)[None],
+                            prefix, None, causal=True)
+        rest_U = torch.tensor([len(u) - L for u in uniq], device=dev)
+        pad_U = S - rest_U  # left padding of each rest, and of each whole prompt in the cache
+        tokens_U_S = torch.tensor([[pad] * (S - len(u) + L) + list(u[L:]) for u in uniq], device=dev)
+        cols_S = torch.arange(S, device=dev)
+        positions_U_S = L + (cols_S[None] - pad_U[:, None]).clamp_min(0)
+        key_valid_U_T = torch.cat([torch.ones(U, L, dtype=torch.bool, device=dev), cols_S[None] >= pad_U[:, None]], 1)
+        # cache column j of prompt u holds [prefix, rest] column: a pad's (j < pad), the prefix's, then the rest's
+        j_P = torch.arange(P, device=dev)[None]
+        layout_U_P = torch.where(j_P < pad_U[:, None], L + j_P,
+                                 torch.where(j_P < pad_U[:, None] + L, j_P - pad_U[:, None], j_P))
+        return self.runner.forward(tokens_U_S, positions_U_S, target, key_valid_U_T, causal=True,
+                                   cache_rows=row_uniq, prefix=prefix, layout_B_T=layout_U_P)
 
     def _make_room(self, R: int, P: int, budget: int) -> int:
         """Ensure the buffer has R free rows and the columns a group of prompts up to P tokens

@@ -192,7 +192,8 @@ class LeanDecoder:
     @torch.inference_mode()
     def forward(self, tokens_B_S: torch.Tensor, positions_B_S: torch.Tensor, cache: KVCache,
                 key_valid_B_T: torch.Tensor | None, causal: bool,
-                cache_rows: torch.Tensor | None = None, lora: RowGroups | None = None) -> torch.Tensor:
+                cache_rows: torch.Tensor | None = None, lora: RowGroups | None = None,
+                prefix: KVCache | None = None, layout_B_T: torch.Tensor | None = None) -> torch.Tensor:
         """Run S new tokens per row, writing their keys/values at cache columns
         [cache.length, cache.length + S). Returns the last position's logits (B, V).
 
@@ -200,15 +201,24 @@ class LeanDecoder:
         causal: apply a causal mask among the S new tokens (prefill).
         cache_rows (R,): prefill fan-out into an empty cache of R rows; cache row r gets the
           keys/values of batch row cache_rows[r] (n samples of a prompt share one prefill).
+        prefix, layout_B_T (with cache_rows): every batch row continues the same L tokens,
+          whose keys/values `prefix` holds (a 1-row cache of length L, computed once: a
+          system prompt and tool schemas all prompts repeat). The S new tokens attend to
+          [prefix, new] (T = L + S, key_valid_B_T over those columns), and cache row r gets
+          L + S columns: column j of batch row b holds source column layout_B_T[b, j] of
+          [prefix, new], so a row's left padding can move ahead of its prefix.
         lora: the LoRA adapter of each row (inference/lora.py), unmerged; dense kernels only.
         """
         if self.layers is None:
             raise RuntimeError("the decoder has no kernels: rebuilding them after a weight change failed")
         B, S = tokens_B_S.shape
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
-        c0, c1 = cache.length, cache.length + S
-        if cache_rows is not None and c0 != 0:
+        if cache_rows is not None and cache.length != 0:
             raise ValueError("cache_rows is only for a prefill into an empty cache")
+        if prefix is not None and (cache_rows is None or layout_B_T is None or lora):
+            raise ValueError("a shared prefix is for a fanned-out prefill (cache_rows, layout_B_T) without LoRA")
+        shared = prefix.length if prefix is not None else 0
+        c0, c1 = cache.length + shared, cache.length + shared + S
         mask = None
         if key_valid_B_T is not None or (causal and S > 1 and c0 > 0):
             mask = self._mask(key_valid_B_T, B, S, c0, c1, causal)
@@ -237,9 +247,15 @@ class LeanDecoder:
                 cache.kv[li, 0, :, :, c0:c1] = k
                 cache.kv[li, 1, :, :, c0:c1] = v
                 k, v = cache.kv[li, 0, :, :, :c1], cache.kv[li, 1, :, :, :c1]
-            else:  # attend within the prompt, store fanned out
+            elif prefix is None:  # attend within the prompt, store fanned out
                 cache.kv[li, 0, :, :, :c1] = k.index_select(0, cache_rows)
                 cache.kv[li, 1, :, :, :c1] = v.index_select(0, cache_rows)
+            else:  # attend to [prefix, prompt], store each row's columns in its layout, fanned out
+                k = torch.cat([prefix.kv[li, 0, :1, :, :shared].expand(B, -1, -1, -1), k], 2)  # (B, KV, L + S, D)
+                v = torch.cat([prefix.kv[li, 1, :1, :, :shared].expand(B, -1, -1, -1), v], 2)
+                where = layout_B_T[:, None, :, None].expand(B, KV, c1, D)
+                cache.kv[li, 0, :, :, :c1] = k.gather(2, where).index_select(0, cache_rows)
+                cache.kv[li, 1, :, :, :c1] = v.gather(2, where).index_select(0, cache_rows)
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
                                                  enable_gqa=KV != H)  # (B, H, S, D)
             att = att.transpose(1, 2).reshape(B * S, H * D)

@@ -30,13 +30,17 @@ class LocalEngine:
     """A `Sampler` over a Hugging Face causal LM held in this process."""
 
     def __init__(self, model, tokenizer, version: int = 0, lean: bool | None = None,
-                 seed: int | None = None, packed: bool | None = None, max_adapters: int = 8):
+                 seed: int | None = None, packed: bool | None = None, max_adapters: int = 8,
+                 share_prefix: bool = True):
         """model: a loaded HF causal LM (the engine takes it over: it is put in eval mode and
         its q/k/v and gate/up weights become views of fused tensors). lean: force (True) or
         forbid (False) the lean forward; None picks it when the architecture allows.
         packed: the lean forward's kernel set (inference/decoder.py; None picks by size).
         max_adapters: LoRA adapters kept in memory (`adapters`, inference/adapters.py); they
-        run on the lean decoder's dense kernels, so an engine with packed kernels has none."""
+        run on the lean decoder's dense kernels, so an engine with packed kernels has none.
+        share_prefix: a prefill of prompts that start alike computes their common prefix once
+        (a system prompt, tool schemas; decode.py); False: every prompt whole (for comparison)."""
+        self.share_prefix = share_prefix
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.version = version
