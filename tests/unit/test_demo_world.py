@@ -1,5 +1,6 @@
 """The demo's world: traffic mixes, day plans, and how a simulated user judges and corrects."""
 
+import dataclasses
 import json
 import random
 from collections import Counter
@@ -55,3 +56,48 @@ def test_feedback_carries_a_verifier_and_sometimes_a_correction():
     passed = Episode("subtract", task, trace_ids=["r1", "r2"], success=True)
     assert [b["score"] for _, b in feedback_for(passed, random.Random(0), 1.0)] == [1.0]
     assert feedback_for(Episode("subtract", task), random.Random(0), 1.0) == []
+
+
+def test_a_tools_family_sends_the_calc_schema_and_no_system_prompt():
+    from flywheel.demo.world import FAMILIES
+    from flywheel.envs import load_env
+
+    family = dataclasses.replace(FAMILIES[1], tools=True)
+    task = load_env("calculator", **family.settings).tasks("train", n=1)[0]
+    assert [t["function"]["name"] for t in task.tools] == ["calc"]
+    assert [m["role"] for m in task.prompt] == ["user"]
+    bare = load_env("calculator", **FAMILIES[1].settings).tasks("train", n=1)[0]
+    assert not bare.tools and bare.prompt == task.prompt
+
+
+def test_an_episode_follows_parsed_tool_calls_the_openai_way():
+    """With tools in the request the server returns `tool_calls`: the user runs the call and
+    answers with a tool message carrying the call's id, then reads the final answer."""
+    import asyncio
+
+    from flywheel.demo.users import play
+    from flywheel.demo.world import FAMILIES
+    from flywheel.envs import load_env
+
+    family = dataclasses.replace(FAMILIES[2], tools=True)
+    task = load_env("calculator", **family.settings).tasks("train", n=1)[0]
+    sent = []
+
+    class Server:  # the two replies of a model that calls calc, then answers
+        async def post(self, path, json):
+            sent.append(json)
+            if len(sent) == 1:
+                message = {"role": "assistant", "content": None, "tool_calls": [{
+                    "id": "call_7", "type": "function",
+                    "function": {"name": "calc", "arguments": f'{{"expression": "{task.metadata["expression"]}"}}'}}]}
+            else:
+                message = {"role": "assistant", "content": f"It is {task.answer}."}
+            body = {"id": f"r{len(sent)}", "usage": {"completion_tokens": 5}, "choices": [{"message": message}]}
+            return type("R", (), {"status_code": 200, "json": lambda self: body, "text": ""})()
+
+    ep = asyncio.run(play(Server(), task, family.name))
+    assert ep.success and ep.called == task.metadata["expression"] and ep.trace_ids == ["r1", "r2"]
+    assert sent[0]["tools"] == task.tools
+    call_turn, result = sent[1]["messages"][-2:]
+    assert call_turn["tool_calls"][0]["id"] == "call_7" and result == {
+        "role": "tool", "content": task.answer, "tool_call_id": "call_7"}

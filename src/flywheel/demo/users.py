@@ -1,8 +1,9 @@
 """Simulated users of the demo: agent stacks that call the served model over HTTP.
 
-One episode: POST /v1/chat/completions with the question; when the reply calls `calc`, run
-it (the user's side executes tools, as with any OpenAI-compatible server) and send the
-result back; the first reply without a call is the final answer. Then the outcome goes to
+One episode: POST /v1/chat/completions with the question (and the task's tool schemas, when
+it has them: then the server parses calls into `tool_calls`, else they stay in the text); when
+the reply calls `calc`, run it (the user's side executes tools, as with any OpenAI-compatible
+server) and send the result back; the first reply without a call is the final answer. Then the outcome goes to
 POST /v1/traces/{id}/feedback on the final turn's trace (score + verifier), and sometimes a
 corrected turn on the turn that went wrong (world.correction_for). Feedback is sent after the
 day's traffic, when the server has written its traces (a 404 for a trace not yet written is
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,17 +42,20 @@ async def play(http, task, family: str, max_tokens: int = 120) -> Episode:
 
     ep = Episode(family, task)
     messages = [dict(m) for m in task.prompt]
+    tools = {"tools": task.tools} if task.tools else {}
     for _ in range(MAX_TURNS):
         r = await http.post("/chat/completions", json={"model": "flywheel", "messages": messages,
-                                                       "max_tokens": max_tokens, "temperature": 0})
+                                                       "max_tokens": max_tokens, "temperature": 0, **tools})
         if r.status_code != 200:
             ep.error = f"HTTP {r.status_code}: {r.text[:200]}"
             return ep
         body = r.json()
         ep.trace_ids.append(body["id"])
         ep.completion_tokens += body["usage"]["completion_tokens"]
-        text = body["choices"][0]["message"]["content"] or ""
-        expression = call_expression(text)
+        message = body["choices"][0]["message"]
+        text = message["content"] or ""
+        call = next((c for c in message.get("tool_calls") or [] if c["function"]["name"] == "calc"), None)
+        expression = _argument(call) if call else call_expression(text)
         if expression is None:
             ep.final = text
             break
@@ -60,9 +65,23 @@ async def play(http, task, family: str, max_tokens: int = 120) -> Episode:
             result = str(evaluate(expression))
         except ValueError as e:
             result = f"error: {e}"
-        messages += [{"role": "assistant", "content": text}, {"role": "tool", "content": result}]
+        if call:  # the OpenAI way: the assistant turn with its calls, then the result for the call's id
+            messages += [{"role": "assistant", "content": message["content"], "tool_calls": message["tool_calls"]},
+                         {"role": "tool", "content": result, "tool_call_id": call["id"]}]
+        else:
+            messages += [{"role": "assistant", "content": text}, {"role": "tool", "content": result}]
     ep.success = final_number(ep.final) == task.answer
     return ep
+
+
+def _argument(call: dict) -> str | None:
+    """A parsed calc call's `expression` argument (None when its arguments are not the schema's)."""
+    try:
+        arguments = json.loads(call["function"]["arguments"])
+    except (json.JSONDecodeError, TypeError):
+        return None
+    expression = arguments.get("expression") if isinstance(arguments, dict) else None
+    return expression if isinstance(expression, str) else None
 
 
 def feedback_for(ep: Episode, rng: random.Random, correction_rate: float) -> list[tuple[str, dict]]:

@@ -2,8 +2,11 @@
 traffic each gets, and how a simulated user judges and corrects an answer.
 
 Every family is the `calculator` environment with another operator and question template,
-asked without a system prompt or tool schemas (the served model is fine-tuned on its `calc`
-tool), so one tool serves all of them and what changes week to week is what users ask:
+asked without a system prompt or tool schemas (the tiny served model is fine-tuned on its
+`calc` tool), so one tool serves all of them and what changes week to week is what users ask.
+A world of `tools` families sends the calc schema with every request instead, as an agent
+stack on an OpenAI client does (`tools=`): what a pretrained model needs to learn the call's
+protocol (demo/presets.py):
 
     week 1  add        "What is 123 + 45?"          the model was trained on it
     week 2  subtract   "What is 123 minus 45?"      new: the model fails it
@@ -36,10 +39,12 @@ class Family:
     operator: str
     template: str
     max_digits: int = 3
+    tools: bool = False  # requests carry the calc schema (no system prompt either way)
 
     @property
     def settings(self) -> dict[str, Any]:
-        return {**COMMON, "operator": self.operator, "template": self.template, "max_digits": self.max_digits}
+        return {**COMMON, "operator": self.operator, "template": self.template, "max_digits": self.max_digits,
+                **({"bare_prompt": False, "system_prompt": False} if self.tools else {})}
 
 
 FAMILIES = (
