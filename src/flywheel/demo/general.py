@@ -8,6 +8,9 @@ forgets). Measured for a pretrained base only (a tiny model has no general abili
 - SIMPLE_QUESTIONS the base answered right at the start, asked again at the end: the points
   lost are the share of them production no longer answers right.
 
+Against that loss, `self_anchor` writes the base's own answers to other everyday prompts
+(ANCHOR_PROMPTS, none of them measured) for the cycles to rehearse.
+
 A question counts as answered right when its reply contains one of its accepted answers
 (case-insensitive). Only questions the base got right are asked again, so the figure is a
 loss against the base by construction, never a gain from luck.
@@ -71,6 +74,15 @@ SIMPLE_QUESTIONS = (
     ("What do you call a baby dog?", ("puppy",)),
     ("What is the boiling point of water in Celsius?", ("100",)),
 )
+# The anchor's prompts: everyday requests of other shapes and topics than the measured ones
+# above (a test holds them apart), whose answers by the base are rehearsed in every SFT stage
+ANCHOR_TEMPLATES = ("Tell me something interesting about {}.", "Write two sentences about {}.",
+                    "What should a beginner know about {}?", "Describe {} in simple words.",
+                    "Give one practical tip about {}.", "Why might someone care about {}?")
+ANCHOR_TOPICS = ("gardening", "the moon", "bicycles", "bread", "mountains", "libraries", "trains", "chess",
+                 "the weather", "painting", "honeybees", "the internet", "running shoes", "volcanoes", "coffee",
+                 "friendship")
+ANCHOR_PROMPTS = tuple(t.format(topic) for topic in ANCHOR_TOPICS for t in ANCHOR_TEMPLATES)
 CHAT_TOKENS = 64  # per answer to a general prompt
 QUESTION_TOKENS = 32  # per answer to a simple question
 
@@ -126,3 +138,16 @@ class Probe:
         lost = 100 * (len(asked) - kept) / len(asked) if asked else float("nan")
         return {"general_kl": kl, "simple_right_before": float(len(asked)), "simple_kept": float(kept),
                 "simple_points_lost": lost}
+
+
+def self_anchor(base: str | Path, out: Path) -> Path:
+    """The base's own greedy answers to ANCHOR_PROMPTS as chat rows (JSONL at `out`): rehearsed
+    beside the corrections (the loop's `train.anchor_data`), they pull each candidate's
+    everyday replies back to the base's (self-distillation), as the tiny base's own SFT data
+    does for it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    replies = _greedy(base, list(ANCHOR_PROMPTS), CHAT_TOKENS)
+    out.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p},
+                                                    {"role": "assistant", "content": r}]}) + "\n"
+                           for p, r in zip(ANCHOR_PROMPTS, replies)), encoding="utf-8")
+    return out

@@ -12,8 +12,9 @@
   dozen corrections, where the tiny one needs hundreds of steps. Its traffic is 200 episodes a
   day, its suites 60 tasks a family, its final test 100: a forward pass costs ~35x the tiny
   model's. RL is off: each RL step plays 64 episodes of up to 120 tokens, minutes a cycle on
-  2 cores. No base SFT data to rehearse (anchor_rows 0); its general ability is measured
-  instead (demo/general.py). Its figures: docs/benchmarks.md (`python bench/demo.py -- --base
+  2 cores. Its anchor rows (64 per SFT stage) are its own answers to 96 everyday prompts,
+  against the forgetting the first run showed; its general ability is measured apart
+  (demo/general.py). Its figures: docs/benchmarks.md (`python bench/demo.py -- --base
   smollm2-135m-instruct`).
 """
 
@@ -36,7 +37,7 @@ class Preset:
 PRESETS = {
     "tiny": Preset(DEMO_RECIPE, WorldConfig(), None),
     "smollm2-135m-instruct": Preset(
-        DemoRecipe(sft_steps=30, rl_steps=0, eval_tasks=60, replay_ratio=2.0, min_replay=64, anchor_rows=0,
+        DemoRecipe(sft_steps=30, rl_steps=0, eval_tasks=60, replay_ratio=2.0, min_replay=64, anchor_rows=64,
                    final_tasks=100, lora_rank=16, sft_batch=8, sft_lr=5e-4),
         WorldConfig(episodes_per_day=200, families=tuple(dataclasses.replace(f, tools=True) for f in FAMILIES)),
         "smollm2-135m-instruct"),

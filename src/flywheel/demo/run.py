@@ -138,8 +138,9 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
              base_recipe: BaseRecipe | None = None, base: Path | None = None,
              console=None) -> tuple[list[DayRow], dict[str, Any]]:
     """The demo in `out` (recreated). `base`: a pretrained model folder to start from (then no
-    tiny base is built, no base SFT data is rehearsed, and its general ability is measured
-    before and after: demo/general.py); else the tiny base of `base_recipe`."""
+    tiny base is built, the anchor rows rehearsed are the base's own answers to everyday
+    prompts, and its general ability is measured before and after: demo/general.py); else the
+    tiny base of `base_recipe`, whose anchor rows are its own SFT data."""
     import torch
     from rich.console import Console
 
@@ -155,15 +156,16 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
     console = console or Console(soft_wrap=True)  # a piped log: long lines stay whole, not cut at 80 columns
     torch.set_num_threads(threads)
     pretrained = base is not None
-    if pretrained and recipe.anchor_rows:
-        raise ValueError(f"anchor_rows={recipe.anchor_rows} rehearses the tiny base's own SFT data, which a "
-                         f"pretrained base ({base}) does not come with: set it to 0")
     built, t_base = [], time.perf_counter()
     if not pretrained:
         base = base_model(base_recipe, log=lambda m: (built.append(m), console.print(m)))  # logs only when it builds
     base_build_s = time.perf_counter() - t_base if built else 0.0
     shutil.rmtree(out, ignore_errors=True)
-    cfg = validate(loop_config(out, world, recipe, threads, [] if pretrained else [str(base_demos(base))]), LoopConfig)
+    if pretrained:  # no SFT data of its own to rehearse: its own answers to everyday prompts (demo/general.py)
+        anchor = [str(general.self_anchor(base, out / "general" / "anchor-rows.jsonl"))] if recipe.anchor_rows else []
+    else:
+        anchor = [str(base_demos(base))]
+    cfg = validate(loop_config(out, world, recipe, threads, anchor), LoopConfig)
     per_family = sum(world.days(w) for w in range(1, world.weeks + 1)) * world.episodes_per_day
     tasks = {f.name: load_env(ENV, **f.settings).tasks("train", n=per_family, seed=world.seed) for f in world.families}
     rows: list[DayRow] = []
