@@ -80,9 +80,8 @@ def test_sft_follows_the_dropout_setting(folders, tmp_path, monkeypatch, dropout
     from flywheel.config import SFTConfig, validate
 
     modes = []
-    real = sft.shared_nll_sum  # the single-process loss (an FSDP2 rank's is sft_loss)
-    monkeypatch.setattr(sft, "shared_nll_sum",
-                        lambda model, *a, **k: (modes.append(model.training), real(model, *a, **k))[1])
+    real = sft.sft_loss  # rows this short share too little: the plain loss
+    monkeypatch.setattr(sft, "sft_loss", lambda model, *a, **k: (modes.append(model.training), real(model, *a, **k))[1])
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "1+1=", "completion": "2"}) + "\n")
     cfg = validate({"model": str(folders["gpt2"]), "output_dir": str(tmp_path / "run"), "data": {"train": [str(data)]},

@@ -279,3 +279,10 @@ def test_sft_loss_shares_a_common_system_prompt_and_matches_the_plain_loss(model
         for (name, p), q in zip(model.named_parameters(), twin.parameters()):
             if p.requires_grad:
                 assert torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-6), name
+
+
+def test_sft_runs_its_plain_loss_where_sharing_saves_little(model_dir):
+    from flywheel.train.shared_prefix import shared_nll_sum
+
+    rows = [[5, 6, 7, 8, 9, 10], [5, 11, 12, 13, 14, 15]]  # one token in common
+    assert shared_nll_sum(fresh(model_dir), rows, [[0, 0, 0, 1, 1, 1]] * 2, PAD, "cpu") is None

@@ -164,9 +164,12 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
                 micro = mine[i:i + tc.micro_batch_size]
                 if dist is not None:  # reduce-scatter once per step, after its last micro-batch
                     dist.grad_sync(model, i + tc.micro_batch_size >= len(mine))
-                if dist is None:  # rows' shared prefixes once (every FSDP2 rank must make the same calls)
-                    nll, _ = shared_nll_sum(model, [e.ids for e in micro], [e.loss_mask for e in micro], pad_id,
-                                            cfg.device)
+                # rows' shared prefixes once where that halves the work (not on FSDP2 ranks, which
+                # must all make the same calls)
+                shared = None if dist else shared_nll_sum(model, [e.ids for e in micro], [e.loss_mask for e in micro],
+                                                          pad_id, cfg.device)
+                if shared is not None:
+                    nll, _ = shared
                     (nll / max(1, n_trained)).backward()
                     nll_sum += float(nll.detach())
                 else:

@@ -363,14 +363,22 @@ def _insert(trie: dict, tokens: list[int]) -> list[int]:
     return path
 
 
+SFT_MIN_SAVING = 0.5  # SFT shares only where it halves the work (see shared_nll_sum)
+
+
 def shared_nll_sum(model, ids: list[list[int]], loss_mask: list[list[int]], pad_id: int, device
-                   ) -> tuple[torch.Tensor, int]:
+                   ) -> tuple[torch.Tensor, int] | None:
     """(sum over the rows' loss positions of -log p(target), N): SFT's loss numerator with the
     rows' common prefixes computed once (`plan_batch` with every row in one group: a system
     prompt and tool schemas that every row repeats are run once, not per row). Equal to the
-    plain forward's sum up to float reassociation; the plain plan where sharing saves < 10 %."""
+    plain forward's sum up to float reassociation. None where sharing saves less than
+    SFT_MIN_SAVING of the work: the caller runs its plain loss, so short rows that share a few
+    tokens (the tiny models' arithmetic) train exactly as before, and no reassociation moves
+    an abrupt learner's trajectory for a small gain."""
     plan = plan_batch(ids, loss_mask, [list(range(len(ids)))], pad_id, device, attn_cost=attention_cost(model),
-                      kinds=plan_kinds(model))
+                      min_saving=SFT_MIN_SAVING, kinds=plan_kinds(model))
+    if isinstance(plan, PlainPlan):
+        return None
     logits_Nn_V = plan.logits(model).float()
     logz_Nn = torch.logsumexp(logits_Nn_V, -1)
     nll_N = logz_Nn[plan.src_N] - logits_Nn_V[plan.src_N, plan.targets_N]
