@@ -9,7 +9,7 @@ back, saves a round trip per step: the learner is training while the worker refi
 A player that has seen the keep rule reject r groups of its previous item plays the first r
 spares in the first batch, beside the tasks (`Refiller`): one decode batch of 11 groups costs
 less than one of 8 and another of 3, since much of a decode step's cost is per step, not per
-row (on the bench's tiny model, one thread: 47 ms against 37 + 17 ms). The groups of spares it
+row (bench/rl_vs_trl.py's clock fell by a tenth with it, docs/benchmarks.md). The groups of spares it
 played needlessly are kept or rejected like any other; the feeder buffers the kept ones, and
 where the staleness bound leaves them too old for the next step (k < 2) the buffer drops them
 and their tasks are drawn again (counted in `buffer/dropped_groups`; bench/rl_vs_trl.py counts
