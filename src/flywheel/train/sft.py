@@ -164,20 +164,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
                 micro = mine[i:i + tc.micro_batch_size]
                 if dist is not None:  # reduce-scatter once per step, after its last micro-batch
                     dist.grad_sync(model, i + tc.micro_batch_size >= len(mine))
-                # rows' shared prefixes once where that halves the work (not on FSDP2 ranks, which
-                # must all make the same calls)
-                shared = None if dist else shared_nll_sum(model, [e.ids for e in micro], [e.loss_mask for e in micro],
-                                                          pad_id, cfg.device)
-                if shared is not None:
-                    nll, _ = shared
-                    (nll / max(1, n_trained)).backward()
-                    nll_sum += float(nll.detach())
-                else:
-                    ids, attn, tmask = pad_batch([e.ids for e in micro], [e.loss_mask for e in micro], pad_id)
-                    ids, attn, tmask = ids.to(cfg.device), attn.to(cfg.device), tmask.to(cfg.device)
-                    loss, m = sft_loss(model, ids, attn, tmask, normalizer=max(1, n_trained))
-                    loss.backward()
-                    nll_sum += m["nll_sum"]
+                nll_sum += _backward(model, micro, pad_id, cfg.device, max(1, n_trained), shareable=dist is None)
                 n_tokens += sum(len(e.ids) for e in micro)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), oc.grad_clip or float("inf"))
             if dist is not None:  # a replicated DTensor: the global norm; the step's numbers, all ranks'
@@ -230,6 +217,22 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     log(f"done: {step} steps; model saved to {final}")
     return SFTResult(output_dir=out, final_model=final, steps=step, resumed_from=resumed_from, last=last,
                      tokens_trained=tokens_trained)
+
+
+def _backward(model, micro: list[Example], pad_id: int, device, normalizer: int, shareable: bool) -> float:
+    """Backward of a micro-batch's summed next-token loss / `normalizer` (the step's trained
+    tokens); returns the sum. The rows' shared prefixes run once where that halves the work
+    (`shareable`: not on FSDP2 ranks, which must all make the same calls)."""
+    ids, masks = [e.ids for e in micro], [e.loss_mask for e in micro]
+    shared = shared_nll_sum(model, ids, masks, pad_id, device) if shareable else None
+    if shared is not None:
+        nll, _ = shared
+        (nll / normalizer).backward()
+        return float(nll.detach())
+    ids_B_T, attn, tmask = (t.to(device) for t in pad_batch(ids, masks, pad_id))
+    loss, m = sft_loss(model, ids_B_T, attn, tmask, normalizer=normalizer)
+    loss.backward()
+    return m["nll_sum"]
 
 
 def _adamw(model, cfg: SFTConfig) -> torch.optim.AdamW:
