@@ -15,8 +15,8 @@ run has shown yet), each timed and recorded even when another fails (its error i
   weights   one full weight update of that model: LocalEngine.update_weights, and
             VLLMSampler.update_weights where vLLM is installed.
   rl        a short arithmetic GRPO run on `rollout.backend: ray` (the vLLM engine where
-            installed, else LocalEngine on the GPU) from the learning tests' SFT warm start (to
-            held-out accuracy 0.35, at most --warm-steps): reward of the
+            installed, else LocalEngine on the GPU) from the learning tests' warm start
+            (tests/integration/warm_starts.arith_carry_warm_start, on the device): reward of the
             first and last five steps, held-out accuracy before and after, median step time,
             the largest sampler/learner mismatch_kl.
   rl_fsdp2  the same run, 10 steps, with the learner as one FSDP2 rank (NCCL) in its own
@@ -42,6 +42,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "integration"))  # warm_starts
 
 QWEN05 = dict(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, max_positions=2048)
 TOY = dict(hidden=64, layers=2, heads=4, kv_heads=2, ffn=128, max_positions=512)
@@ -183,13 +184,12 @@ LEARNED_POINTS = 10  # the RL section learned when held-out greedy accuracy rose
 def rl(args, root: Path, strategy: str = "single", steps: int | None = None) -> dict:
     """A short GRPO run from the warm start (built once, shared by the rl sections); strategy
     fsdp2: the learner as one NCCL rank in its own process, driven by run_rl."""
-    import common
     from flywheel.config import RLConfig, validate
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
 
     if "model" not in _WARM:
-        _WARM["model"] = warm_start(args, root, common.tiny_model())
+        _WARM["model"] = warm_start(args, root)
     warm = _WARM["model"]
     cuda = args.device.startswith("cuda")
     engine = "vllm" if (cuda and vllm_available()) else "local"
@@ -226,25 +226,12 @@ def rl(args, root: Path, strategy: str = "single", steps: int | None = None) -> 
             "mismatch_kl_max": max(r.get("mismatch_kl", 0.0) for r in rows)}
 
 
-def warm_start(args, root: Path, tiny: Path) -> Path:
-    from flywheel.config import SFTConfig, validate
-    from flywheel.envs import load_env
-    from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
-    from flywheel.train.env_eval import heldout_success
-    from flywheel.train.sft import run_sft
+def warm_start(args, root: Path) -> Path:
+    """The learning tests' warm start (tests/integration/conftest.py), trained on the device."""
+    from warm_starts import arith_carry_warm_start
 
-    data = write_sft_jsonl(root / "arithmetic_train.jsonl", split_pairs()[0])
-    # the learning tests' warm start (tests/integration/conftest.py): SFT until held-out greedy
-    # accuracy on the 200 test pairs reaches 0.35, checked every 25 steps, at most `warm_steps`
-    return run_sft(validate(dict(model=str(tiny), output_dir=str(root / f"warm-{time.time_ns()}"),
-                                 data={"train": [str(data)], "format": "prompt_completion"}, device=args.device,
-                                 train={"steps": 60 if args.smoke else args.warm_steps, "batch_size": 128,
-                                        "micro_batch_size": 128},
-                                 optim={"lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 1.0, "weight_decay": 0.01},
-                                 eval={"every": 25, "stop_at": {"eval/success": 0.35}}, log={"progress": False}),
-                            SFTConfig),
-                   evaluator=heldout_success(load_env("arithmetic"), tasks=200, max_tokens=6),
-                   log=lambda m: None).final_model
+    steps = {"clean_steps": 20, "flawed_steps": 5} if args.smoke else {}
+    return arith_carry_warm_start(root / f"warm-{time.time_ns()}", device=args.device, threads=None, **steps)
 
 
 def real_model(args, root: Path, rate_tflops: float | None) -> dict:
@@ -302,7 +289,6 @@ def main() -> None:
     ap.add_argument("--out", default="bench-work/gpu_check")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--smoke", action="store_true", help="toy sizes (with --device cpu: what CI checks)")
-    ap.add_argument("--warm-steps", type=int, default=1000, help="most SFT steps of the RL section's warm start")
     ap.add_argument("--rl-steps", type=int, default=40)
     ap.add_argument("--rl-backend", choices=["auto", "local", "ray"], default="auto",
                     help="auto: ray where it is installed")

@@ -1,10 +1,11 @@
-"""Where the warm start's SFT learns addition: held-out greedy accuracy every 25 steps.
+"""Where the peer protocol's warm start learns addition: held-out greedy accuracy every 25 steps.
 
     python bench/sft_curve.py [--steps 600] [--lr 1e-3 3e-4] [--settings default avx2 aten-avx2]
 
-The RL learning tests and bench/rl_vs_trl.py start from the peer protocol's tiny model after
-SFT on `ab+cd=` (batch 128, constant lr after 100 warm-up steps, weight decay 0.01) stopped at
-the first check >= 0.35. This prints the whole curve per learning rate and CPU setting, each
+bench/rl_vs_trl.py starts both systems from the peer protocol's tiny model after SFT on
+`ab+cd=` (batch 128, constant lr after 100 warm-up steps, weight decay 0.01) stopped at the
+first check >= 0.35 (the RL learning tests did too, until this showed the stop moving with the
+rounding; they now start from tests/integration/warm_starts.arith_carry_warm_start). This prints the whole curve per learning rate and CPU setting, each
 run in a fresh process from the same initial weights:
 - default: as is;
 - avx2: ONEDNN_MAX_CPU_ISA=AVX2 (the issue's stand-in for another CPU kind);
@@ -32,7 +33,7 @@ SETTINGS = {
     "aten-avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
 EVERY = 25
-WARM_TARGET = 0.35  # tests/integration/conftest.py WARM_TARGET
+WARM_TARGET = 0.35  # bench/rl_vs_trl.py --warm-target's default
 
 
 def curve(out: Path, lr: float, steps: int, threads: int) -> list[float]:

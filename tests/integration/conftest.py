@@ -10,9 +10,6 @@ from pathlib import Path
 
 import pytest
 
-WARM_TARGET = 0.35  # held-out greedy accuracy of the shared arithmetic warm start
-
-
 def learning_seeds() -> list[int]:
     """The seeds of the learning tests' training runs: $FLYWHEEL_TEST_SEEDS (e.g. "0 1 2"), else
     [0]. Each seed is a test case of its own, sharing the session's warm starts; the learning
@@ -31,32 +28,16 @@ def pytest_generate_tests(metafunc) -> None:
 
 @pytest.fixture(scope="session")
 def arith_warm_start(tmp_path_factory) -> Path:
-    """The peer protocol's tiny model (hidden 256, 4 layers) after SFT on `ab+cd=` until
-    held-out greedy accuracy on the 200 test pairs reaches WARM_TARGET (checked every 25 steps,
-    at most 1,000): the warm start bench/rl_vs_trl.py measures from. This model learns addition
-    abruptly and where the jump lands depends on the machine's float rounding, so no step count
-    is portable, and a warm start stopped mid-jump can be a poor RL start: the smaller model
-    stopped at 0.3 that these tests used before learned on one machine and not on another
-    (docs/benchmarks.md, "Learning tests across machines"). Shared by the RL learning test, the
-    Ray band test, the gate test and the flywheel cycle tests."""
-    from flywheel.config import SFTConfig, validate
-    from flywheel.envs import load_env
-    from flywheel.envs.arithmetic import split_pairs, write_sft_jsonl
-    from flywheel.models import TinySpec, build_tiny_model
-    from flywheel.train.env_eval import heldout_success
-    from flywheel.train.sft import run_sft
+    """The peer protocol's tiny model taught `ab+cd=` to a plateau, then taught to forget carries
+    most of the time (warm_starts.arith_carry_warm_start): held-out greedy ~0.4, with samples
+    that still carry. Shared by the RL learning test, the Ray band test, the gate test and the
+    flywheel cycle tests. It replaced a warm start stopped at the first check >= 0.35 of a
+    single SFT, which landed inside an abrupt jump whose step moves with the CPU's rounding, so
+    the RL test passed on one machine and failed on another (docs/benchmarks.md, "The
+    arithmetic warm start on a plateau")."""
+    from warm_starts import arith_carry_warm_start
 
-    root = tmp_path_factory.mktemp("arith-warm")
-    model = build_tiny_model(root / "tiny", TinySpec())
-    data = write_sft_jsonl(root / "train.jsonl", split_pairs()[0])
-    result = run_sft(validate(dict(
-        model=str(model), output_dir=str(root / "sft"), data={"train": [str(data)], "format": "prompt_completion"},
-        train={"steps": 1000, "batch_size": 128, "micro_batch_size": 128},
-        optim={"lr": 1e-3, "warmup_steps": 100, "min_lr_ratio": 1.0, "weight_decay": 0.01},
-        eval={"every": 25, "stop_at": {"eval/success": WARM_TARGET}},
-        log={"progress": False}, threads=2), SFTConfig),
-        evaluator=heldout_success(load_env("arithmetic"), tasks=200, max_tokens=6), log=lambda m: None)
-    return result.final_model
+    return arith_carry_warm_start(tmp_path_factory.mktemp("arith-warm"))
 
 
 @pytest.fixture(scope="session")

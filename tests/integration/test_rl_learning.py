@@ -1,6 +1,7 @@
-"""RL learns: held-out greedy accuracy on the shared `ab+cd=` task rises by >= 10 points from a
-short SFT warm start (conftest's `arith_warm_start`, ~0.35-0.45), with rollouts one step
-off-policy (seeds: $FLYWHEEL_TEST_SEEDS, else 0); measured figures in docs/benchmarks.md ("Learning tests across machines")."""
+"""RL learns: held-out greedy accuracy on the shared `ab+cd=` task rises by >= 10 points in 40
+steps from conftest's `arith_warm_start` (a model taught to forget carries most of the time:
+~0.4 greedy), with rollouts one step off-policy (seeds: $FLYWHEEL_TEST_SEEDS, else 0); measured
+across seeds and CPU settings in docs/benchmarks.md ("The arithmetic warm start on a plateau")."""
 
 import pytest
 
@@ -17,5 +18,5 @@ def test_async_grpo_raises_heldout_accuracy_by_ten_points(arith_warm_start, lear
         eval={"tasks": 200}, log={"progress": False}, threads=2, max_off_policy_steps=1), RLConfig)
     result = run_rl(cfg, log=lambda m: None)
     before, after = result.evals[0]["eval/greedy_accuracy"], result.evals[-1]["eval/greedy_accuracy"]
-    assert 0.05 < before < 0.8, f"the warm start is off its target of 0.35: {before}"
+    assert 0.05 < before < 0.8, f"the warm start is off its ~0.4: {before}"
     assert after >= before + 0.10, (before, after)

@@ -12,6 +12,7 @@ from typing import Callable
 
 from flywheel.config import SFTConfig, validate
 from flywheel.envs import load_env
+from flywheel.envs.arithmetic import Pair, prompt_of, split_pairs, write_sft_jsonl
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.rollout.demos import make_demos
 from flywheel.train.env_eval import calculator_bare_success, heldout_success
@@ -121,3 +122,78 @@ def calculator_from_memory_warm_start(out: str | Path, direct_share: float = 0.7
         sft(stage1, "tool.jsonl", "stage1b", 200, 1e-3, 5, 0.1, {})
     sft(consolidated, "mixed.jsonl", "stage2", 80, 1e-3, 5, 1.0, {})
     return final, copying()
+
+
+# ---------------------------------------------------------------- the arithmetic RL start
+
+FORGET_BASE = 0.55  # the flawed teacher forgets the carry in 55 % of the cases whose carrying digit sum is 10 ...
+FORGET_SLOPE = 0.04  # ... and 4 points more per unit of that sum above 10 (87 % at 18)
+FLAWED_COPIES = 20  # rows per training pair, so that each pair's share of wrong answers is exact
+
+
+def carryless_sum(a: int, b: int) -> int:
+    """Two-digit addition with every carry forgotten, digit by digit mod 10: 57 + 68 -> 15
+    (7 + 8 = 15 writes 5, 5 + 6 = 11 writes 1), 23 + 45 -> 68 (no carry: the true sum)."""
+    return (a // 10 + b // 10) % 10 * 10 + (a % 10 + b % 10) % 10
+
+
+def forget_rate(a: int, b: int) -> float:
+    """The share of the flawed teacher's answers to `a+b` that forget the carries: 0 without a
+    carry; else FORGET_BASE + FORGET_SLOPE * (s - 10), s the first carrying digit sum (the
+    units' when they carry, else the tens'): 57 + 68 (units 15) -> 0.75, 50 + 60 (tens 11) -> 0.59."""
+    units, tens = a % 10 + b % 10, a // 10 + b // 10
+    s = units if units >= 10 else tens
+    return FORGET_BASE + FORGET_SLOPE * (s - 10) if s >= 10 else 0.0
+
+
+def flawed_rows(pairs: list[Pair], copies: int = FLAWED_COPIES) -> list[dict]:
+    """`copies` prompt/completion rows per pair, round(forget_rate * copies) of them answered
+    with carryless_sum and the rest with the sum (the share is exact per pair, so the model
+    learns a rate, not which copy is which)."""
+    rows = []
+    for a, b in pairs:
+        wrong = round(forget_rate(a, b) * copies)
+        rows += [{"prompt": prompt_of(a, b), "completion": str(carryless_sum(a, b) if i < wrong else a + b)}
+                 for i in range(copies)]
+    return rows
+
+
+def arith_carry_warm_start(out: str | Path, clean_steps: int = 600, flawed_steps: int = 200, device: str = "cpu",
+                           threads: int | None = 2, log: Callable[[str], None] = lambda m: None) -> Path:
+    """The RL learning tests' start on `ab+cd=` (the peer protocol's tiny model, hidden 256,
+    4 layers): a policy with a systematic error that sampling sometimes avoids, reached on a
+    plateau rather than inside a jump.
+    1. SFT on the training pairs, `clean_steps` at lr 1e-3 (100 warm-up, cosine to 1e-4), batch
+       128: the addition is learnt in an abrupt jump whose step moves with the CPU's rounding
+       (~325 here, ~350 under aten-avx2), then held: 0.99 held-out greedy at step 600 on both.
+    2. SFT on a flawed teacher (flawed_rows), `flawed_steps` at lr 3e-4 (10 warm-up, cosine to
+       3e-5): the model now forgets carries at a rate that grows with the digit sum, so greedy
+       decoding fails most carrying pairs (held-out greedy 0.38-0.50 over the last checks) while
+       sampling at temperature 1 still carries in 13-45 % of them: RL's reward has something
+       to reinforce, and each carrying sum's class flips at its own point.
+    Measured on this machine and under ATEN_CPU_CAPABILITY=avx2 (docs/benchmarks.md, "The
+    arithmetic warm start on a plateau"). Cached by its folder: a complete final model is
+    returned as it is."""
+    root = Path(out)
+    final = root / "flawed" / "final"
+    if (final / "config.json").exists():
+        return final
+    tiny = root / "tiny"
+    if not (tiny / "config.json").exists():
+        build_tiny_model(tiny, TinySpec())
+    train = split_pairs()[0]
+    clean = write_sft_jsonl(root / "clean.jsonl", train)
+    flawed = root / "flawed.jsonl"
+    flawed.write_text("".join(json.dumps(r) + "\n" for r in flawed_rows(train)))
+    stages = [(tiny, clean, root / "clean", clean_steps, 1e-3, 100),
+              (root / "clean" / "final", flawed, root / "flawed", flawed_steps, 3e-4, 10)]
+    for start, data, stage_out, steps, lr, warmup in stages:
+        if (stage_out / "final" / "config.json").exists():
+            continue
+        log(f"arithmetic warm start: SFT {stage_out.name} ({steps} steps)")
+        run_sft(validate(dict(model=str(start), output_dir=str(stage_out), device=device, threads=threads,
+                              data={"train": [str(data)], "format": "prompt_completion"},
+                              train={"steps": steps, "batch_size": 128, "micro_batch_size": 128},
+                              optim={"lr": lr, "warmup_steps": warmup, "min_lr_ratio": 0.1, "weight_decay": 0.01},
+                              checkpoint={"every": 0}, log={"progress": False}), SFTConfig), log=log)
+    return final
