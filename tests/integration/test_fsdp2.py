@@ -24,7 +24,7 @@ from flywheel.config import SFTConfig, validate
 from flywheel.errors import TrainError
 from flywheel.models import TinySpec, build_tiny_model, load
 from flywheel.train.checkpoint import list_checkpoints, load_state
-from flywheel.train.fsdp2 import run_rl_updates
+from flywheel.train.learner.fsdp2_rl import run_rl_updates
 from flywheel.train.rl_step import RLStepConfig
 from flywheel.train.sft import run_sft
 from flywheel.types import Trajectory, TrajectoryGroup

@@ -1,5 +1,5 @@
 """A whole RL run under `train.strategy: fsdp2` (two gloo ranks in local processes, driven by
-run_rl through train/learner_group.py): it follows the single-process run step for step, a
+run_rl through train/learner/group.py): it follows the single-process run step for step, a
 SIGKILLed rank stops the run with its name and the run resumes, and what the sharded learner
 does not run is refused before any rank starts.
 

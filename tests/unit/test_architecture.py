@@ -92,3 +92,76 @@ def test_the_sdk_imports_only_itself():
     found = [f"{path.name}:{line}: {module}" for path in sorted((SRC / "client").rglob("*.py"))
              for line, target, module in imports(path) if target != "client"]
     assert found == []
+
+
+def module_graph(src: Path) -> dict[str, set[str]]:
+    """flywheel module -> the flywheel modules it imports (module level, in functions, under
+    TYPE_CHECKING alike; `from flywheel.x import name` counts as importing flywheel.x.name when
+    that is a module, else flywheel.x)."""
+    modules = {}
+    for path in src.rglob("*.py"):
+        parts = ("flywheel",) + path.relative_to(src).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("flywheel"):
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                         for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("flywheel")]
+            else:
+                continue
+            for name in names:
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                if name and name != module:
+                    graph[module].add(name)
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_module_imports_itself_through_others():
+    assert import_circles(module_graph(SRC)) == []
+
+
+def test_the_circle_check_finds_a_lazy_circle(tmp_path):
+    fake = tmp_path / "flywheel"
+    (fake / "train").mkdir(parents=True)
+    for name in ("__init__", "train/__init__"):
+        (fake / f"{name}.py").write_text("")
+    (fake / "train" / "a.py").write_text("from flywheel.train import b\n")
+    (fake / "train" / "b.py").write_text("def f():\n    from flywheel.train.a import x\n")
+    (fake / "train" / "c.py").write_text("import flywheel.train.a\n")
+    assert import_circles(module_graph(fake)) == [["flywheel.train.a", "flywheel.train.b"]]

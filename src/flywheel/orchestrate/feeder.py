@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from flywheel.buffer import VersionedBuffer
+from flywheel.orchestrate.source import RolloutSource
 from flywheel.orchestrate.worker import WorkItem, WorkResult
 from flywheel.rollout.data_order import DataOrder
 from flywheel.types import Task, TrajectoryGroup
@@ -49,7 +50,7 @@ class StepRollouts:
 
 
 class RolloutFeeder:
-    def __init__(self, source, tasks: list[Task], order: DataOrder, groups_per_step: int,
+    def __init__(self, source: RolloutSource, tasks: list[Task], order: DataOrder, groups_per_step: int,
                  max_off_policy_steps: int, items_per_step: int = 1,
                  keep: Callable[[TrajectoryGroup], bool] | None = None, draw_limit: float = 3.0,
                  solved_at: float | None = None):

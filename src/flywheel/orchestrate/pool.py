@@ -1,11 +1,6 @@
-"""Rollout sources: where the learner's trajectory groups come from.
+"""Rollout sources on this machine: where the learner's trajectory groups come from.
 
-Both sources speak the same small protocol to the feeder (orchestrate/feeder.py):
-    submit(item)            queue a WorkItem
-    poll(timeout_s)         -> WorkResults that arrived (may be empty)
-    publish(params, v)      make weights version v the newest the samplers may use
-    in_flight()             items submitted and not yet returned
-    close()
+Both satisfy source.py's RolloutSource, what the feeder (feeder.py) asks of a source.
 `InProcessRollouts` plays episodes in the learner's process when polled (synchronous
 training, `rollout.workers = 0`). `ProcessRollouts` runs worker processes
 (orchestrate/worker.py) that overlap with the learner; weights reach them through a

@@ -31,7 +31,7 @@ that were using it (their rollout actor reports the error); those are sent again
 way, to a replaced env actor. `where()` tells where each part runs; `placement()` collects it.
 
 The learner is not this module's: it runs in the driver, or on its own actors
-(train/ray_learner.py); the driver publishes its weights here either way.
+(train/learner/ray_actors.py); the driver publishes its weights here either way.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ One process, three activities:
   found too few held-out new failures to decide (gate.min_new_failures) trains nothing and
   waits for more traffic: the count is not reset (it still runs from the last cycle that
   decided, and the next cycle's suite holds those failures too), and the next cycle starts
-  once `min_new_failures` more have arrived since the wait (`trigger_reason`);
+  once `min_new_failures` more have arrived since the wait (loop/trigger.py `due`);
 - cycles: run on this thread (cycle.py); an unfinished one is resumed first.
 
 `stop()` (the CLI's SIGTERM / SIGINT handler) asks training loops to stop after their step,
@@ -33,6 +33,7 @@ from flywheel.loop.cycle import WAITING, CycleError, LoopStores, pending_cycle, 
 from flywheel.loop.failure_counter import FailureCounter
 from flywheel.loop.loop_config import LoopConfig
 from flywheel.loop.store_lock import hold_store
+from flywheel.loop.trigger import TriggerState, due
 from flywheel.train.stop import clear_stop, request_stop
 
 STATUS_FILE = "loop-status.json"
@@ -51,20 +52,6 @@ class LoopStatus:
     trigger: str = ""
     waiting: str = ""  # set while the last cycle waits for more traffic: why, and when the next starts
     updated_at: float = 0.0
-
-
-def trigger_reason(failures: int, threshold: int, *, since_wait: int | None = None, pending: bool = False,
-                   due: bool = False) -> str:
-    """Why a cycle starts now, or "" if none does. `failures`: failed traces since the last
-    cycle that decided; `since_wait`: those since the last cycle, when it waited for more
-    traffic (None when it did not), which must reach `threshold` again; `due`: the schedule."""
-    if pending:
-        return "resuming an unfinished cycle"
-    if since_wait is None and failures >= threshold:
-        return f"{failures} new failures >= {threshold}"
-    if since_wait is not None and since_wait >= threshold:
-        return f"{failures} new failures, {since_wait} since the last cycle waited for more traffic >= {threshold}"
-    return "schedule" if due else ""
 
 
 class LoopDaemon:
@@ -120,10 +107,8 @@ class LoopDaemon:
                     # `failures` too, so `failures` never lags the `fresh` that triggers a cycle
                     fresh = since_wait.update(fw.traces) if waited is not None else None
                     failures = counter.update(fw.traces)
-                    due = (self.cfg.trigger.every_s is not None
-                           and time.monotonic() - last_cycle_at >= self.cfg.trigger.every_s)
-                    why = trigger_reason(failures, threshold, since_wait=fresh, pending=pending_cycle(fw) is not None,
-                                         due=due)
+                    why = due(TriggerState(failures, fresh, last_cycle_at, pending=pending_cycle(fw) is not None),
+                              self.cfg.trigger, time.monotonic())
                     waiting = "" if waited is None else (
                         f"{waited.id}: {waited.decision.get('reasons', [WAITING])[0]}; the next cycle starts "
                         f"after {threshold} more failures ({fresh} so far)")

@@ -1,11 +1,12 @@
 """What starts a managed flywheel's cycles: a thread of the server that looks at every active
 flywheel every `poll_s` and queues a cycle (jobs/flywheels.py `queue_cycle`: at most one
-unfinished per flywheel, so several servers polling start it once) when
-- `trigger.min_new_failures` failed traces of the flywheel's scope arrived after its cursor
-  (the trace seq its last cycle read up to, or where production last changed), counted by the
-  loop's FailureCounter (curation's verdict rule), which reads only what is new at each poll;
-- or `trigger.every_seconds` passed since its last cycle was queued (since its creation for
-  the first).
+unfinished per flywheel, so several servers polling start it once) when the loop's rule
+(loop/trigger.py `due`, the daemon's too) says so. Its failures are those of the flywheel's
+scope after its cursor (the trace seq its last cycle read up to, or where production last
+changed), counted by the loop's FailureCounter (curation's verdict rule), which reads only what
+is new at each poll; a cycle that waited for more traffic moved the cursor too, so they are
+also the failures since that wait. The schedule counts from its last cycle's queueing (from
+its creation for the first).
 """
 
 from __future__ import annotations
@@ -13,12 +14,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import timedelta
+from datetime import datetime
 
 from flywheel.clock import utc_naive, utc_now
+from flywheel.jobs.flywheel_request import TriggerSpec
 from flywheel.jobs.flywheels import Flywheels
 from flywheel.loop.curation_rules import CurationConfig
+from flywheel.loop.cycle import WAITING
 from flywheel.loop.failure_counter import FailureCounter
+from flywheel.loop.loop_config import TriggerConfig
+from flywheel.loop.trigger import TriggerState, due
 from flywheel.traces.scope import ScopedTraces, TraceScope
 
 log = logging.getLogger("flywheel.flywheels")
@@ -53,15 +58,13 @@ class FlywheelTrigger:
             self._counters[fw["id"]] = (fw["cursor"], counter)
         scope = TraceScope(fw["tenant"], tuple(spec["trace_models"]))
         failures = counter.update(ScopedTraces(self.traces, scope))
-        if failures >= spec["trigger"]["min_new_failures"]:
-            return f"{failures} new failures (trigger: {spec['trigger']['min_new_failures']})"
-        every = spec["trigger"]["every_seconds"]
-        if every is not None:
-            last = max([c["created_at"] for c in self.flywheels.cycles(fw["tenant"], fw["id"])[:1]]
-                       or [fw["created_at"]])
-            if utc_naive(utc_now()) - last >= timedelta(seconds=every):
-                return f"schedule: every {every:g} s"
-        return None
+        trigger = TriggerSpec.model_validate(spec["trigger"])
+        last = self.flywheels.cycles(fw["tenant"], fw["id"])[:1]
+        waited = bool(last) and last[0]["outcome"] == WAITING
+        state = TriggerState(failures, failures if waited else None,
+                             _seconds(last[0]["created_at"] if last else fw["created_at"]))
+        return due(state, TriggerConfig(min_new_failures=trigger.min_new_failures, every_s=trigger.every_seconds),
+                   _seconds(utc_naive(utc_now())))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="flywheel-trigger", daemon=True)
@@ -79,3 +82,7 @@ class FlywheelTrigger:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+def _seconds(naive_utc: datetime) -> float:
+    return (naive_utc - datetime(1970, 1, 1)).total_seconds()

@@ -15,10 +15,10 @@ not yet trained; `resume=true` continues from the newest.
 `rollouts.jsonl` records, per step, the tasks trained, their rewards and staleness.
 With `train.lora` the learner trains an adapter (train/lora.py); the engines get the merged
 weights at each publish, checkpoints and the final model are adapter folders.
-The learner (train/learner.py: model, optimizer, schedule) runs in this process, or as
-`train.world_size` FSDP2 ranks (`train.strategy: fsdp2`) in local processes or on Ray actors
+The learner (train/learner/rl_learner.py: model, optimizer, schedule) runs in this process, or
+as `train.world_size` FSDP2 ranks (`train.strategy: fsdp2`) in local processes or on Ray actors
 (`rollout.ray.learner: actors`), driven from here through the same calls
-(train/learner_group.py); rollouts, the feeder, evaluation and the logs stay in this process.
+(train/learner/protocol.py's Learner); rollouts, the feeder, evaluation and the logs stay here.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack
     source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log, transport=transport)
     stack.callback(source.close)
     here = {"actor": "driver", "rank": 0, **where()}  # a learner in this process, or local ranks (fsdp2/ranks.json)
-    placement = {**source.placement(), "learner": learner.placement() if hasattr(learner, "placement") else [here]}
+    placement = {**source.placement(), "learner": learner.placement() or [here]}
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
     (Path(cfg.output_dir) / "placement.json").write_text(json.dumps(placement, indent=1) + "\n")
     for part, actors in placement.items():
@@ -242,7 +242,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     from flywheel.envs import load_env
     from flywheel.models import ChatRenderer, load
     from flywheel.orchestrate.feeder import RolloutFeeder
-    from flywheel.train.learner_group import start_learner
+    from flywheel.train.learner.start import start_learner
 
     n_workers = _workers(cfg)
     out = Path(cfg.output_dir)
@@ -256,7 +256,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     engine_model, tokenizer = load(plain, dtype="float32", device=cfg.device)
     if cfg.rollout.backend == "ray":
         _connect_ray(cfg, stack, log)
-    # in this process, or ranks elsewhere (learner_group.py), publishing the engine model's parameters
+    # in this process, or ranks elsewhere (learner/group.py), publishing the engine model's parameters
     learner = start_learner(cfg, ckpt, log, threads, like=dict(engine_model.named_parameters()))
     stack.callback(learner.close)
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None

@@ -64,7 +64,7 @@ class RLStepConfig:
     autocast_bf16: bool = False
     # only plans of one model call per update (plain or the prefix tree, not the KV-cache prefix
     # plan, whose suffix call depends on the rows): every rank of a sharded learner then makes
-    # the same module calls, which FSDP's collectives need (train/fsdp2.py)
+    # the same module calls, which FSDP's collectives need (train/learner/fsdp2_rl.py)
     one_forward: bool = False
 
     @classmethod

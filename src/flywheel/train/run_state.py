@@ -43,7 +43,7 @@ def start_run(output_dir: str | Path, resume: bool, threads: int | None, seed: i
 
 def trainer_state(step: int, optimizer, scheduler, order: DataOrder | None, config) -> dict:
     """Everything besides the weights that a checkpoint holds (the data order: where the caller
-    keeps it; None: a learner apart from its data, train/learner.py, whose driver adds it)."""
+    keeps it; None: a learner apart from its data, train/learner/rl_learner.py, whose driver adds it)."""
     state = {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
              "rng": rng_state(), "config": config.model_dump()}
     if order is not None:

@@ -44,7 +44,7 @@ from flywheel.train.sft_data import Example, load_sft_examples
 from flywheel.train.shared_prefix import shared_nll_sum
 
 if TYPE_CHECKING:
-    from flywheel.train.fsdp2 import Rank
+    from flywheel.train.learner.ranks import Rank
 
 Evaluator = Callable[[object, object], dict]
 
@@ -66,11 +66,9 @@ class SFTResult:
 
 def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[str], None] = print,
             dist: Rank | None = None) -> SFTResult:
-    """`dist`: this process's rank when run_sft runs inside an FSDP2 learner (train/fsdp2.py);
+    """`dist`: this process's rank when run_sft runs inside an FSDP2 learner (train/learner/ranks.py);
     with `train.strategy: fsdp2` and no `dist`, run_sft launches the ranks and returns rank 0's result."""
     if cfg.train.strategy == "fsdp2" and dist is None:
-        from flywheel.train.fsdp2 import launch_sft
-
         if evaluator is not None:
             raise TrainError("train.strategy=fsdp2 does not run an evaluator callable; validate with "
                              "data.val / data.val_fraction, or evaluate the checkpoints")
@@ -292,3 +290,27 @@ def _import_evaluator(spec: str | None) -> Evaluator | None:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
         raise TrainError(f"eval.evaluator {spec!r} cannot be imported: {e}") from None
+
+
+def launch_sft(cfg, log: Callable[[str], None] = print):
+    """run_sft under FSDP2: every rank runs run_sft's loop on its share of each batch."""
+    tc = cfg.train
+    if tc.batch_size % tc.world_size:
+        raise TrainError(f"train.batch_size ({tc.batch_size}) must be a multiple of train.world_size "
+                         f"({tc.world_size}) under train.strategy=fsdp2: each rank takes an equal share")
+    if tc.lora is not None:
+        raise TrainError("train.strategy=fsdp2 does not train LoRA adapters (train.lora); use train.strategy=single")
+    if cfg.eval.evaluator:
+        raise TrainError(f"train.strategy=fsdp2 does not run eval.evaluator ({cfg.eval.evaluator!r}); validate "
+                         "with data.val / data.val_fraction, or evaluate the checkpoints")
+    from flywheel.train.learner.rank_processes import launch
+
+    device = "cuda" if cfg.device.startswith("cuda") else cfg.device
+    return launch("flywheel.train.sft:_sft_rank", cfg.model_dump(mode="json"), tc.world_size, device,
+                  cfg.output_dir, log, threads=cfg.threads)
+
+
+def _sft_rank(cfg_json: dict, rank: "Rank"):
+    cfg = SFTConfig.model_validate(cfg_json)
+    cfg = cfg.model_copy(update={"device": rank.device, "log": cfg.log.model_copy(update={"progress": False})})
+    return run_sft(cfg, log=lambda m: print(m, flush=True), dist=rank)

@@ -437,8 +437,9 @@ class SharedMemoryTransport(WeightTransport):
         self._readers.add(reader)
         return reader
 
-    def _acquire(self, slot: int) -> tuple[int, int]:
-        """Lease the current buffer to `slot` (dropping its previous lease): (version, buffer)."""
+    def lease(self, slot: int) -> tuple[int, int]:
+        """Lease the current buffer to `slot` (dropping its previous lease): (version, buffer);
+        for the slot's SharedMemoryReader (shm_reader.py LeasedBuffers)."""
         with self._locked() as h:
             cur = int(h[CURRENT])
             if cur < 0:
@@ -446,7 +447,7 @@ class SharedMemoryTransport(WeightTransport):
             h[self._lease(slot)] = cur
             return int(h[self._seq(cur) + 1]), cur
 
-    def _release(self, slot: int, free_slot: bool = False) -> None:
+    def end_lease(self, slot: int, free_slot: bool = False) -> None:
         with self._locked() as h:
             h[self._lease(slot)] = -1
             if free_slot:

@@ -15,16 +15,27 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING
+from typing import Any, Mapping, Protocol, Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from flywheel.weights.shm import SharedMemoryTransport
+
+class LeasedBuffers(Protocol):
+    """What a reader needs of its transport (shm.py SharedMemoryTransport satisfies it)."""
+
+    shapes: Mapping[str, torch.Size]  # tensor name -> shape, the same in every buffer
+    views: Sequence[Mapping[str, torch.Tensor]]  # per buffer: tensor name -> a view of it
+    header: Any  # None once the transport is closed
+
+    def lease(self, slot: int) -> tuple[int, int]:
+        """Lease the newest buffer to `slot`, dropping its previous lease: (version, buffer index)."""
+
+    def end_lease(self, slot: int, free_slot: bool = False) -> None:
+        """Drop `slot`'s lease (and, with free_slot, give the slot up)."""
 
 
 class SharedMemoryReader:
-    def __init__(self, transport: "SharedMemoryTransport", slot: int):
+    def __init__(self, transport: LeasedBuffers, slot: int):
         self.transport, self.slot = transport, slot
         self.version: int | None = None  # the version leased now (None: no lease)
         self.closed, self._pid = False, os.getpid()
@@ -36,7 +47,7 @@ class SharedMemoryReader:
             raise ValueError(f"reader slot {self.slot} is closed")
         if os.getpid() != self._pid:
             raise RuntimeError(f"reader slot {self.slot} belongs to pid {self._pid}; claim a slot in this process")
-        self.version, b = self.transport._acquire(self.slot)  # noqa: SLF001
+        self.version, b = self.transport.lease(self.slot)
         return self.version, dict(self.transport.views[b])
 
     def bind(self, module: torch.nn.Module, refresh: bool = False) -> int:
@@ -70,13 +81,13 @@ class SharedMemoryReader:
     def release(self) -> None:
         """Give the leased buffer back to the writers."""
         if not self.closed and self.version is not None and os.getpid() == self._pid:
-            self.transport._release(self.slot)  # noqa: SLF001
+            self.transport.end_lease(self.slot)
         self.version = None
 
     def close(self) -> None:
         """Release the lease and free the slot for another reader."""
         if not self.closed and self.transport.header is not None and os.getpid() == self._pid:
-            self.transport._release(self.slot, free_slot=True)  # noqa: SLF001
+            self.transport.end_lease(self.slot, free_slot=True)
         self.closed, self.version = True, None
 
     def __del__(self) -> None:

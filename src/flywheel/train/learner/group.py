@@ -1,17 +1,17 @@
 """A learner of several ranks, driven from run_rl's process as if it were one.
 
 run_rl (train/rl.py) keeps the rollouts, the feeder, evaluation and the logs; the learner's
-ranks (train/learner.py's RLLearner, each holding 1/world of the sharded model) run elsewhere.
+ranks (rl_learner.py's RLLearner, each holding 1/world of the sharded model) run elsewhere.
 `LearnerGroup` gives run_rl the learner's four calls: each is sent to every rank with the same
 arguments (the ranks join the same collectives in the same order), and rank 0's answer is
 returned; the other ranks answer None / {}. Two ways to run the ranks:
 
-- `ProcessLearner`: `train.world_size` local processes (train/fsdp2.py's RankProcesses), one
+- `ProcessLearner`: `train.world_size` local processes (rank_processes.py's RankProcesses), one
   socket each to this process, messages plain pickles (torch's fd-passing reductions need a
   multiprocessing parent, which these fresh interpreters do not have); weights come back
   through a shared-memory segment instead (rank 0 publishes, this process leases the newest
   buffer without a copy);
-- `RayLearner` (train/ray_learner.py): one Ray actor per rank, placed by `rollout.ray.learner_*`.
+- `RayLearner` (ray_actors.py): one Ray actor per rank, placed by `rollout.ray.learner_*`.
 
 Failure. A rank that raises sends its exception and exits; one that dies (SIGKILL, its node
 lost) closes its connection. Either way every rank is stopped at once (the others would wait
@@ -33,7 +33,6 @@ import torch
 
 from flywheel.config import RLConfig
 from flywheel.errors import TrainError
-from flywheel.inference.lora import is_adapter_folder
 
 
 class LearnerGroup:
@@ -53,6 +52,9 @@ class LearnerGroup:
     def save_final(self, dest: Path) -> None:
         self._call("save_final", dest)
 
+    def placement(self) -> list[dict]:
+        return []  # local ranks; RayLearner says where its actors are
+
     def _call(self, name: str, *args) -> Any:
         return self._call_all(name, *args)[0]
 
@@ -70,7 +72,7 @@ class ProcessLearner(LearnerGroup):
 
     def __init__(self, cfg: RLConfig, ckpt: Path | None, like: Mapping[str, torch.Tensor],
                  log: Callable[[str], None] = print, threads: int | None = None):
-        from flywheel.train.fsdp2 import RankProcesses
+        from flywheel.train.learner.rank_processes import RankProcesses
         from flywheel.weights.shm import SharedMemoryTransport, recorded_segment_name
 
         self.world_size = cfg.train.world_size
@@ -82,7 +84,7 @@ class ProcessLearner(LearnerGroup):
         payload = {"cfg": cfg.model_dump(mode="json"), "ckpt": None if ckpt is None else str(ckpt),
                    "handoff": self.handoff.name}
         try:
-            self.ranks = RankProcesses("flywheel.train.learner_group:_serve", payload, self.world_size, device,
+            self.ranks = RankProcesses("flywheel.train.learner.group:_serve", payload, self.world_size, device,
                                        cfg.output_dir, log, threads, channels=True)
         except BaseException:
             self._close_handoff()
@@ -211,8 +213,8 @@ def _picklable(e: BaseException) -> BaseException:
 
 
 def _serve(payload: dict, rank) -> None:
-    """A local rank (train/fsdp2.py's launcher runs it): serve run_rl over `rank.channel`."""
-    from flywheel.train.learner import RLLearner
+    """A local rank (rank_processes.py runs it): serve run_rl over `rank.channel`."""
+    from flywheel.train.learner.rl_learner import RLLearner
     from flywheel.train.run_state import seed_everything
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the driver decides
@@ -240,35 +242,3 @@ def _serve(payload: dict, rank) -> None:
             handoff.publish(weights, next(versions))
 
     serve(lambda: RLLearner(cfg, ckpt, rank, log), receive, lambda a: conn.send_bytes(pickle.dumps(a)), hand_off)
-
-
-def start_learner(cfg: RLConfig, ckpt: Path | None, log: Callable[[str], None], threads: int | None,
-                  like: Mapping[str, torch.Tensor]):
-    """run_rl's learner: in this process (train.strategy single), or `train.world_size` ranks
-    (fsdp2) as local processes or, with rollout.ray.learner = actors, Ray actors. `threads`:
-    the torch threads the learner may use in all (shared by its local ranks); `like`: the
-    plain model's parameters (what `weights()` returns the newest values of)."""
-    from flywheel.train.learner import RLLearner
-
-    if cfg.rollout.backend == "ray" and cfg.rollout.ray.learner == "actors":
-        if cfg.train.strategy == "fsdp2":
-            check_sharded(cfg)
-        from flywheel.train.ray_learner import RayLearner
-
-        return RayLearner(cfg, ckpt, log)
-    if cfg.train.strategy == "single":
-        return RLLearner(cfg, ckpt, None, log)
-    check_sharded(cfg)
-    return ProcessLearner(cfg, ckpt, like, log, threads=max(1, threads // cfg.train.world_size) if threads else None)
-
-
-def check_sharded(cfg: RLConfig) -> None:
-    """Refuse, before any rank starts, what the sharded learner does not run."""
-    if cfg.train.lora is not None:
-        raise TrainError("train.strategy=fsdp2 does not train LoRA adapters (train.lora): use train.strategy=single")
-    if is_adapter_folder(cfg.model):
-        raise TrainError(f"train.strategy=fsdp2 does not train LoRA adapters, and model={cfg.model} is an adapter "
-                         "folder: merge it first (flywheel.train.lora.merged_folder) or use train.strategy=single")
-    if cfg.algo.kl_beta:
-        raise TrainError(f"train.strategy=fsdp2 does not run the KL reference model (algo.kl_beta="
-                         f"{cfg.algo.kl_beta}): set algo.kl_beta=0 or train.strategy=single")

@@ -10,10 +10,10 @@ run_rl (train/rl.py) asks of it. run_rl knows nothing of where the learner runs.
     save_final(dest)                the trained model (an adapter folder for LoRA)
 
 `RLLearner` is one in this process (`rank=None`), or one rank of a sharded learner
-(`rank`: train/fsdp2.py's Rank): its update is rl_step_fsdp2 on the same groups as every
-other rank, its weights and checkpoints are gathered to rank 0 (every rank must make the
-same calls in the same order; the others return {} / None). train/learner_group.py runs
-`world_size` ranks of it as local processes or Ray actors behind the same four calls.
+(`rank`: ranks.py's Rank): its update is fsdp2_rl.py's rl_step_fsdp2 on the same groups as
+every other rank, its weights and checkpoints are gathered to rank 0 (every rank must make the
+same calls in the same order; the others return {} / None). group.py runs `world_size` ranks
+of it as local processes or Ray actors behind the same calls (protocol.py's Learner).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class RLLearner:
         if self.lora:
             trained, total = trainable_count(model)
             log(f"LoRA: training {trained:,} of {total:,} parameters")
-        if rank is not None:  # (learner_group.check_sharded has refused what a rank cannot run)
+        if rank is not None:  # (start.check_sharded has refused what a rank cannot run)
             model = rank.wrap(model, seed=cfg.train.seed)
         self.model = model
         self.module = model.get_base_model() if self.lora else model  # LoRA layers injected: what rl_step runs
@@ -91,7 +91,7 @@ class RLLearner:
         if self.rank is None:
             m = rl_step(self.module, self.optimizer, groups, self.algo, pad, self.ref_model, self.ref_context)
         else:
-            from flywheel.train.fsdp2 import rl_step_fsdp2
+            from flywheel.train.learner.fsdp2_rl import rl_step_fsdp2
 
             m = rl_step_fsdp2(self.module, self.optimizer, groups, self.algo, pad, self.rank)
         with warnings.catch_warnings():  # a skipped update still advances the schedule, by design
@@ -114,6 +114,9 @@ class RLLearner:
             save_model_folder(self.model, self.tokenizer, Path(dest))
         else:
             self.rank.save_model_folder(self.model, self.tokenizer, Path(dest))
+
+    def placement(self) -> list[dict]:
+        return []  # in the driver's process (or a rank, whose group says where)
 
     def close(self) -> None:
         pass

@@ -15,8 +15,7 @@ mounted bucket), as the driver reads checkpoints back on resume.
 
 Failure: a learner actor is not restarted (max_restarts 0): a rank that dies or raises stops
 every rank, and the call raises (TrainError naming the rank, or the rank's own exception);
-`resume: true` continues from the newest checkpoint, as for local ranks
-(train/learner_group.py).
+`resume: true` continues from the newest checkpoint, as for local ranks (group.py).
 """
 
 from __future__ import annotations
@@ -31,14 +30,14 @@ import torch
 from flywheel.config import RLConfig
 from flywheel.errors import TrainError
 from flywheel.orchestrate.ray_rollouts import from_arrays, to_arrays, where
-from flywheel.train.learner_group import LearnerGroup
+from flywheel.train.learner.group import LearnerGroup
 
 _STORE_TIMEOUT = timedelta(seconds=300)
 
 
 @ray.remote(max_restarts=0)
 class LearnerActor:
-    """One rank of the learner: train/learner.py's RLLearner in a Ray actor."""
+    """One rank of the learner: rl_learner.py's RLLearner in a Ray actor."""
 
     def __init__(self, rank: int, world_size: int, threads: int):
         torch.set_num_threads(threads)
@@ -57,8 +56,8 @@ class LearnerActor:
     def start(self, cfg_json: dict, ckpt: str | None, host: str, port: int) -> None:
         import torch.distributed as dist
 
-        from flywheel.train.fsdp2 import Rank
-        from flywheel.train.learner import RLLearner
+        from flywheel.train.learner.ranks import Rank
+        from flywheel.train.learner.rl_learner import RLLearner
         from flywheel.train.run_state import seed_everything
 
         cfg = RLConfig.model_validate(cfg_json)
