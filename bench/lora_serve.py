@@ -90,7 +90,7 @@ def main() -> None:
     common.set_threads(args.threads)
 
     from flywheel.inference import LocalEngine
-    from flywheel.service.core import OpenAIService
+    from flywheel.serve.core import OpenAIService
 
     model = common.tiny_model()
     folders = make_adapters(model, common.WORK / "lora_serve", ADAPTERS, args.rank)

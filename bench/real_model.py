@@ -153,9 +153,9 @@ def serving(model: Path, clients: int = 16) -> tuple[float, float]:
     """(completion tokens/s with `clients` at once, one at a time) through the HTTP app."""
     import httpx
 
-    from flywheel.service import OpenAIService
-    from flywheel.service.app import create_app
-    from flywheel.service.background import BackgroundServer
+    from flywheel.serve import OpenAIService
+    from flywheel.serve.app import create_app
+    from flywheel.serve.background import BackgroundServer
 
     srv = BackgroundServer(create_app(OpenAIService(model, default_max_tokens=32))).start()
     rng = random.Random(2)

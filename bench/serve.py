@@ -55,7 +55,7 @@ def flywheel_server(model: Path, workdir: Path, *, threads: int, traces_db: str 
     process is stopped (SIGTERM, then SIGKILL) on the way out, error or not."""
     import httpx
 
-    from flywheel.service.background import free_port
+    from flywheel.serve.background import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "flywheel.cli.main", "serve", "--model", str(model), "--host", "127.0.0.1",

@@ -205,7 +205,7 @@ def main() -> None:
     threads = common.set_threads(args.threads)
     model = common.tiny_model()
     from flywheel.traces import TraceStore
-    from flywheel.service.ingest_pool import default_ingest_workers
+    from flywheel.serve.ingest_pool import default_ingest_workers
 
     workers = default_ingest_workers() if args.ingest_workers is None else args.ingest_workers
     gc.collect()

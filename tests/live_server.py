@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import openai
 
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
+from flywheel.serve.app import create_app
+from flywheel.serve.background import BackgroundServer
 
 
 def serve_openai(service, timeout_s: float = 60, **app_options) -> tuple[BackgroundServer, openai.OpenAI]:

@@ -134,7 +134,7 @@ def test_the_gate_holds_a_candidate_to_the_best_promoted_score(tmp_path, untrain
 
 
 def test_the_daemon_waits_for_more_traffic_without_resetting_its_count(tmp_path, untrained_tiny):
-    from flywheel.service.daemon import STATUS_FILE, LoopDaemon
+    from flywheel.daemon.loop_daemon import STATUS_FILE, LoopDaemon
     from flywheel.train.stop import clear_stop
 
     cfg = validate(_config(tmp_path / "data", serve={"enabled": False},

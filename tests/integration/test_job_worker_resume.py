@@ -20,8 +20,8 @@ from flywheel.jobs import JobStore
 from flywheel.jobs.store import data_file_url
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.process import pid_alive
-from flywheel.service.finetune import FineTuning
-from flywheel.service.job_worker import JobWorker
+from flywheel.finetuning.fine_tuning import FineTuning
+from flywheel.worker.job_worker import JobWorker
 
 pytestmark = pytest.mark.slow  # worker processes killed and restarted, jobs of 1,000 steps: make test-all
 
@@ -134,9 +134,9 @@ def test_pause_checkpoints_a_running_job_and_resume_finishes_it(service):
 def test_queued_jobs_outlive_the_server_that_took_them(tmp_path):
     import openai
 
-    from flywheel.service.app import create_app
-    from flywheel.service.background import BackgroundServer
-    from flywheel.service.core import OpenAIService
+    from flywheel.serve.app import create_app
+    from flywheel.serve.background import BackgroundServer
+    from flywheel.serve.core import OpenAIService
 
     base = build_tiny_model(tmp_path / "tiny", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
     rows = "".join(json.dumps(r) + "\n" for r in ROWS[:8]).encode()

@@ -81,7 +81,7 @@ def test_the_lean_decoder_runs_it_and_matches_hf_greedy(smol):
 
 
 def test_served_through_the_openai_client_with_tools(smol):
-    from flywheel.service import OpenAIService
+    from flywheel.serve import OpenAIService
 
     service = OpenAIService(smol, default_max_tokens=48)
     assert service.template_note() == ("chat template: flywheel's chat_template_smollm2_tools.jinja (the model's own "
@@ -173,9 +173,9 @@ def test_a_fine_tuning_job_through_the_api_then_its_model_answers(smol, tmp_path
 
     from flywheel.jobs import JobStore
     from flywheel.jobs.store import data_file_url
-    from flywheel.service import OpenAIService
-    from flywheel.service.finetune import FineTuning
-    from flywheel.service.job_worker import JobWorker
+    from flywheel.serve import OpenAIService
+    from flywheel.finetuning.fine_tuning import FineTuning
+    from flywheel.worker.job_worker import JobWorker
 
     store = JobStore(data_file_url(tmp_path), tmp_path / "files")
     service = OpenAIService(smol, name="smollm2", default_max_tokens=8)

@@ -22,13 +22,13 @@ from flywheel.jobs import JobStore
 from flywheel.jobs.keys import Keys
 from flywheel.jobs.store import data_file_url
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.service.app import create_app
-from flywheel.service.auth import KeyAuth, RateLimited
-from flywheel.service.background import BackgroundServer
-from flywheel.service.core import OpenAIService
-from flywheel.service.finetune import FineTuning
-from flywheel.service.job_worker import JobWorker
-from flywheel.service.traces import TraceStoreSink
+from flywheel.serve.app import create_app
+from flywheel.serve.auth import KeyAuth, RateLimited
+from flywheel.serve.background import BackgroundServer
+from flywheel.serve.core import OpenAIService
+from flywheel.finetuning.fine_tuning import FineTuning
+from flywheel.worker.job_worker import JobWorker
+from flywheel.serve.traces import TraceStoreSink
 from flywheel.traces import TraceStore
 
 ROW = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}

@@ -19,8 +19,8 @@ from flywheel.demo.base import BASE_RECIPE, addition_demos
 from flywheel.envs import load_env
 from flywheel.envs.calculator import evaluate
 from flywheel.models import TinySpec, build_tiny_model, load_tokenizer
-from flywheel.service import OpenAIService
-from flywheel.service import responses as R
+from flywheel.serve import OpenAIService
+from flywheel.serve import responses as R
 from flywheel.train.sft_data import load_sft_examples
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py

@@ -20,11 +20,11 @@ from fastapi import FastAPI, Request
 from flywheel.jobs import JobStore
 from flywheel.jobs.store import data_file_url
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
-from flywheel.service.core import OpenAIService
-from flywheel.service.finetune import FineTuning
-from flywheel.service.job_worker import JobWorker
+from flywheel.serve.app import create_app
+from flywheel.serve.background import BackgroundServer
+from flywheel.serve.core import OpenAIService
+from flywheel.finetuning.fine_tuning import FineTuning
+from flywheel.worker.job_worker import JobWorker
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
 TERMINAL = {"succeeded", "failed", "cancelled"}

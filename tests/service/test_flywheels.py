@@ -22,11 +22,11 @@ import pytest
 from flywheel.jobs import JobStore
 from flywheel.jobs.store import data_file_url
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.service import OpenAIService, open_trace_sink
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
-from flywheel.service.finetune import FineTuning
-from flywheel.service.job_worker import JobWorker
+from flywheel.serve import OpenAIService, open_trace_sink
+from flywheel.serve.app import create_app
+from flywheel.serve.background import BackgroundServer
+from flywheel.finetuning.fine_tuning import FineTuning
+from flywheel.worker.job_worker import JobWorker
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
 REPO = Path(__file__).resolve().parents[2]

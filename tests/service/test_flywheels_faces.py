@@ -17,10 +17,10 @@ from flywheel.client import AsyncFlywheel, Flywheel, FlywheelCycle, FlywheelErro
 from flywheel.jobs import JobStore
 from flywheel.jobs.store import data_file_url
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.service import OpenAIService, open_trace_sink
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
-from flywheel.service.finetune import FineTuning
+from flywheel.serve import OpenAIService, open_trace_sink
+from flywheel.serve.app import create_app
+from flywheel.serve.background import BackgroundServer
+from flywheel.finetuning.fine_tuning import FineTuning
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
 QUIET = {"trigger": {"min_new_failures": 10_000}}  # no trace arrives; the trigger never starts a cycle

@@ -24,7 +24,7 @@ from flywheel.jobs import JobStore
 from flywheel.jobs.store import data_file_url
 from flywheel.jsonl import MAX_LINE_BYTES
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.service.background import free_port
+from flywheel.serve.background import free_port
 
 # a real server process taking 50 MB and 400 MB lines (~16 s on 2 cores): make test-all; the
 # per-line limit itself is unit-tested (tests/unit/test_jsonl.py)

@@ -8,9 +8,9 @@ from fastapi.testclient import TestClient
 from flywheel.traces import TraceStore
 from flywheel.traces.encoding import NotJSON, decode_json
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.service import OpenAIService
-from flywheel.service.app import create_app
-from flywheel.service.ingest_pool import IngestPool
+from flywheel.serve import OpenAIService
+from flywheel.serve.app import create_app
+from flywheel.serve.ingest_pool import IngestPool
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["in-server", "2-workers"])
@@ -130,7 +130,7 @@ def test_a_large_mixed_batch_reports_every_rejection_and_reads_back(client):
 def test_feedback_sent_right_after_each_response_is_always_accepted(tmp_path, n):
     """Read-your-writes: served traces are written in the background (here every 0.2 s, the
     default), yet feedback sent the moment a response returns never gets a 404."""
-    from flywheel.service import TraceStoreSink
+    from flywheel.serve import TraceStoreSink
 
     model = build_tiny_model(tmp_path / "m", TinySpec(hidden=64, layers=2, heads=4, ffn=128))
     store = TraceStore(f"sqlite:///{tmp_path / 'traces.db'}")

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from flywheel.traces.batch import NotABatch, prepare_body
-from flywheel.service.ingest_pool import IngestPool, IngestWorkerDied, default_ingest_workers
+from flywheel.serve.ingest_pool import IngestPool, IngestWorkerDied, default_ingest_workers
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 

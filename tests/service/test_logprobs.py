@@ -14,7 +14,7 @@ from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.models import TinySpec, build_tiny_model
 from flywheel.models.tiny import build_tokenizer
 from flywheel.models.token_bytes import token_table, token_text
-from flywheel.service import OpenAIService
+from flywheel.serve import OpenAIService
 from live_server import serve_openai
 
 SPEC = TinySpec(hidden=64, layers=2, heads=4, ffn=128)
@@ -236,7 +236,7 @@ def test_a_logprob_stream_sends_entries_with_the_text_they_complete():
     """Fed token by token (as a continuous batch reports them): each piece of text goes out
     with the entries of the tokens that make it; a byte inside a character waits for the
     rest of it, a special token for the next text, a final stop token for the end."""
-    from flywheel.service import responses as R
+    from flywheel.serve import responses as R
 
     tok = build_tokenizer()
     table = token_table(tok)

@@ -17,8 +17,8 @@ from flywheel.inference import LocalEngine, Sample, SamplingParams
 from flywheel.registry import Registry
 from flywheel.traces import TraceStore
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
-from flywheel.service import OpenAIService, ProductionFollower, TraceStoreSink, registry_lookup
-from flywheel.service.responses import assistant_message
+from flywheel.serve import OpenAIService, ProductionFollower, TraceStoreSink, registry_lookup
+from flywheel.serve.responses import assistant_message
 from live_server import serve_openai
 
 SPEC = TinySpec(hidden=64, layers=2, heads=4, ffn=128)

@@ -16,12 +16,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis.checks import positive_data_acceptance
 
 from flywheel.envs import load_env
+from flywheel.envs.verifier_task import verifier_task_example
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.service import OpenAIService
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
-from flywheel.service.traces import TraceStoreSink
+from flywheel.serve import OpenAIService
+from flywheel.serve.app import create_app
+from flywheel.serve.background import BackgroundServer
+from flywheel.serve.traces import TraceStoreSink
 from flywheel.traces import TraceStore
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
@@ -177,7 +178,7 @@ def test_schema_valid_bodies_are_accepted_and_invalid_ones_refused(server, doc):
     trace_id = r.json()["results"][0]["id"]
 
     feedback = schema_of(doc, "FeedbackIn")
-    calculator, arithmetic = (load_env(n).verifier_task_example() for n in ("calculator", "arithmetic"))
+    calculator, arithmetic = (verifier_task_example(load_env(n)) for n in ("calculator", "arithmetic"))
     cases = [  # (body, the param a 400 names; None: accepted)
         ({"label": "regression", "verifier": {"env": "calculator", "task": calculator}}, None),
         ({"score": 0.0, "text": "off by one", "verifier": {"env": "arithmetic", "task": arithmetic}}, None),

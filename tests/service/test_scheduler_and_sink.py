@@ -11,7 +11,7 @@ import pytest
 from flywheel.inference import Sample, SamplingParams
 from flywheel.inference.scheduler import BatchScheduler
 from flywheel.traces import TraceStore
-from flywheel.service.traces import TraceEvent, TraceStoreSink
+from flywheel.serve.traces import TraceEvent, TraceStoreSink
 
 
 class FakeEngine:

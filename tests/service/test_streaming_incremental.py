@@ -22,8 +22,8 @@ from flywheel.inference import LocalEngine, Sample, SamplingParams
 from flywheel.inference.scheduler import BatchScheduler
 from flywheel.traces import TraceStore
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
-from flywheel.service import OpenAIService, TraceStoreSink
-from flywheel.service.responses import TextStream, text_decoder
+from flywheel.serve import OpenAIService, TraceStoreSink
+from flywheel.serve.responses import TextStream, text_decoder
 from live_server import serve_openai
 
 SPEC = TinySpec(hidden=64, layers=2, heads=4, ffn=128)

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from flywheel.models import ChatRenderer, TinySpec, build_tiny_model
-from flywheel.service import OpenAIService
+from flywheel.serve import OpenAIService
 from live_server import serve_openai
 
 CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluate arithmetic.",

@@ -17,8 +17,10 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "flywheel"
 LAYERS = [
     {"cli"},
     {"client"},  # the SDK: the CLI's job commands drive it; it imports no server layer
-    {"demo"},
-    {"service"},  # the faces: the command line drives the demo, the demo drives the service
+    {"demo"},  # the command line drives the demo, the demo drives the processes below
+    {"daemon", "worker"},  # `flywheel loop run` (serves through serve/), `flywheel worker`
+    {"serve"},  # `flywheel serve`: the HTTP app and its routes
+    {"finetuning"},  # the fine-tuning service's core, under the routes and the worker
     {"loop"},
     {"train"},
     {"orchestrate"},
@@ -165,3 +167,72 @@ def test_the_circle_check_finds_a_lazy_circle(tmp_path):
     (fake / "train" / "b.py").write_text("def f():\n    from flywheel.train.a import x\n")
     (fake / "train" / "c.py").write_text("import flywheel.train.a\n")
     assert import_circles(module_graph(fake)) == [["flywheel.train.a", "flywheel.train.b"]]
+
+
+ROOMS_DOC = SRC.parents[1] / "docs" / "architecture.md"
+
+
+def rooms() -> dict[str, tuple[set[str], set[str]]]:
+    """docs/architecture.md's Rooms table: package -> (may use, used by)."""
+    text = ROOMS_DOC.read_text(encoding="utf-8")
+    table = text[text.index("## Rooms"):].split("\n## ")[0]
+    found = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 4 or cells[0] in ("package", "---"):
+            continue
+        names = [{n.strip() for n in cell.split(",")} - {"-", ""} for cell in cells[2:]]
+        found[cells[0]] = (names[0], names[1])
+    return found
+
+
+def package_uses(src: Path) -> dict[str, set[str]]:
+    """package -> the other packages its modules import (base modules left out)."""
+    def package(module: str) -> str | None:
+        parts = module.split(".")  # flywheel, then a package or a base module, ...
+        return parts[1] if len(parts) > 2 or (len(parts) == 2 and (src / parts[1]).is_dir()) else None
+
+    uses: dict[str, set[str]] = {}
+    for module, targets in module_graph(src).items():
+        here = package(module)
+        for target in targets:
+            there = package(target)
+            if here and there and there != here:
+                uses.setdefault(here, set()).add(there)
+    return uses
+
+
+def test_every_package_has_a_room():
+    packages = {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages == set(rooms()), (sorted(packages - set(rooms())), sorted(set(rooms()) - packages))
+
+
+def test_packages_import_only_what_their_room_may_use():
+    table = rooms()
+    extra = {package: sorted(used - table[package][0]) for package, used in package_uses(SRC).items()
+             if used - table[package][0]}
+    assert extra == {}
+
+
+def test_used_by_is_the_inverse_of_may_use():
+    table = rooms()
+    for package, (_, used_by) in table.items():
+        assert used_by == {other for other, (may, _) in table.items() if package in may}, package
+
+
+def test_no_flat_package_holds_more_than_20_modules():
+    crowded = {str(d.relative_to(SRC)): n for d in [SRC, *SRC.rglob("*")] if d.is_dir()
+               if (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > 20}
+    assert crowded == {}
+
+
+def test_the_room_check_sees_a_package_using_another(tmp_path):
+    fake = tmp_path / "flywheel"
+    for folder in ("client", "loop"):
+        (fake / folder).mkdir(parents=True)
+        (fake / folder / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "types.py").write_text("")
+    (fake / "loop" / "gate.py").write_text("")
+    (fake / "client" / "sdk.py").write_text("import flywheel.types\n\ndef f():\n    from flywheel.loop.gate import x\n")
+    assert package_uses(fake) == {"client": {"loop"}}  # the base module is not a package

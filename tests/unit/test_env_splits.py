@@ -21,6 +21,7 @@ from flywheel.envs.reasoning_gym import side_of_question
 from flywheel.envs.repo import CodeRepairError, Instance
 from flywheel.envs.replay import records_of
 from flywheel.envs.splits import TEST_FRACTION, eval_overlap, side_of, split_score
+from flywheel.envs.verifier_task import verifier_task_example
 from flywheel.errors import TrainError
 from flywheel.models.loading import ModelLoadError
 from flywheel.train.rl import run_rl
@@ -256,7 +257,7 @@ def test_code_repair_small_files_keep_both_splits_and_one_instance_has_no_test()
     assert [t.id for t in alone.tasks("train")] == [f"inst-{on_train[0]}"]
     with pytest.raises(CodeRepairError, match="one.jsonl: no test instance among 1"):
         alone.tasks("test")
-    assert alone.verifier_task_example()["metadata"]["instance"]["instance_id"] == f"inst-{on_train[0]}"
+    assert verifier_task_example(alone)["metadata"]["instance"]["instance_id"] == f"inst-{on_train[0]}"
 
 
 # ---------------------------------------------------------------- flywheel rl refuses held-out tasks that are not

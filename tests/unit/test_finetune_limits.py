@@ -11,8 +11,8 @@ from flywheel.jobs import JobStore
 from flywheel.jobs.limits import TenantLimits
 from flywheel.jobs.store import data_file_url
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.service.errors import OpenAIError
-from flywheel.service.finetune import FineTuning
+from flywheel.errors import OpenAIError
+from flywheel.finetuning.fine_tuning import FineTuning
 
 ROW = {"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]}
 

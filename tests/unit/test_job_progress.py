@@ -13,7 +13,7 @@ import pytest
 
 from flywheel.jobs import JobStore
 from flywheel.jobs.store import data_file_url
-from flywheel.service.job_worker import JobProgress
+from flywheel.worker.job_worker import JobProgress
 from flywheel.train.checkpoint import STATE_FILE
 
 METHOD = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 1}}}

@@ -1,4 +1,4 @@
-"""service/job_validation.py: a job's files are checked after its create call returns; jobs a
+"""finetuning/job_validation.py: a job's files are checked after its create call returns; jobs a
 stopped server left validating are checked by the next; a check that cannot run fails the job
 saying why, never leaves it validating."""
 
@@ -12,7 +12,7 @@ import pytest
 from flywheel.jobs import JobRequest, JobStore
 from flywheel.jobs.store import data_file_url
 from flywheel.models import TinySpec, build_tiny_model
-from flywheel.service.finetune import FineTuning
+from flywheel.finetuning.fine_tuning import FineTuning
 
 ROW = {"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]}
 BODY = {"model": "tiny", "training_file": None, "method": {"type": "supervised", "supervised": {}}}

@@ -14,9 +14,9 @@ from flywheel.jobs.flywheels import Flywheels
 from flywheel.jobs.requests import RequestError
 from flywheel.jobs.store import data_file_url
 from flywheel.loop.loop_config import check_stages
-from flywheel.loop.managed import managed_config
-from flywheel.service.aliases import ProductionAliases
-from flywheel.service.flywheel_trigger import FlywheelTrigger
+from flywheel.finetuning.managed_config import managed_config
+from flywheel.serve.aliases import ProductionAliases
+from flywheel.finetuning.flywheel_trigger import FlywheelTrigger
 from flywheel.traces import TraceStore
 
 

@@ -9,7 +9,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from flywheel.models import chat
-from flywheel.service import schemas as service_schemas
+from flywheel.serve import schemas as service_schemas
 from flywheel.traces import schema as trace_schema
 from flywheel.traces.schema import describe
 from flywheel.types import Message, ToolCall, ToolCallPart

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from flywheel.service.errors import OpenAIError
-from flywheel.service.served_models import ServedModels
+from flywheel.errors import OpenAIError
+from flywheel.serve.served_models import ServedModels
 
 
 class FakeService(SimpleNamespace):
@@ -83,7 +83,7 @@ def test_an_adapter_the_base_engine_cannot_take_gets_an_engine_of_its_own(tmp_pa
 
     from flywheel.inference.kernels import packed_available
     from flywheel.models import TinySpec, build_tiny_model
-    from flywheel.service.core import OpenAIService
+    from flywheel.serve.core import OpenAIService
 
     base_dir = build_tiny_model(tmp_path / "base", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
     model = AutoModelForCausalLM.from_pretrained(base_dir)

@@ -40,6 +40,7 @@ def show(name: str, set_: list[str] = typer.Option([], "--set", help="env settin
     feedback sends to have a failed trace replayed here), with one real task as example."""
     with user_errors():
         from flywheel.envs import load_env
+        from flywheel.envs.verifier_task import verifier_task_example, verifier_task_fields
         from flywheel.loop.curation_rules import CurationConfig
         from flywheel.loop.feedback_check import trusted_env
 
@@ -48,7 +49,7 @@ def show(name: str, set_: list[str] = typer.Option([], "--set", help="env settin
         typer.echo(json.dumps(env.info(), indent=2, default=str))
         typer.echo(f'verifier task: feedback `"verifier": {{"env": {json.dumps(name)}, "task": {{...}}}}` has a '
                    "failed trace replayed and graded here; the task's fields:")
-        for f in env.verifier_task_fields():
+        for f in verifier_task_fields(env):
             typer.echo(f"  {f.name:10s}{'required' if f.required else 'optional'}  {f.text}")
         if settings:
             typer.echo("note: a verifier names no settings: it is replayed with this environment's defaults")
@@ -56,7 +57,7 @@ def show(name: str, set_: list[str] = typer.Option([], "--set", help="env settin
             typer.echo(f"note: not a built-in: a loop replays it only if its config lists {name!r} in "
                        "curation.environments")
         typer.echo("example verifier:")
-        typer.echo(json.dumps({"env": name, "task": env.verifier_task_example()}, indent=2, default=str))
+        typer.echo(json.dumps({"env": name, "task": verifier_task_example(env)}, indent=2, default=str))
 
 
 @app.command("try")

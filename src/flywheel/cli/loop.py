@@ -61,7 +61,7 @@ def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)
     Extra arguments are dotted overrides of the config, e.g. trigger.min_new_failures=50."""
     from flywheel.loop.cycle import CycleError
     from flywheel.loop.store_lock import StoreLocked
-    from flywheel.service.daemon import LoopDaemon
+    from flywheel.daemon.loop_daemon import LoopDaemon
 
     with user_errors():
         cfg = _load(config, ctx.args)
@@ -107,7 +107,7 @@ def status(config: Path | None = typer.Argument(None, help=CONFIG_HELP + "; its 
     from flywheel.loop.cycle import WAITING, CycleError, read_states
     from flywheel.loop.retention import human_bytes, tree_bytes
     from flywheel.process import pid_alive
-    from flywheel.service.daemon import STATUS_FILE
+    from flywheel.daemon.loop_daemon import STATUS_FILE
 
     data_dir, source = _status_data_dir(config, data_dir)
     status_path = data_dir / STATUS_FILE

@@ -46,13 +46,13 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
     try:
         import uvicorn
 
-        from flywheel.service.app import create_app
-        from flywheel.service.ingest_pool import IngestPool, default_ingest_workers
+        from flywheel.serve.app import create_app
+        from flywheel.serve.ingest_pool import IngestPool, default_ingest_workers
     except ImportError as e:
         print(f"error: {e.name} is missing; install the serve extra: pip install 'flywheel[serve]'", file=sys.stderr)
         raise typer.Exit(2) from None
     with user_errors():
-        from flywheel.service import OpenAIService, open_trace_sink
+        from flywheel.serve import OpenAIService, open_trace_sink
 
         set_threads(threads)
         data_dir = resolve(data_dir)
@@ -72,8 +72,8 @@ def serve(model: Path = typer.Option(..., "--model", help="local model folder (t
             from flywheel.jobs import JobStore
             from flywheel.jobs.keys import Keys
             from flywheel.jobs.store import data_file_url
-            from flywheel.service.auth import KeyAuth
-            from flywheel.service.finetune import FineTuning
+            from flywheel.serve.auth import KeyAuth
+            from flywheel.finetuning.fine_tuning import FineTuning
 
             jobs = JobStore(jobs_db or data_file_url(data_dir), data_dir / "files")
             ft = FineTuning(jobs, {name: model, **parse_base_models(base_model)})

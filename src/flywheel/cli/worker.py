@@ -43,7 +43,7 @@ def worker(data_dir: Path | None = data_dir_option("the service's data directory
     with user_errors():
         from flywheel.jobs import JobStore
         from flywheel.jobs.store import data_file_url
-        from flywheel.service.job_worker import JobWorker
+        from flywheel.worker.job_worker import JobWorker
 
         store = JobStore(db or data_file_url(data_dir), data_dir / "files")
         w = JobWorker(store, parse_base_models(base_model), data_dir / "jobs", lease_s=lease_s, threads=threads,

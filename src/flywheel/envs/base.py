@@ -14,7 +14,6 @@ for a task, and a scripted policy for smoke tests and benchmarks.
 from __future__ import annotations
 
 import abc
-import dataclasses
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -75,34 +74,15 @@ class EnvGroupBuilder:
         return list(rewards)
 
 
-@dataclass(frozen=True)
-class TaskField:
-    """One field of a verifier's `task` (feedback `verifier: {"env", "task"}`)."""
-
-    name: str
-    required: bool
-    text: str
-
-
-_ANY_ANSWER = "the reference the verifier grades against (any JSON)"
-TASK_FIELDS = (
-    TaskField("answer", True, _ANY_ANSWER),
-    TaskField("prompt", False, "a record only: the replay plays the trace's own prompt as it was served (a chat "
-                               "trace's messages through the last user message, a raw completion's text); "
-                               "if given, chat messages or a non-empty string, kept as `verifier_prompt`"),
-    TaskField("id", False, "a non-empty string; absent: the trace's id"),
-    TaskField("tools", False, "ignored on replay: the tools the trace offered are the ones replayed"),
-    TaskField("metadata", False, "an object: what the environment reads besides (its grader, its scripted policy)"),
-    TaskField("split", False, "a string; ignored on replay: curation assigns the train / held-out split"),
-)
-
-
 class Environment(abc.ABC):
     """A family of tasks and the episodes played on them."""
 
     name: str = "env"
     description: str = ""
-    answer_doc: str = _ANY_ANSWER  # what `answer` is for this environment (verifier_task_fields)
+    # what a task's `answer` is, and what its grader reads from `metadata` (None: nothing required),
+    # in words, for the clients that send tasks to grade (envs/verifier_task.py)
+    answer_doc: str = "the reference the verifier grades against (any JSON)"
+    metadata_doc: str | None = None
 
     @abc.abstractmethod
     def tasks(self, split: str = "train", n: int | None = None, seed: int = 0) -> list[Task]:
@@ -128,23 +108,9 @@ class Environment(abc.ABC):
         """What `flywheel env show` prints."""
         return {"name": self.name, "description": self.description}
 
-    def verifier_task_fields(self) -> list[TaskField]:
-        """What a client sends as the `task` of feedback `verifier: {"env": NAME, "task": {...}}`
-        to have a failed trace replayed and graded here: `TASK_FIELDS`, `answer` told by
-        `answer_doc`. An environment whose grader reads more (metadata) overrides this."""
-        return [dataclasses.replace(f, text=self.answer_doc) if f.name == "answer" else f for f in TASK_FIELDS]
-
     def example_task(self) -> Task:
         """One real task to show: the first of a seeded test draw."""
         return self.tasks("test", n=1)[0]
-
-    def verifier_task_example(self) -> dict[str, Any]:
-        """One real task of this environment (`example_task`) as a verifier's
-        task: its fields as JSON values, without `id` and `split` (curation sets both), `prompt`
-        and `tools` (the trace's own are replayed) and fields left empty (no metadata)."""
-        task = self.example_task()
-        out = {k: v for k, v in dataclasses.asdict(task).items() if k not in ("id", "split", "prompt", "tools")}
-        return {k: v for k, v in out.items() if v is not None and v != {}}
 
 
 class Policy(abc.ABC):

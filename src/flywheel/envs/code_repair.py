@@ -37,7 +37,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from flywheel.canonical import canonical
-from flywheel.envs.base import Env, Environment, Policy, TaskField, check_split, sample_of
+from flywheel.envs.base import Env, Environment, Policy, check_split, sample_of
 from flywheel.envs.grading import Grade, grade, shared_pool
 from flywheel.envs.patches import materialize, parse_patch, split_lines
 from flywheel.envs.repo import CodeRepairError, DEFAULT_CORPUS, IGNORED, Instance, copy_tree, parse_instance, precompile, read_instances
@@ -263,6 +263,9 @@ class CodeRepairEnvironment(Environment):
                   "str_replace, submit)"
     answer_doc = ("the gold patch (a unified diff) that fixes the bug: what the scripted policy applies; the "
                   "grade is the instance's tests, never a comparison with this patch")
+    metadata_doc = ("`instance`: the instance row (an instances JSONL line: instance_id, repo, base_commit, "
+                    "problem_statement, patch, test_patch, FAIL_TO_PASS, PASS_TO_PASS, bug_patch), from which the "
+                    "grader rebuilds the buggy repository and runs its tests")
 
     def __init__(self, instances: list[Instance], source: str = "", limits: ToolLimits | None = None,
                  max_bash_timeout_s: int = 60, per_test_timeout_s: float = 5.0, unsafe: bool | None = None,
@@ -354,14 +357,6 @@ class CodeRepairEnvironment(Environment):
         if isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("repo", "problem_statement")):
             return instance_key(row["repo"], row.get("bug_patch") or "", row["problem_statement"])
         return super().problem_key(task)
-
-    def verifier_task_fields(self) -> list[TaskField]:
-        """`metadata.instance` is required: the grader rebuilds the buggy repository from it."""
-        instance = TaskField("metadata", True, "`instance`: the instance row (an instances JSONL line: instance_id, "
-                                               "repo, base_commit, problem_statement, patch, test_patch, "
-                                               "FAIL_TO_PASS, PASS_TO_PASS, bug_patch), from which the grader "
-                                               "rebuilds the buggy repository and runs its tests")
-        return [instance if f.name == "metadata" else f for f in super().verifier_task_fields()]
 
     def scripted_policy(self) -> Policy:
         return GoldPatchPolicy()

@@ -133,7 +133,7 @@ class WebhookRow(Base):
 
 
 class FlywheelRow(Base):
-    """A tenant's managed flywheel (service/flywheels.py): its checked request (`spec`), where
+    """A tenant's managed flywheel (finetuning/managed_flywheels.py): its checked request (`spec`), where
     its loop state lives (`data_dir`: registry, cycles, ledger) and where its traces do
     (`traces_url`), and what its production alias serves now. `generation` grows at every
     change of production (a promotion, a rollback), so a server polling it switches once per

@@ -3,5 +3,5 @@ gate (the promotion rule), evaluation suites, one resumable cycle, and the loop'
 
 Each is imported from its module. Traces live in `flywheel.traces`, model versions in
 `flywheel.registry`; serving the production version and the daemon of `flywheel loop run`
-are faces, in `flywheel.service`.
+are faces, in `flywheel.serve`.
 """

@@ -12,7 +12,7 @@ file, its sha256, its quantization types and which chat template the folder carr
 Chat templates: a template that renders no tools would drop a request's tools without a word.
 Where the GGUF's own template renders none, the folder gets flywheel's tools-capable template
 for the model's family (`TOOL_TEMPLATES`), and the import says so; a family without one keeps
-its own template, and the server refuses requests with tools for it (service/core.py).
+its own template, and the server refuses requests with tools for it (serve/core.py).
 """
 
 from __future__ import annotations

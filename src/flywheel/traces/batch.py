@@ -4,7 +4,7 @@
 pure CPU, ~all of the work) + `TraceStore.add_prepared` (the idempotency check and the
 INSERTs, in one write transaction). The split lets the first half run wherever a core is
 free: a server hands whole request bodies to worker processes (`prepare_body`, see
-flywheel/service/ingest_pool.py) and only writes in its own process, so ingestion is not
+flywheel/serve/ingest_pool.py) and only writes in its own process, so ingestion is not
 held to one core by the GIL. A `PreparedBatch` is plain data and pickles.
 """
 
@@ -83,7 +83,7 @@ def prepare_body(raw: bytes, default_source: str, now: datetime) -> PreparedBatc
 
 
 def prepare_body_in_worker(raw: bytes, default_source: str, now: datetime) -> PreparedBatch:
-    """`prepare_body` in an ingestion worker process (service/ingest_pool.py), the cycle
+    """`prepare_body` in an ingestion worker process (serve/ingest_pool.py), the cycle
     collector paused: a 500-record body makes ~10^5 containers, freed by reference counting
     when the batch is done, which would set off collections that walk every imported object
     on the way. It runs between bodies instead. Here, not in the pool's module, so that a

@@ -1,4 +1,4 @@
-"""The fine-tuning service's core, below its HTTP routes (service/finetune_routes.py): uploads,
+"""The fine-tuning service's core, below its HTTP routes (serve/finetune_routes.py): uploads,
 job creation with its checks, and the models a tenant may use. Knows nothing of HTTP: it
 raises `OpenAIError`s, which the app answers in OpenAI's shape.
 
@@ -9,9 +9,9 @@ Creating a job checks, before anything is stored: the request's fields (jobs/req
 that the model is a base model this server offers or a fine-tuned model of the tenant, and
 that the files are the tenant's `fine-tune` files. The job row is then created in
 `validating_files` and the call returns; its rows are checked against the method's format
-and its tokens counted in a process of their own (service/job_validation.py), and the job is
+and its tokens counted in a process of their own (finetuning/job_validation.py), and the job is
 queued with its "auto" hyperparameters resolved, or failed with an error naming the bad
-lines. A worker (service/job_worker.py) takes it from the queue.
+lines. A worker (worker/job_worker.py) takes it from the queue.
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from flywheel.jobs import JobRequest, JobStore, JobStoreError, RequestError
 from flywheel.jobs.limits import TenantLimits
 from flywheel.jobs.objects import file_object, job_object
 from flywheel.jobs.upload import StagedUpload, UploadError
-from flywheel.service.errors import OpenAIError
-from flywheel.service.job_validation import ENV_GRADER, JobValidator
+from flywheel.errors import OpenAIError
+from flywheel.finetuning.job_validation import ENV_GRADER, JobValidator
 
 PURPOSES = ("fine-tune",)
-RUNNABLE = ("supervised", "dpo", "reinforcement")  # methods a worker trains (service/job_worker.py)
+RUNNABLE = ("supervised", "dpo", "reinforcement")  # methods a worker trains (worker/job_worker.py)
 
 
 def store_error(exc: JobStoreError | RequestError) -> OpenAIError:

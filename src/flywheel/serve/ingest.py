@@ -12,7 +12,7 @@ The store (flywheel.loop.TraceStore) is synchronous; calls run in a worker threa
 event loop keeps serving completions meanwhile.
 
 The batch route is the ingestion hot path (batches of hundreds of traces of a few KB): the raw
-body goes to an `IngestPool` (service/ingest_pool.py), which decodes it (orjson) and
+body goes to an `IngestPool` (serve/ingest_pool.py), which decodes it (orjson) and
 validates, encodes and hashes each record on its own (flywheel.traces.batch), in a
 worker process or in a thread; a thread then writes the rows and encodes the answer
 (orjson), so the event loop only moves bytes. There is no request model: it would validate
@@ -34,9 +34,9 @@ from flywheel.loop.feedback_check import FeedbackRefused, check_feedback
 from flywheel.traces import TraceNotFound, TraceStoreBusy, TraceStoreError
 from flywheel.traces.batch import NotABatch, PreparedBatch
 from flywheel.traces.encoding import NotJSON, decode_json
-from flywheel.service.errors import OpenAIError
-from flywheel.service.ingest_pool import IngestPool, IngestWorkerDied
-from flywheel.service.openapi import route_doc
+from flywheel.errors import OpenAIError
+from flywheel.serve.ingest_pool import IngestPool, IngestWorkerDied
+from flywheel.serve.openapi import route_doc
 
 
 def read_json(raw: bytes) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import orjson
 
-from flywheel.service.errors import OpenAIError
+from flywheel.errors import OpenAIError
 
 
 class _TooLarge(Exception):

@@ -1,6 +1,6 @@
 """A pre-imported interpreter that forks each fine-tuning job's training process.
 
-A fresh `python -m flywheel.service.job_run` spends seconds importing torch, transformers and
+A fresh `python -m flywheel.worker.job_run` spends seconds importing torch, transformers and
 the recipes before a tiny job trains its first step. A worker instead keeps one zygote: a
 process that imported all of it once (and has run no torch op, so no thread pools exist to be
 lost in a fork) and forks a child per job, which runs `job_run.child_main(job_dir)` with its
@@ -83,7 +83,7 @@ class Zygote:
             return self._forked.pop(0)
 
     def _start(self) -> None:
-        self._proc = subprocess.Popen([sys.executable, "-m", "flywheel.service.job_zygote"], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-m", "flywheel.worker.zygote"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, bufsize=1,
                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self._children = {}
@@ -124,7 +124,7 @@ def main() -> None:
     die_with_parent()
     import importlib
 
-    from flywheel.service import job_run
+    from flywheel.worker import job_run
     for module in ("flywheel.train.sft", "flywheel.train.dpo", "flywheel.train.rl", "flywheel.loop.cycle", "peft"):
         importlib.import_module(module)  # what every job imports anyway, once
 

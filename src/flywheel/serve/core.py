@@ -3,7 +3,7 @@
 A request body (a dict, as decoded from JSON) is validated, rendered with the model's chat
 template, queued on the `BatchScheduler` (it joins the running batch at the next decode step)
 and turned into an OpenAI response dict; every returned choice goes to the trace sink. The
-FastAPI app (`flywheel.service.app`) only moves bytes.
+FastAPI app (`flywheel.serve.app`) only moves bytes.
 
 Streaming (`stream: true`) returns an `EventStream`: each choice, under its index, sends its
 text as it is sampled (`responses.TextStream`, with its tokens' logprobs when asked; an engine
@@ -42,10 +42,10 @@ from flywheel.models import ChatRenderer, ChatTemplateError, ToolsNotRendered
 from flywheel.models.gguf_import import read_record
 from flywheel.models.token_bytes import token_table
 from flywheel.models.tool_calls import HermesParser, ToolCallParser
-from flywheel.service import responses as R
-from flywheel.service.errors import OpenAIError, bad
-from flywheel.service.schemas import ChatCompletionRequest, CompletionRequest
-from flywheel.service.traces import TraceEvent, TraceSink
+from flywheel.serve import responses as R
+from flywheel.errors import OpenAIError, bad
+from flywheel.serve.schemas import ChatCompletionRequest, CompletionRequest
+from flywheel.serve.traces import TraceEvent, TraceSink
 from flywheel.traces.tables import DEFAULT_TENANT
 from flywheel.traces.schema import describe
 

@@ -1,4 +1,4 @@
-"""What the service answers, as models, for its OpenAPI document (service/openapi.py).
+"""What the service answers, as models, for its OpenAPI document (serve/openapi.py).
 
 The answers themselves are plain dicts built where they are made (core.py, responses.py,
 ingest.py, app.py): building them through models would cost time on every token streamed.

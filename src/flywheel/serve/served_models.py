@@ -13,7 +13,7 @@ model (or checkpoint), loaded on first use.
 
 A name is looked up per tenant, so one tenant cannot reach another's model; an adapter is
 registered under "<tenant>/<name>". A managed flywheel's production alias (`aliases`,
-service/aliases.py) answers as the alias with the service of the model it stands for now.
+serve/aliases.py) answers as the alias with the service of the model it stands for now.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Callable
 
 from flywheel.inference.lora import AdapterError, adapter_base, is_adapter_folder
 from flywheel.models.loading import same_model
-from flywheel.service.core import OpenAIService
-from flywheel.service.errors import OpenAIError
+from flywheel.serve.core import OpenAIService
+from flywheel.errors import OpenAIError
 
 # (tenant, model name) -> the model's folder, or None when the tenant has no such model
 Resolve = Callable[[str, str], Path | None]

@@ -3,8 +3,8 @@
 A worker claims one job at a time (JobStore.claim: a lease it renews every `heartbeat_s`),
 writes the job's flywheel run config (`run_spec`; an environment job's replay files beside
 it) into work_dir/<job id>/run.json and
-trains it in a child process (service/job_run.py), forked from the worker's pre-imported
-zygote (service/job_zygote.py) and dying with the worker. While the
+trains it in a child process (worker/job_run.py), forked from the worker's pre-imported
+zygote (worker/zygote.py) and dying with the worker. While the
 child runs, the worker
 - renews the lease and reads what the client asked: `cancel` or `pause` sends the child
   SIGTERM, which checkpoints after its step; the job ends `cancelled`, or `paused` (a later
@@ -38,10 +38,10 @@ from flywheel.jobs.flywheels import CYCLE_METHOD, Flywheels, production_update
 from flywheel.jobs.objects import fine_tuned_model_name
 from flywheel.clock import utc_naive, utc_now
 from flywheel.jobs.store import worker_name
-from flywheel.loop.managed import GRADED_ENV
+from flywheel.finetuning.managed_config import GRADED_ENV
 from flywheel.jobs.webhooks import Webhooks, deliver
-from flywheel.service.finetune import ENV_GRADER, FineTuning
-from flywheel.service.job_zygote import Zygote
+from flywheel.finetuning.fine_tuning import ENV_GRADER, FineTuning
+from flywheel.worker.zygote import Zygote
 
 STAGES = {"supervised": "sft", "dpo": "dpo", "reinforcement": "rl"}
 MAX_FAILED_CYCLES = 3  # a managed flywheel whose cycles fail this many times in a row is paused
@@ -238,12 +238,12 @@ class JobWorker:
         return child.returncode, asked
 
     def _cycle(self, job: dict[str, Any]) -> None:
-        """A managed flywheel's cycle (service/flywheels.py): curate its tenant's traces, train,
+        """A managed flywheel's cycle (finetuning/managed_flywheels.py): curate its tenant's traces, train,
         gate and promote in the flywheel's own registry, in a child process; each stage reached
         becomes an event, the gate's decision and cost land on the cycle's row, and a promotion
         names the job's model and points the flywheel's production alias at it."""
         from flywheel.loop.cycle import LoopStores, abandon_cycle
-        from flywheel.loop.managed import managed_config
+        from flywheel.finetuning.managed_config import managed_config
         from flywheel.traces.scope import TraceScope
 
         flywheels = Flywheels(self.store.engine)

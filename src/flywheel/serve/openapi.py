@@ -21,14 +21,14 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
-from flywheel.envs.base import TASK_FIELDS
+from flywheel.envs.verifier_task import TASK_FIELDS
 from flywheel.envs.registry import list_envs
 from flywheel.jobs.flywheel_request import FlywheelRequest
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.feedback_check import trusted_env
-from flywheel.service import finetune_schemas as ft
-from flywheel.service import response_schemas as out
-from flywheel.service.schemas import ChatCompletionRequest, CompletionRequest
+from flywheel.serve import finetune_schemas as ft
+from flywheel.serve import response_schemas as out
+from flywheel.serve.schemas import ChatCompletionRequest, CompletionRequest
 from flywheel.traces.schema import FeedbackIn, TraceIn
 from flywheel.types import Task
 
@@ -70,7 +70,7 @@ SSE = ("with `stream: true`, server-sent events: one `data: {chunk}` line per ev
 def ref(name: str) -> dict[str, str]:
     """A reference to component `name`, which must be one of COMPONENTS."""
     if name not in COMPONENTS:
-        raise KeyError(f"{name!r} is not an OpenAPI component (service/openapi.py COMPONENTS)")
+        raise KeyError(f"{name!r} is not an OpenAPI component (serve/openapi.py COMPONENTS)")
     return {"$ref": REF.format(model=name)}
 
 

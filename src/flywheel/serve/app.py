@@ -1,15 +1,15 @@
 """The FastAPI face of `OpenAIService`: routes decode JSON, call the core, encode the answer.
 
 Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions, GET /health, and
-with a trace store POST /v1/traces and POST /v1/traces/{id}/feedback (service/ingest.py);
-with the fine-tuning API /v1/files and /v1/fine_tuning/jobs (service/finetune_routes.py), and
-with both managed flywheels, /v1/flywheels (service/flywheel_routes.py);
-GET /openapi.json describes each one's body and answers (service/openapi.py).
+with a trace store POST /v1/traces and POST /v1/traces/{id}/feedback (serve/ingest.py);
+with the fine-tuning API /v1/files and /v1/fine_tuning/jobs (serve/finetune_routes.py), and
+with both managed flywheels, /v1/flywheels (serve/flywheel_routes.py);
+GET /openapi.json describes each one's body and answers (serve/openapi.py).
 Every error, including unknown routes and bodies that are not JSON, has OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}`. A streamed request is answered with
 server-sent events as it is generated: `data: {chunk}` lines (a content delta per decode
 step or so, each choice's final chunk with its finish_reason, the usage chunk if asked
-for) ending with `data: [DONE]` (see flywheel.service.core and .responses). A refused
+for) ending with `data: [DONE]` (see flywheel.serve.core and .responses). A refused
 request gets a plain JSON error before any event; a generation that fails mid-stream ends
 with a `data: {"error": ...}` event and no `[DONE]`. When the client disconnects, its
 stream is closed: the job stops generating (its batch rows are freed) and what it
@@ -33,20 +33,20 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from flywheel.loop.curation_rules import CurationConfig
-from flywheel.service import responses as R
-from flywheel.service.body_limit import BodyLimit
-from flywheel.service.core import EventStream, OpenAIService
-from flywheel.service.errors import OpenAIError
-from flywheel.service.finetune import FineTuning
-from flywheel.service.finetune_routes import finetune_router
-from flywheel.service.aliases import ProductionAliases
-from flywheel.service.flywheel_routes import flywheel_router
-from flywheel.service.flywheel_trigger import FlywheelTrigger
-from flywheel.service.flywheels import ManagedFlywheels
-from flywheel.service.ingest import ingest_router, read_json
-from flywheel.service.ingest_pool import IngestPool
-from flywheel.service.openapi import install as install_openapi, route_doc
-from flywheel.service.served_models import ServedModels
+from flywheel.serve import responses as R
+from flywheel.serve.body_limit import BodyLimit
+from flywheel.serve.core import EventStream, OpenAIService
+from flywheel.errors import OpenAIError
+from flywheel.finetuning.fine_tuning import FineTuning
+from flywheel.serve.finetune_routes import finetune_router
+from flywheel.serve.aliases import ProductionAliases
+from flywheel.serve.flywheel_routes import flywheel_router
+from flywheel.finetuning.flywheel_trigger import FlywheelTrigger
+from flywheel.finetuning.managed_flywheels import ManagedFlywheels
+from flywheel.serve.ingest import ingest_router, read_json
+from flywheel.serve.ingest_pool import IngestPool
+from flywheel.serve.openapi import install as install_openapi, route_doc
+from flywheel.serve.served_models import ServedModels
 from flywheel.train.lora import whole_model
 
 
@@ -118,18 +118,18 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
                tenant_of: Callable[[Request], str] = single_tenant,
                max_body_bytes: int = MAX_BODY_BYTES, flywheel_poll_s: float = 2.0) -> FastAPI:
     """`trace_store` (a flywheel.loop.TraceStore) enables POST /v1/traces and feedback
-    (flywheel.service.ingest), feedback judged by `curation`'s rules (default: the defaults);
+    (flywheel.serve.ingest), feedback judged by `curation`'s rules (default: the defaults);
     `ingest_pool` prepares its batches (default: a thread of the server does; `IngestPool(n)`:
     n worker processes). The app starts and closes the pool.
 
-    `fine_tuning` enables the fine-tuning API (service/finetune_routes.py): files and jobs of
+    `fine_tuning` enables the fine-tuning API (serve/finetune_routes.py): files and jobs of
     the caller's tenant, and its fine-tuned models in /v1/models and in generation requests,
-    each loaded on first use (service/served_models.py). `tenant_of(request)` names the
-    caller's tenant, or raises the refusal (service/auth.py's KeyAuth: API keys, rate limits);
+    each loaded on first use (serve/served_models.py). `tenant_of(request)` names the
+    caller's tenant, or raises the refusal (serve/auth.py's KeyAuth: API keys, rate limits);
     every route but /health asks it. A body over `max_body_bytes` (an upload: over the
-    fine-tuning limits' max_file_bytes) is a 413 before it is read (service/body_limit.py).
+    fine-tuning limits' max_file_bytes) is a 413 before it is read (serve/body_limit.py).
     With both the fine-tuning API and a trace store, managed flywheels too
-    (service/flywheel_routes.py): the app polls their triggers every `flywheel_poll_s` and
+    (serve/flywheel_routes.py): the app polls their triggers every `flywheel_poll_s` and
     their production aliases every quarter of it.
 
     freeze_gc: at startup (the model is loaded by then), collect once and move every live

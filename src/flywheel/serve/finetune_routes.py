@@ -1,4 +1,4 @@
-"""The fine-tuning API's routes, as OpenAI's: files and jobs, thin over service/finetune.py.
+"""The fine-tuning API's routes, as OpenAI's: files and jobs, thin over finetuning/fine_tuning.py.
 
 POST   /v1/files                                  multipart: file, purpose=fine-tune
 GET    /v1/files                                  ?purpose= &after= &limit= &order=asc|desc
@@ -28,10 +28,10 @@ from fastapi.responses import JSONResponse, Response
 from flywheel.jobs import JobStoreError
 from flywheel.jobs.objects import checkpoint_object, event_object, file_object, job_object, list_object, unix
 from flywheel.jobs.webhooks import Webhooks
-from flywheel.service.errors import OpenAIError
-from flywheel.service.finetune import FineTuning, check_grader, run_checked, store_error
-from flywheel.service.ingest import read_json
-from flywheel.service.openapi import route_doc
+from flywheel.errors import OpenAIError
+from flywheel.finetuning.fine_tuning import FineTuning, check_grader, run_checked, store_error
+from flywheel.serve.ingest import read_json
+from flywheel.serve.openapi import route_doc
 
 NOT_FOUND = {404: "no such object for this API key's tenant"}
 After = Annotated[str | None, Query(description="the id of the last object of the previous page")]

@@ -1,5 +1,5 @@
-"""One fine-tuning job's training, in a process of its own: `python -m flywheel.service.job_run
-JOB_DIR`, started by a worker (service/job_worker.py).
+"""One fine-tuning job's training, in a process of its own: `python -m flywheel.worker.job_run
+JOB_DIR`, started by a worker (worker/job_worker.py).
 
 Reads JOB_DIR/run.json (`{"kind": "sft" | "dpo" | "rl", "config": {...}}`: a flywheel run config),
 trains with flywheel's recipe, resuming from the newest checkpoint in the config's
@@ -11,7 +11,7 @@ TraceScope}`: it runs (or resumes) one cycle and writes `{"cycle": the cycle's s
 start}`. SIGTERM asks
 the run to stop after its step (it checkpoints, `interrupted: true`): how the worker cancels
 and pauses. The process dies with its worker (PR_SET_PDEATHSIG). A worker forks it from its
-pre-imported zygote (service/job_zygote.py) rather than starting this module afresh.
+pre-imported zygote (worker/zygote.py) rather than starting this module afresh.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _write(job_dir: Path, result: dict) -> None:
 
 def child_main(job_dir: Path) -> int:
     """The training process's life: it dies with its parent, SIGTERM asks for a stop at a
-    checkpoint; returns the exit status (a process of its own, or a fork of service/job_zygote.py)."""
+    checkpoint; returns the exit status (a process of its own, or a fork of worker/zygote.py)."""
     die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: request_stop())
     return run(job_dir)

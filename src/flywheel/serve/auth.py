@@ -17,7 +17,7 @@ import time
 from fastapi import Request
 
 from flywheel.jobs.keys import Keys, key_hash
-from flywheel.service.errors import OpenAIError
+from flywheel.errors import OpenAIError
 
 
 class TokenBucket:

@@ -1,5 +1,5 @@
 """Managed flywheels' routes (flywheel's extension, in the fine-tuning objects' style), thin
-over service/flywheels.py:
+over finetuning/managed_flywheels.py:
 
 POST /v1/flywheels                      FlywheelCreateRequest (Idempotency-Key honoured)
 GET  /v1/flywheels                      ?after= &limit=   (newest first)
@@ -20,11 +20,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from flywheel.jobs.objects import list_object
-from flywheel.service.errors import OpenAIError
-from flywheel.service.finetune_routes import NOT_FOUND, After, limit_of
-from flywheel.service.flywheels import ManagedFlywheels
-from flywheel.service.ingest import read_json
-from flywheel.service.openapi import route_doc
+from flywheel.errors import OpenAIError
+from flywheel.serve.finetune_routes import NOT_FOUND, After, limit_of
+from flywheel.finetuning.managed_flywheels import ManagedFlywheels
+from flywheel.serve.ingest import read_json
+from flywheel.serve.openapi import route_doc
 
 
 def flywheel_router(flywheels: ManagedFlywheels, tenant_of: Callable[[Request], str]) -> APIRouter:

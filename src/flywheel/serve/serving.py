@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from flywheel.loop.cycle import CycleError
-from flywheel.service import OpenAIService
-from flywheel.service.app import create_app
-from flywheel.service.background import BackgroundServer
-from flywheel.service.production import ProductionFollower, registry_lookup
-from flywheel.service.traces import TraceStoreSink
+from flywheel.serve import OpenAIService
+from flywheel.serve.app import create_app
+from flywheel.serve.background import BackgroundServer
+from flywheel.serve.production import ProductionFollower, registry_lookup
+from flywheel.serve.traces import TraceStoreSink
 
 
 @dataclass

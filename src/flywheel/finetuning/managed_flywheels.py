@@ -6,10 +6,10 @@ for one of its models, run by the service.
   with the model as its first, production version, and a production alias,
   `ft:<model>:<tenant>:<suffix>:production`, that the tenant's clients call. Traffic to the
   alias, and traces posted naming it (or the request's `traces.models`), feed the flywheel.
-- Cycles: the trigger (service/flywheel_trigger.py) or `run_cycle` queues one as a
+- Cycles: the trigger (finetuning/flywheel_trigger.py) or `run_cycle` queues one as a
   fine-tuning job (jobs/flywheels.py) that a `flywheel worker` runs: loop/cycle.py's cycle on
   the flywheel's own traces, gated against its production version. A promotion names the
-  job's fine-tuned model and points the alias at it; servers switch (service/aliases.py)
+  job's fine-tuned model and points the alias at it; servers switch (serve/aliases.py)
   after loading it, so no request fails over the switch.
 - `rollback`: production back to the version promoted before (or `to`), one call; a cycle
   running meanwhile is rejected at its end ("production changed during the cycle").
@@ -34,11 +34,11 @@ from flywheel.jobs.objects import flywheel_cycle_object, flywheel_object, produc
 from flywheel.jobs.requests import RequestError
 from flywheel.jobs.store import JobStoreError, new_id
 from flywheel.loop.loop_config import check_stages
-from flywheel.loop.managed import managed_config
+from flywheel.finetuning.managed_config import managed_config
 from flywheel.registry.registry import Registry
 from flywheel.registry.storage import RegistryError
-from flywheel.service.errors import OpenAIError
-from flywheel.service.finetune import ENV_GRADER, FineTuning, check_grader, store_error
+from flywheel.errors import OpenAIError
+from flywheel.finetuning.fine_tuning import ENV_GRADER, FineTuning, check_grader, store_error
 
 
 MAX_FLYWHEELS = 16  # per tenant

@@ -146,7 +146,7 @@ class LoopDaemon:
 
     def _start_serving(self, fw):
         # serving needs the `serve` extra (FastAPI, uvicorn): a daemon with serving off runs without it
-        from flywheel.service.serving import serve_production
+        from flywheel.serve.serving import serve_production
 
         serving = serve_production(fw, self.cfg.serve.host, self.cfg.serve.port)
         self.url = serving.url
