@@ -101,6 +101,7 @@ class GradTap:
 
 def flywheel_update(model, tok, batch, generations: int, lr: float, grad_clip: float | None):
     """(loss, gradient vector, parameter change) of flywheel's update on the same trajectories."""
+    from flywheel.config import AlgoConfig
     from flywheel.train.rl_step import RLStepConfig, assign_advantages, update
     from flywheel.train.rl_step import token_logprobs
     from flywheel.types import Trajectory, TrajectoryGroup
@@ -119,8 +120,8 @@ def flywheel_update(model, tok, batch, generations: int, lr: float, grad_clip: f
             trajs.append(Trajectory(f"t{g}", row, [0] * P + [1] * n, behavior, [-1] * P + [0] * n,
                                     reward=float(rewards[i])))
         groups.append(TrajectoryGroup(f"t{g}", trajs))
-    cfg = RLStepConfig(grad_clip=grad_clip)
-    groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
+    cfg = RLStepConfig(algo=AlgoConfig(dynamic_sampling=False), grad_clip=grad_clip)
+    groups = assign_advantages(groups, cfg.algo.advantage, cfg.algo.dynamic_sampling)
     opt = GradTap(torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0))
     before = [p.detach().clone() for p in model.parameters()]
     metrics = update(model, opt, groups, cfg, tok.pad_token_id)

@@ -8,10 +8,11 @@ parsed as YAML (`resume=true`, `data.train=[a.jsonl,b.jsonl]`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Sequence, TypeVar
+from typing import Annotated, Any, Literal, Sequence, TypeVar, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
 
 Decay = Literal["cosine", "linear", "constant"]  # the lr schedule after warm-up (train/schedule.py)
 
@@ -379,6 +380,45 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     return tree
 
 
+SET_ELSEWHERE = "set_elsewhere"  # the error type of a left-out field given to overrides
+
+
+class Overrides(Config):
+    """Some fields of a config, the others left to their defaults (overrides_of makes them):
+    dumped, only the fields given, nested overrides likewise, so a dump validates back to the
+    same overrides and merges onto the config it overrides (`deep_merge`)."""
+
+    @model_serializer(mode="wrap")
+    def _only_given(self, handler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
+
+
+def overrides_of(cls: type[C], name: str, leave_out: tuple[str, ...] = (), why: str = "") -> type[Overrides]:
+    """A model of what may override `cls`: its fields less `leave_out`, each optional (not
+    given: the default), a nested section (a Config) by overrides of its own, each given value
+    checked as `cls` checks it, unknown fields refused as everywhere. A left-out field given
+    anyway is refused naming it, with `why` (who sets it instead)."""
+    fields: dict[str, Any] = {}
+    for field_name, info in cls.model_fields.items():
+        if field_name in leave_out:
+            continue
+        kind = info.annotation
+        if isinstance(kind, type) and issubclass(kind, Config):
+            kind = overrides_of(kind, f"{name}_{field_name}")
+        elif info.metadata:  # its bounds (gt=0, ...) hold for a value given
+            kind = Annotated[kind, *info.metadata]
+        fields[field_name] = (kind | None, Field(None, description=info.description))
+
+    def refuse_left_out(data: Any) -> Any:
+        given = sorted(set(data) & set(leave_out)) if isinstance(data, dict) else []
+        if given:
+            raise PydanticCustomError(SET_ELSEWHERE, "{why}", {"field": given[0], "why": why or "not overridable here"})
+        return data
+
+    validators = {"refuse_left_out": model_validator(mode="before")(refuse_left_out)} if leave_out else {}
+    return create_model(name, __base__=Overrides, __validators__=validators, **fields)
+
+
 def deep_merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for k, v in extra.items():
@@ -424,7 +464,9 @@ def _explain(error: ValidationError, cls: type[BaseModel]) -> str:
     lines = []
     for err in error.errors():
         loc = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
+        if err["type"] == SET_ELSEWHERE:
+            lines.append(f"  {'.'.join([*loc.split('.'), err['ctx']['field']]).strip('.')}: {err['msg']}")
+        elif err["type"] == "extra_forbidden":
             valid = sorted(_model_at(cls, err["loc"][:-1]).model_fields)
             lines.append(f"  {loc}: unknown key; valid keys here are: {', '.join(valid)}")
         else:
@@ -438,8 +480,8 @@ def _model_at(cls: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel]:
     for part in loc:
         field = model.model_fields.get(str(part))
         ann = getattr(field, "annotation", None)
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        else:
+        models = [a for a in (get_args(ann) or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) != 1:  # (an optional section, as overrides hold, is its model)
             break
+        model = models[0]
     return model

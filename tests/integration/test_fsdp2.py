@@ -20,7 +20,7 @@ import time
 import pytest
 import torch
 
-from flywheel.config import SFTConfig, validate
+from flywheel.config import AlgoConfig, SFTConfig, validate
 from flywheel.errors import TrainError
 from flywheel.models import TinySpec, build_tiny_model, load
 from flywheel.train.checkpoint import list_checkpoints, load_state
@@ -114,7 +114,7 @@ def test_rl_update_two_gloo_ranks_match_the_single_process_step(setup, tmp_path)
     the ranks get partial groups, 3 and 3, then 2 and 1)."""
     model, _ = setup
     batches = [groups_for(s) for s in range(3)]
-    cfg = RLStepConfig(minibatches=2, aggregation="token", grad_clip=1.0)
+    cfg = RLStepConfig(algo=AlgoConfig(dynamic_sampling=False, aggregation="token"), minibatches=2, grad_clip=1.0)
     ref, ref_metrics = run_rl_updates(model, batches, cfg, tmp_path / "single", lr=1e-3, world_size=1)
     got, metrics = run_rl_updates(model, batches, cfg, tmp_path / "fsdp2", lr=1e-3, world_size=2,
                                   log=lambda m: None)
@@ -142,7 +142,7 @@ def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(setup, tmp
     batches = [groups_for(s) for s in range(2)]
     last = batches[0][-1].trajectories[-1]
     last.behavior_logprobs = last.behavior_logprobs[:-1] + [float("nan")]
-    cfg = RLStepConfig(minibatches=1, aggregation="token", grad_clip=1.0)
+    cfg = RLStepConfig(algo=AlgoConfig(dynamic_sampling=False, aggregation="token"), minibatches=1, grad_clip=1.0)
     _, ref = run_rl_updates(model, batches, cfg, tmp_path / "single", lr=1e-3, world_size=1)
     result: list = []
     thread = threading.Thread(target=lambda: result.append(

@@ -233,3 +233,22 @@ def test_activation_checkpointing_is_refused_under_fsdp2_naming_both():
     validate({**base, "train": {"activation_checkpointing": True}}, SFTConfig)
     with pytest.raises(ConfigError, match="activation_checkpointing is not supported with strategy: fsdp2"):
         validate({**base, "train": {"activation_checkpointing": True, "strategy": "fsdp2"}}, SFTConfig)
+
+
+# ---------------------------------------------------------------- overrides of a config (a cycle's stages)
+
+
+def test_overrides_check_each_given_value_and_dump_only_what_was_given():
+    from flywheel.config import RLConfig, overrides_of
+
+    stage = overrides_of(RLConfig, "Stage", ("model", "env"), "set by the cycle")
+    given = validate({"train": {"steps": 5, "lora": None}, "optim": {"grad_clip": None}}, stage)
+    assert given.model_dump(mode="json") == {"train": {"steps": 5, "lora": None}, "optim": {"grad_clip": None}}
+    assert validate(given.model_dump(mode="json"), stage) == given  # a dump reads back the same
+    assert stage().model_dump() == {}
+    with pytest.raises(ConfigError, match=r"train.rl: invalid Stage:\n  optim.lr: Input should be greater than 0"):
+        validate({"optim": {"lr": -1}}, stage, where="train.rl")
+    with pytest.raises(ConfigError, match=r"train.stepz: unknown key; valid keys here are: draw_limit, "):
+        validate({"train": {"stepz": 5}}, stage)
+    with pytest.raises(ConfigError, match=r"  env: set by the cycle"):
+        validate({"env": {"name": "arithmetic"}}, stage)

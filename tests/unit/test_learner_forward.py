@@ -4,6 +4,7 @@ own labelled loss, and an on-policy RL step on a model with dropout sees no mism
 import pytest
 import torch
 
+from flywheel.config import AlgoConfig
 from flywheel.inference import LocalEngine, SamplingParams
 from flywheel.models import TinySpec, build_tiny_model, load
 from flywheel.models.tiny import ARCHITECTURES
@@ -65,7 +66,8 @@ def test_on_policy_step_on_a_dropout_model_sees_no_mismatch(folders):
     samples = engine.generate([prompt], SamplingParams(temperature=1.0, max_tokens=4, n=2))[0]
     group = _group(prompt, [s.token_ids for s in samples], [list(s.logprobs) for s in samples])
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    metrics = rl_step(model, opt, [group], RLStepConfig(shared_prefix=False), pad_id=tok.pad_token_id)
+    cfg = RLStepConfig(algo=AlgoConfig(dynamic_sampling=False), shared_prefix=False)
+    metrics = rl_step(model, opt, [group], cfg, pad_id=tok.pad_token_id)
     assert metrics["skipped"] == 0.0
     assert metrics["mismatch_kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["is_weight_mean"] == pytest.approx(1.0, abs=1e-5)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from flywheel.jobs import JobStore
-from flywheel.jobs.flywheel_request import FlywheelRequest
+from flywheel.jobs.flywheel_request import FlywheelRequest, FlywheelSpec
 from flywheel.jobs.flywheels import Flywheels
 from flywheel.jobs.requests import RequestError
 from flywheel.jobs.store import data_file_url
@@ -52,20 +52,20 @@ def test_the_request_becomes_the_loop_config_a_cycle_runs():
     cfg = managed_config(spec, data_dir="/d", traces_url="sqlite:///t.db", hardware="cpu-2core")
     check_stages(cfg)
     assert cfg.train.order == ["sft", "rl"] and cfg.train.max_usd == 0.5 and cfg.serve.enabled is False
-    assert cfg.train.sft["train"]["lora"]["rank"] == 16  # LoRA by default, at ten times the full rate
-    assert cfg.train.sft["optim"]["lr"] == pytest.approx(1e-3) and cfg.train.rl["optim"]["lr"] == pytest.approx(1e-4)
-    assert cfg.train.rl["train"]["groups_per_step"] == 2
+    assert cfg.train.sft.train.lora.rank == 16  # LoRA by default, at ten times the full rate
+    assert cfg.train.sft.optim.lr == pytest.approx(1e-3) and cfg.train.rl.optim.lr == pytest.approx(1e-4)
+    assert cfg.train.rl.train.groups_per_step == 2
     assert cfg.eval.new_failures_max == 200 and cfg.eval.suites["add"].tasks == 10
-    graded = {**spec, "eval": {**spec["eval"], "suites": {"house": {
-        "env": None, "settings": {}, "file": "file-1", "grader": {"type": "string_check"}, "tasks": 5,
-        "max_tokens": 16, "format": None, "path": "/data/files/file-1.jsonl"}}}}
+    graded = FlywheelSpec.model_validate({**spec.model_dump(), "eval": {"suites": {"house": {
+        "file": "file-1", "grader": {"type": "string_check"}, "tasks": 5, "path": "/data/files/file-1.jsonl"}}}})
     suite = managed_config(graded, data_dir="/d", traces_url="sqlite:///t.db", hardware="cpu-2core").eval.suites["house"]
     assert suite.env == "flywheel.envs.graded:load" and suite.tasks == 5
     assert suite.settings == {"train": "/data/files/file-1.jsonl", "test": "/data/files/file-1.jsonl",
                               "grader": {"type": "string_check"}}
-    full = managed_config({**spec, "training": {**spec["training"], "lora": "full"}}, data_dir="/d",
+    full = managed_config(spec.model_copy(update={"training": spec.training.model_copy(update={"lora": "full"})}),
+                          data_dir="/d",
                           traces_url="sqlite:///t.db", hardware="cpu-2core")
-    assert full.train.sft["train"]["lora"] is None and full.train.sft["optim"]["lr"] == pytest.approx(1e-4)
+    assert full.train.sft.train.lora is None and full.train.sft.optim.lr == pytest.approx(1e-4)
 
 
 @pytest.fixture
@@ -78,9 +78,10 @@ def stores(tmp_path):
 
 
 def _flywheel(flywheels: Flywheels, tenant: str = "acme", min_new_failures: int = 3):
-    spec = {**FlywheelRequest.parse({"model": "tiny", "trigger": {"min_new_failures": min_new_failures}}).spec(),
-            "initial_version": "v1", "trace_models": ["ft:tiny:acme:x:production"]}
-    return flywheels.create(tenant, model="tiny", suffix="x", alias=f"ft:tiny:{tenant}:x:production", spec=spec,
+    spec = FlywheelRequest.parse({"model": "tiny", "trigger": {"min_new_failures": min_new_failures}}).spec()
+    spec.initial_version, spec.trace_models = "v1", ["ft:tiny:acme:x:production"]
+    return flywheels.create(tenant, model="tiny", suffix="x", alias=f"ft:tiny:{tenant}:x:production",
+                            spec=spec.model_dump(mode="json"),
                             data_dir="/unused", traces_url="sqlite://", production_model="tiny",
                             production_version="v1", cursor=0)
 

@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from flywheel.config import AlgoConfig
 from flywheel.models import TinySpec, build_tiny_model, load
 from flywheel.train.rl_step import RLStepConfig, loss_position_logprobs, rl_step, token_logprobs
 from flywheel.train.shared_prefix import (PlainPlan, PrefixTreePlan, SharedPrefixPlan, plan_batch, plan_kinds,
@@ -209,7 +210,8 @@ def test_rl_step_matches_the_plain_step(model_dir, aggregation):
         model = fresh(model_dir, torch.float64)
         ref = fresh(model_dir, torch.float64).eval()
         opt = torch.optim.SGD(model.parameters(), lr=0.1)  # (Adam's first step is sign(g): noise-sensitive)
-        cfg = RLStepConfig(shared_prefix=share, aggregation=aggregation, kl_beta=0.1)
+        cfg = RLStepConfig(algo=AlgoConfig(dynamic_sampling=False, aggregation=aggregation, kl_beta=0.1),
+                           shared_prefix=share)
         m = rl_step(model, opt, groups_from(ids, mask, rows, rewards), cfg, PAD, ref_model=ref)
         results[share] = (m, [p.detach().clone() for p in model.parameters()])
     (m0, p0), (m1, p1) = results[False], results[True]
@@ -231,14 +233,15 @@ def test_bf16_autocast_stays_close(model_dir):
     groups = groups_from(ids, mask, rows, [float(i % 2) for i in range(len(ids))])
     trained = copy.deepcopy(model)
     opt = torch.optim.AdamW(trained.parameters(), lr=1e-3)
-    m = rl_step(trained, opt, groups, RLStepConfig(autocast_bf16=True), PAD)
+    m = rl_step(trained, opt, groups, RLStepConfig(algo=AlgoConfig(dynamic_sampling=False), autocast_bf16=True), PAD)
     assert m["skipped"] == 0.0
 
 
 def test_rl_step_without_any_loss_token(model_dir):
     model = fresh(model_dir)
     group = TrajectoryGroup("t", [Trajectory("t", [1, 2, 3], [0, 0, 0], [0.0] * 3, [-1] * 3, r) for r in (0.0, 1.0)])
-    m = rl_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), [group], RLStepConfig(), PAD)
+    m = rl_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), [group],
+                RLStepConfig(algo=AlgoConfig(dynamic_sampling=False)), PAD)
     assert m["skipped"] == 0.0 and m["shared_prefix"] == 0.0 and m["loss"] == 0.0
 
 

@@ -17,7 +17,7 @@ import time
 from datetime import datetime
 
 from flywheel.clock import utc_naive, utc_now
-from flywheel.jobs.flywheel_request import TriggerSpec
+from flywheel.jobs.flywheel_request import FlywheelSpec
 from flywheel.jobs.flywheels import Flywheels
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.cycle import WAITING
@@ -50,15 +50,14 @@ class FlywheelTrigger:
         return started
 
     def _due(self, fw: dict) -> str | None:
-        spec = fw["spec"]
+        spec = FlywheelSpec.model_validate(fw["spec"])
         cursor, counter = self._counters.get(fw["id"], (None, None))
         if counter is None or cursor != fw["cursor"]:
-            curation = CurationConfig(**{k: v for k, v in spec["curation"].items() if v is not None})
-            counter = FailureCounter(curation, fw["cursor"])
+            counter = FailureCounter(CurationConfig(**spec.curation.model_dump(exclude_none=True)), fw["cursor"])
             self._counters[fw["id"]] = (fw["cursor"], counter)
-        scope = TraceScope(fw["tenant"], tuple(spec["trace_models"]))
+        scope = TraceScope(fw["tenant"], tuple(spec.trace_models))
         failures = counter.update(ScopedTraces(self.traces, scope))
-        trigger = TriggerSpec.model_validate(spec["trigger"])
+        trigger = spec.trigger
         last = self.flywheels.cycles(fw["tenant"], fw["id"])[:1]
         waited = bool(last) and last[0]["outcome"] == WAITING
         state = TriggerState(failures, failures if waited else None,

@@ -76,7 +76,7 @@ class ManagedFlywheels:
                               param="suffix", status=409, code="conflict")
         spec = req.spec()
         for name, file_path in suites.items():
-            spec["eval"]["suites"][name]["path"] = file_path
+            spec.eval.suites[name].path = file_path
         try:  # what its cycles will run, checked now: a flywheel that could not cycle is refused, never made
             check_stages(managed_config(spec, data_dir=str(self.root), traces_url="sqlite://", hardware="cpu-2core"))
         except ConfigError as exc:
@@ -91,10 +91,10 @@ class ManagedFlywheels:
             raise OpenAIError(f"model {req.model!r} cannot start a flywheel: {exc}", param="model") from None
         finally:
             registry.close()
-        spec = {**spec, "initial_version": first.id,
-                "trace_models": list(dict.fromkeys([alias, *req.traces.models]))}
+        spec.initial_version = first.id
+        spec.trace_models = list(dict.fromkeys([alias, *req.traces.models]))
         try:
-            row = self.store.create(tenant, id=flywheel_id, model=req.model, suffix=req.suffix, alias=alias, spec=spec,
+            row = self.store.create(tenant, id=flywheel_id, model=req.model, suffix=req.suffix, alias=alias, spec=spec.model_dump(mode="json"),
                                     data_dir=str(data_dir), production_model=req.model,
                                     traces_url=self.traces.engine.url.render_as_string(hide_password=False),
                                     production_version=first.id, cursor=0, metadata=req.metadata or None,

@@ -160,6 +160,32 @@ class FlywheelRequest(Config):
             got = f", got {first['input']!r}" if first["type"] not in ("missing", "value_error") else ""
             raise RequestError(f"{param}: {first['msg']}{got}", param) from None
 
-    def spec(self) -> dict[str, Any]:
-        """What the flywheel row keeps (the stored form of the request, defaults filled in)."""
-        return self.model_dump(exclude={"model", "suffix", "metadata"})
+    def spec(self) -> "FlywheelSpec":
+        """What the flywheel row keeps of the request, defaults filled in (the server adds the
+        rest: its suites' file paths, the first version, the traces' model names)."""
+        return FlywheelSpec.model_validate(self.model_dump(exclude={"model", "suffix", "metadata"}))
+
+
+class StoredSuite(SuiteSpec):
+    path: str | None = Field(None, description="where the server keeps `file` (filled in by the server)")
+
+
+class StoredEval(EvalSpec):
+    suites: dict[str, StoredSuite] = Field(default_factory=dict)
+
+
+class FlywheelSpec(Config):
+    """A managed flywheel as its row keeps it (`spec`, JSON): the request's settings, less the
+    model and suffix the row has columns for, plus what the server filled in. Read a row's with
+    `FlywheelSpec.model_validate(row["spec"])`."""
+
+    traces: TracesSpec = TracesSpec()
+    training: TrainingSpec = TrainingSpec()
+    curation: CurationSpec = CurationSpec()
+    eval: StoredEval = StoredEval()
+    gate: GateSpec = GateSpec()
+    trigger: TriggerSpec = TriggerSpec()
+    budget_usd: float | None = Field(None, gt=0)
+    initial_version: str | None = Field(None, description="the registry version the flywheel started from")
+    trace_models: list[str] = Field(default_factory=list, description=(
+        "the model names whose traces feed it: its production alias, then traces.models"))

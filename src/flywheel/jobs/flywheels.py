@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, update
 
 from flywheel.database import writing
+from flywheel.jobs.flywheel_request import FlywheelSpec
 from flywheel.jobs.store import ACTIVE, NotFound, _dict, _now, _page, new_id
 from flywheel.jobs.tables import EventRow, FlywheelCycleRow, FlywheelRow, JobRow
 
@@ -159,7 +160,7 @@ class Flywheels:
         """The servable model name of a registry version of the flywheel: the model it started
         from (its first version), or the fine-tuned model of the cycle that registered it."""
         fw = self.get(None, flywheel_id)
-        if version == fw["spec"]["initial_version"]:
+        if version == FlywheelSpec.model_validate(fw["spec"]).initial_version:
             return fw["model"]
         with self.engine.connect() as conn:
             return conn.scalar(select(JobRow.fine_tuned_model)

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from flywheel.clock import utc_aware
+from flywheel.jobs.flywheel_request import FlywheelSpec
 
 
 def unix(t: datetime | None) -> int | None:
@@ -68,16 +69,16 @@ def production_alias(model: str, tenant: str, suffix: str) -> str:
 
 def flywheel_object(row: dict[str, Any]) -> dict[str, Any]:
     """A managed flywheel (flywheel's extension), in the fine-tuning objects' style."""
-    spec = row["spec"]
+    spec = FlywheelSpec.model_validate(row["spec"])
+    wire = spec.model_dump(mode="json", include={"training", "curation", "gate", "trigger", "budget_usd"})
+    eval_ = spec.eval.model_dump(mode="json", exclude={"suites": {name: {"path"} for name in spec.eval.suites}})
     return {"id": row["id"], "object": "flywheel", "created_at": unix(row["created_at"]), "model": row["model"],
             "suffix": row["suffix"], "status": row["status"], "organization_id": row["tenant"],
             "production_model": row["alias"],
             "production": {"model": row["production_model"], "version": row["production_version"],
                            "generation": row["generation"]},
-            "traces": {"models": spec["trace_models"], "failures_after_seq": row["cursor"]},
-            **{k: spec[k] for k in ("training", "curation", "gate", "trigger", "budget_usd")},
-            "eval": {**spec["eval"], "suites": {name: {k: v for k, v in suite.items() if k != "path"}  # no server paths
-                                                for name, suite in spec["eval"]["suites"].items()}},
+            "traces": {"models": spec.trace_models, "failures_after_seq": row["cursor"]},
+            **wire, "eval": eval_,  # no server paths
             "metadata": row["metadata"] or None}
 
 

@@ -1,9 +1,11 @@
 """The flywheel's config (`flywheel loop cycle|run CONFIG`): where its state lives, how traces
 are curated, what a cycle trains, which suites the gate reads, and when a cycle starts.
 
-A cycle's training stages take the usual SFT / RL / DPO configs *minus* what the cycle fills
-in (model, output_dir, data files, env, resume); `stage_config` merges and validates them, and
-`check_stages` does it once at load time so a typo fails before any trace is read. What a
+A cycle's training stages take overrides of the usual SFT / RL / DPO configs *minus* what the
+cycle fills in (model, output_dir, env, resume): typed models (config.py `overrides_of`), so an
+unknown field or a bad value fails when the loop config is read. `stage_config` merges them
+with what the cycle fills in, and `check_stages` does that once at load time, with stand-in
+paths, for the rules that span fields (batch sizes that divide, ...). What a
 data_dir keeps of finished work is the `retention` section (retention.py).
 """
 
@@ -15,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from flywheel import locations
-from flywheel.config import Config, ConfigError, DPOConfig, RLConfig, SFTConfig, deep_merge, validate
+from flywheel.config import Config, DPOConfig, RLConfig, SFTConfig, deep_merge, overrides_of, validate
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.evaluation import SuiteConfig
 from flywheel.loop.gate import GateConfig
@@ -25,6 +27,10 @@ Stage = Literal["sft", "rl", "dpo"]
 _FILLED = {"sft": ("model", "output_dir", "resume"), "rl": ("model", "output_dir", "resume", "env"),
            "dpo": ("model", "output_dir", "resume")}
 _CLASSES = {"sft": SFTConfig, "rl": RLConfig, "dpo": DPOConfig}
+_BY_CYCLE = "set by the cycle; remove it from the loop config"
+SFTStage = overrides_of(SFTConfig, "SFTStage", _FILLED["sft"], _BY_CYCLE)
+RLStage = overrides_of(RLConfig, "RLStage", _FILLED["rl"], _BY_CYCLE)
+DPOStage = overrides_of(DPOConfig, "DPOStage", _FILLED["dpo"], _BY_CYCLE)
 
 
 class CycleTrainConfig(Config):
@@ -48,9 +54,9 @@ class CycleTrainConfig(Config):
     rl_check_max: int = Field(64, ge=1, description="at most this many rl check tasks are played")
     max_seconds: float | None = Field(None, gt=0, description="wall-clock budget for all stages of a cycle")
     max_usd: float | None = Field(None, gt=0, description="dollar budget (catalog price of `hardware` x seconds)")
-    sft: dict[str, Any] = Field(default_factory=dict, description="SFTConfig fields (model, output_dir, data.train filled in)")
-    rl: dict[str, Any] = Field(default_factory=dict, description="RLConfig fields (model, output_dir, env filled in)")
-    dpo: dict[str, Any] = Field(default_factory=dict, description="DPOConfig fields (model, output_dir, data.train filled in)")
+    sft: SFTStage = Field(default_factory=SFTStage, description="SFTConfig fields (model, output_dir, data.train filled in)")
+    rl: RLStage = Field(default_factory=RLStage, description="RLConfig fields (model, output_dir, env filled in)")
+    dpo: DPOStage = Field(default_factory=DPOStage, description="DPOConfig fields (model, output_dir, data.train filled in)")
 
 
 class CycleEvalConfig(Config):
@@ -111,16 +117,13 @@ def stage_config(cfg: LoopConfig, stage: Stage, **filled: Any):
     """The stage's config from `cfg.train.<stage>` plus what the cycle fills in, keeping
     `retention.keep_checkpoints` checkpoints unless it sets checkpoint.keep; errors name the
     field as `train.<stage>.<path>`."""
-    base = dict(getattr(cfg.train, stage))
-    for key in _FILLED[stage]:
-        if key in base:
-            raise ConfigError(f"train.{stage}.{key}: set by the cycle; remove it from the loop config")
-    base = with_checkpoint_keep(base, cfg.retention.keep_checkpoints)
+    base = with_checkpoint_keep(getattr(cfg.train, stage).model_dump(), cfg.retention.keep_checkpoints)
     return validate(deep_merge(base, filled), _CLASSES[stage], where=f"train.{stage}")
 
 
 def check_stages(cfg: LoopConfig) -> None:
-    """Validate every stage's config with placeholder paths."""
+    """Validate every stage's whole config, with stand-ins for what the cycle fills in: the
+    rules that span fields, which the overrides alone cannot check."""
     placeholders = {
         "sft": dict(model="m", output_dir="o", resume=True, data={"train": ["t.jsonl"], "format": "chat"}),
         "rl": dict(model="m", output_dir="o", resume=True, env={"name": "replay", "settings": {"train": "t.jsonl"}}),

@@ -20,36 +20,29 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from flywheel.config import RLConfig
+from flywheel.config import AlgoConfig, RLConfig
 from flywheel.rollout.advantages import ESTIMATORS, informative
 from flywheel.train.forward import set_learner_mode
-from flywheel.train.losses import Aggregation, Objective, policy_loss
+from flywheel.train.losses import policy_loss
 from flywheel.train.shared_prefix import PlainPlan, attention_cost, plan_batch, plan_kinds
 from flywheel.types import TrajectoryGroup
 
 
-# The learner's settings RLConfig holds outside its `algo` section, by section; every AlgoConfig
-# field is carried too, by name. LEARNER_ONLY settings are not in RLConfig: they keep their defaults.
+# The learner's settings RLConfig holds outside its `algo` section, by section (its `algo` is
+# carried whole). LEARNER_ONLY settings are not in RLConfig: they keep their defaults.
 FROM_SECTIONS = {"sampling": ("max_tokens", "temperature"), "optim": ("grad_clip",), "train": ("minibatches",)}
 LEARNER_ONLY = ("shared_prefix", "autocast_bf16", "one_forward")
 
 
 @dataclass
 class RLStepConfig:
-    advantage: str = "grpo"  # grpo | dr_grpo | rloo
-    objective: Objective = "ppo"  # ppo | cispo (train/losses.py)
-    eps_low: float = 0.2
-    eps_high: float = 0.2  # > eps_low: DAPO clip-higher
-    aggregation: Aggregation = "token"
-    max_tokens: int | None = None  # for aggregation="constant"
-    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
-    is_cap: float = 2.0
-    kl_beta: float = 0.0
+    algo: AlgoConfig = field(default_factory=AlgoConfig)  # the objective, clip, advantages, IS cap, KL
+    max_tokens: int | None = None  # for algo.aggregation="constant"
     grad_clip: float | None = 1.0
     minibatches: int = 1  # optimizer updates per step, each on len(groups) / minibatches whole groups
     # compute the tokens trajectories share (the group's prompt, duplicate completions) once:
@@ -69,12 +62,10 @@ class RLStepConfig:
 
     @classmethod
     def from_config(cls, cfg: RLConfig) -> RLStepConfig:
-        """Every field of `cfg.algo` and those FROM_SECTIONS names, by name (a field of
-        AlgoConfig that this class lacks is a TypeError here)."""
-        values = dict(cfg.algo)
-        for section, names in FROM_SECTIONS.items():
-            values.update({name: getattr(getattr(cfg, section), name) for name in names})
-        return cls(**values)
+        """`cfg.algo` as it is, and the settings FROM_SECTIONS names."""
+        values = {name: getattr(getattr(cfg, section), name) for section, names in FROM_SECTIONS.items()
+                  for name in names}
+        return cls(algo=cfg.algo, **values)
 
 
 def assign_advantages(groups: list[TrajectoryGroup], how: str, dynamic_sampling: bool) -> list[TrajectoryGroup]:
@@ -173,7 +164,7 @@ def rl_step(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, 
     ref_model = model, ref_context = peft's disable_adapter). Returns metrics
     (means over the minibatches; groups and trained_tokens summed); a non-finite loss or
     gradient skips that update, and metrics["skipped"] = 1 when every update was skipped."""
-    groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
+    groups = assign_advantages(groups, cfg.algo.advantage, cfg.algo.dynamic_sampling)
     if not groups:
         return {"skipped": 1.0, "groups": 0.0}
     chunks = split_groups(groups, cfg.minibatches)
@@ -228,7 +219,7 @@ def proximal_logprobs(model, groups: list[TrajectoryGroup], cfg: RLStepConfig, p
                       ref_model=None) -> torch.Tensor:
     """logp_N of `groups` under the model as it is now, no gradient: a step's proximal policy
     (the PPO ratio's denominator) for its second and later minibatches."""
-    _, plan, _ = _plan(model, groups, cfg, pad_id, ref_model is not None and bool(cfg.kl_beta), ref_model)
+    _, plan, _ = _plan(model, groups, cfg, pad_id, ref_model is not None and bool(cfg.algo.kl_beta), ref_model)
     set_learner_mode(model, dropout=False)
     with torch.no_grad():
         return loss_position_logprobs(model, plan, cfg.autocast_bf16, cfg.temperature)[0]
@@ -244,7 +235,7 @@ def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, p
     that the others' collectives wait for. proximal_N: the PPO ratio's denominator at the
     plan's loss positions (proximal_logprobs before the step's first update); None: the
     weights as they are (ratio 1, the first minibatch's)."""
-    use_ref = ref_model is not None and bool(cfg.kl_beta)
+    use_ref = ref_model is not None and bool(cfg.algo.kl_beta)
     batch, plan, keep = _plan(model, groups, cfg, pad_id, use_ref, ref_model)
     set_learner_mode(model, dropout=False)  # the sampler's mode: on-policy logprobs are equal
     logp_N, entropy_N = loss_position_logprobs(model, plan, cfg.autocast_bf16, cfg.temperature)
@@ -255,10 +246,11 @@ def update(model, optimizer, groups: list[TrajectoryGroup], cfg: RLStepConfig, p
         with torch.no_grad(), ref_context():
             ref_N, _ = loss_position_logprobs(ref_model, plan, cfg.autocast_bf16, cfg.temperature)
         ref = torch.zeros_like(batch["mask"]).masked_scatter(keep, ref_N)
+    algo = cfg.algo
     loss, metrics = policy_loss(logp, old, batch["advantages"], batch["mask"],
-                                eps_low=cfg.eps_low, eps_high=cfg.eps_high, aggregation=cfg.aggregation,
-                                max_tokens=cfg.max_tokens, ref_logp_B_T=ref, kl_beta=cfg.kl_beta,
-                                behavior_logp_B_T=batch["behavior"], is_cap=cfg.is_cap, objective=cfg.objective)
+                                eps_low=algo.eps_low, eps_high=algo.eps_high, aggregation=algo.aggregation,
+                                max_tokens=cfg.max_tokens, ref_logp_B_T=ref, kl_beta=algo.kl_beta,
+                                behavior_logp_B_T=batch["behavior"], is_cap=algo.is_cap, objective=algo.objective)
     optimizer.zero_grad(set_to_none=True)
     if not all_finite(bool(torch.isfinite(loss))):
         return {"skipped": 1.0, "loss": loss.item()}

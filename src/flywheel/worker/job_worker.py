@@ -244,6 +244,7 @@ class JobWorker:
         names the job's model and points the flywheel's production alias at it."""
         from flywheel.loop.cycle import LoopStores, abandon_cycle
         from flywheel.finetuning.managed_config import managed_config
+        from flywheel.jobs.flywheel_request import FlywheelSpec
         from flywheel.traces.scope import TraceScope
 
         flywheels = Flywheels(self.store.engine)
@@ -251,8 +252,9 @@ class JobWorker:
         fw = flywheels.get(None, cycle["flywheel_id"])
         job_dir = self.work_dir / job["id"]
         job_dir.mkdir(parents=True, exist_ok=True)
-        cfg = managed_config(fw["spec"], data_dir=fw["data_dir"], traces_url=fw["traces_url"], hardware=self.hardware)
-        scope = TraceScope(fw["tenant"], tuple(dict.fromkeys([fw["alias"], *fw["spec"]["traces"]["models"]])))
+        fw_spec = FlywheelSpec.model_validate(fw["spec"])
+        cfg = managed_config(fw_spec, data_dir=fw["data_dir"], traces_url=fw["traces_url"], hardware=self.hardware)
+        scope = TraceScope(fw["tenant"], tuple(dict.fromkeys([fw["alias"], *fw_spec.traces.models])))
         spec = {"kind": "cycle", "config": cfg.model_dump(mode="json"), "scope": scope.to_dict(), "job_id": job["id"]}
         (job_dir / "run.json").write_text(json.dumps(spec, indent=1), encoding="utf-8")
         (job_dir / "result.json").unlink(missing_ok=True)

@@ -34,7 +34,8 @@ import torch
 from flywheel.train.checkpoint import save_model_folder
 from flywheel.train.learner.rank_processes import launch
 from flywheel.train.learner.ranks import Rank
-from flywheel.train.rl_step import assign_advantages, merge_minibatches, proximal_logprobs, rl_step, split_groups, update
+from flywheel.train.rl_step import (assign_advantages, merge_minibatches, proximal_logprobs, rl_step, split_groups,
+                                    update)
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -101,7 +102,7 @@ def rl_step_fsdp2(model, optimizer, groups: list, cfg, pad_id: int, rank: Rank, 
     Metrics: loss summed over ranks (the global loss), trained_tokens summed, the other
     means weighted by each rank's tokens; grad_norm is already global. Plans of one model
     call only (RLStepConfig.one_forward); a non-finite loss on any rank skips the update on all."""
-    groups = assign_advantages(groups, cfg.advantage, cfg.dynamic_sampling)
+    groups = assign_advantages(groups, cfg.algo.advantage, cfg.algo.dynamic_sampling)
     if not groups:
         return {"skipped": 1.0, "groups": 0.0}
     # one model call per update on every rank (plain or prefix-tree plans): the KV-cache prefix
@@ -109,7 +110,7 @@ def rl_step_fsdp2(model, optimizer, groups: list, cfg, pad_id: int, rank: Rank, 
     # each other's all-gathers and reduce-scatters forever
     cfg = dataclasses.replace(cfg, one_forward=True)
     parts = []
-    shares = [rl_share(chunk, rank, cfg.aggregation) for chunk in split_groups(groups, cfg.minibatches)]
+    shares = [rl_share(chunk, rank, cfg.algo.aggregation) for chunk in split_groups(groups, cfg.minibatches)]
     # every rank makes the same calls: a proximal pass per later minibatch (rl_step.rl_step's rule)
     proximal = [None] + [proximal_logprobs(model, mine, cfg, pad_id, ref_model) for mine, _ in shares[1:]]
     for (mine, scale), before in zip(shares, proximal):
