@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -38,12 +38,13 @@ from flywheel.serve.body_limit import BodyLimit
 from flywheel.serve.core import EventStream, OpenAIService
 from flywheel.errors import OpenAIError
 from flywheel.finetuning.fine_tuning import FineTuning
-from flywheel.serve.finetune_routes import finetune_router
+from flywheel.jobs.webhooks import Webhooks
+from flywheel.serve import finetune_routes, flywheel_routes, ingest
 from flywheel.serve.aliases import ProductionAliases
-from flywheel.serve.flywheel_routes import flywheel_router
+from flywheel.serve.deps import FineTuningDep, Tenant
 from flywheel.finetuning.flywheel_trigger import FlywheelTrigger
 from flywheel.finetuning.managed_flywheels import ManagedFlywheels
-from flywheel.serve.ingest import ingest_router, read_json
+from flywheel.serve.ingest import TraceIntake, read_json
 from flywheel.serve.ingest_pool import IngestPool
 from flywheel.serve.openapi import install as install_openapi, route_doc
 from flywheel.serve.served_models import ServedModels
@@ -117,7 +118,7 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
                fine_tuning: FineTuning | None = None,
                tenant_of: Callable[[Request], str] = single_tenant,
                max_body_bytes: int = MAX_BODY_BYTES, flywheel_poll_s: float = 2.0) -> FastAPI:
-    """`trace_store` (a flywheel.loop.TraceStore) enables POST /v1/traces and feedback
+    """`trace_store` (the loop's TraceStore) enables POST /v1/traces and feedback
     (flywheel.serve.ingest), feedback judged by `curation`'s rules (default: the defaults);
     `ingest_pool` prepares its batches (default: a thread of the server does; `IngestPool(n)`:
     n worker processes). The app starts and closes the pool.
@@ -137,7 +138,11 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     holds millions of long-lived objects (torch, transformers, the tokenizer, the app); every
     full collection walks them all, for a tenth of a second or more with the GIL held, and
     ordinary request garbage (a batch of traces makes tens of thousands of containers) sets
-    one off. Frozen, they are skipped; what requests allocate is still collected."""
+    one off. Frozen, they are skipped; what requests allocate is still collected.
+
+    The routes are module-level routers (this module's `generation_routes` and
+    `fine_tuned_model_routes`, finetune_routes.py, flywheel_routes.py, ingest.py); what they
+    use is on `app.state` (serve/deps.py)."""
     pool = (ingest_pool or IngestPool(0)) if trace_store is not None else None
     managed = aliases = trigger = None
     if fine_tuning is not None and trace_store is not None:
@@ -145,38 +150,66 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         aliases = ProductionAliases(managed.store, lambda tenant, model: served.get(tenant, model),
                                     poll_s=flywheel_poll_s / 4)
         trigger = FlywheelTrigger(managed.store, trace_store, poll_s=flywheel_poll_s)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        if pool is not None:
-            pool.start()
-        if fine_tuning is not None:
-            fine_tuning.start()
-        for poller in (aliases, trigger):
-            if poller is not None:
-                poller.start()
-        if freeze_gc:
-            gc.collect()
-            gc.freeze()
-        yield
-        for poller in (trigger, aliases):
-            if poller is not None:
-                poller.close()
-        if pool is not None:
-            pool.close()
-        if fine_tuning is not None:
-            fine_tuning.close()
-        served.close()
-        if close_service_on_shutdown:
-            service.close()
-
-    app = FastAPI(title="flywheel", summary="OpenAI-compatible serving with trace capture", lifespan=lifespan)
-    app.state.service = service
+    served = ServedModels(service, None if fine_tuning is None else fine_tuning.servable_path, aliases=aliases,
+                          default_max_tokens=service.default_max_tokens)
+    background = _Background(pool, fine_tuning, [p for p in (aliases, trigger) if p is not None], served,
+                             service if close_service_on_shutdown else None, freeze_gc)
+    app = FastAPI(title="flywheel", summary="OpenAI-compatible serving with trace capture",
+                  lifespan=background.lifespan)
+    app.state.service, app.state.served, app.state.tenant_of = service, served, tenant_of
+    app.state.fine_tuning, app.state.flywheels = fine_tuning, managed
+    app.state.webhooks = None if fine_tuning is None else Webhooks(fine_tuning.jobs.engine)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes,  # an upload: its file plus the multipart framing
                        upload_max_bytes=fine_tuning.max_file_bytes + 2 ** 16 if fine_tuning is not None else None)
     curation = (curation or CurationConfig()) if trace_store is not None else None
     install_openapi(app, curation)
+    _install_error_handlers(app)
+    if trace_store is not None:
+        app.state.intake = TraceIntake(trace_store, pool, getattr(service.trace_sink, "wait_written", None), curation)
+        app.include_router(ingest.router)
+    if fine_tuning is not None:
+        app.include_router(finetune_routes.router)
+        app.include_router(fine_tuned_model_routes)
+    if managed is not None:
+        app.include_router(flywheel_routes.router)
+    app.include_router(generation_routes)
+    return app
 
+
+class _Background:
+    """What a server runs beside its routes, started and stopped with it: the ingestion pool,
+    the fine-tuning core, the managed flywheels' pollers, the loaded fine-tuned models."""
+
+    def __init__(self, pool: IngestPool | None, fine_tuning: FineTuning | None, pollers: list,
+                 served: ServedModels, service_to_close: OpenAIService | None, freeze_gc: bool):
+        self.pool, self.fine_tuning, self.pollers, self.served = pool, fine_tuning, pollers, served
+        self.service_to_close, self.freeze_gc = service_to_close, freeze_gc
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI):
+        if self.pool is not None:
+            self.pool.start()
+        if self.fine_tuning is not None:
+            self.fine_tuning.start()
+        for poller in self.pollers:
+            poller.start()
+        if self.freeze_gc:
+            gc.collect()
+            gc.freeze()
+        yield
+        for poller in reversed(self.pollers):
+            poller.close()
+        if self.pool is not None:
+            self.pool.close()
+        if self.fine_tuning is not None:
+            self.fine_tuning.close()
+        self.served.close()
+        if self.service_to_close is not None:
+            self.service_to_close.close()
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every refusal in OpenAI's shape: the core's, FastAPI's parameter checks, unknown routes."""
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
         retry = getattr(exc, "retry_after_s", None)
@@ -197,79 +230,83 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
         err = OpenAIError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code, type=kind)
         return JSONResponse(err.body(), status_code=exc.status_code)
 
-    if trace_store is not None:
-        app.include_router(ingest_router(trace_store, tenant_of, pool,
-                                         getattr(service.trace_sink, "wait_written", None), curation))
-    served = ServedModels(service, None if fine_tuning is None else fine_tuning.servable_path, aliases=aliases,
-                          default_max_tokens=service.default_max_tokens)
+
+# ---------------------------------------------------------------- generation and the model list
+
+generation_routes = APIRouter()
+
+
+async def model_for(request: Request, tenant: str, body: Any) -> OpenAIService:
+    """The service that answers a generation request: the served model, or (with the fine-tuning
+    API) one of the tenant's fine-tuned models, loaded on first use."""
+    service, fine_tuning = request.app.state.service, request.app.state.fine_tuning
+    name = body.get("model") if isinstance(body, dict) else None
+    if fine_tuning is None or name == service.name:
+        return service  # the served model: no lookup, no thread hop on the serving path
+    return await asyncio.to_thread(request.app.state.served.get, tenant, name)
+
+
+@generation_routes.get("/health", **route_doc(ok="Health", errors={}))
+async def health(svc: ServiceDep) -> dict[str, str]:
+    """The served model and the version serving now."""
+    return {"status": "ok", "model": svc.name, "version": svc.version}
+
+
+@generation_routes.get("/v1/models", **route_doc(ok="ModelList", errors={}))
+async def models(svc: ServiceDep, request: Request, tenant: Tenant) -> JSONResponse:
+    """The served model, and with the fine-tuning API the caller's fine-tuned models."""
+    listing = svc.models()
+    fine_tuning = request.app.state.fine_tuning
     if fine_tuning is not None:
-        app.include_router(finetune_router(fine_tuning, tenant_of))
-    if managed is not None:
-        app.include_router(flywheel_router(managed, tenant_of))
+        own = await asyncio.to_thread(fine_tuning.models, tenant)
+        listing["data"] += [{**card, "version": card["id"]} for card in own if card["id"] != svc.name]
+    return JSONResponse(listing, headers=_headers(svc.version))
 
-    async def model_for(tenant: str, body: Any) -> OpenAIService:
-        name = body.get("model") if isinstance(body, dict) else None
-        if fine_tuning is None or name == service.name:
-            return service  # the served model: no lookup, no thread hop on the serving path
-        return await asyncio.to_thread(served.get, tenant, name)
 
-    @app.get("/health", **route_doc(ok="Health", errors={}))
-    async def health(svc: ServiceDep) -> dict[str, str]:
-        """The served model and the version serving now."""
-        return {"status": "ok", "model": svc.name, "version": svc.version}
+@generation_routes.post("/v1/chat/completions", **route_doc(body="ChatCompletionRequest", ok="ChatCompletion",
+                                                            stream="ChatCompletionChunk", errors=GENERATION_ERRORS))
+async def chat_completions(request: Request, body: BodyDep, tenant: Tenant):
+    """OpenAI's chat completions: the model's chat template, tool calls in the Hermes format."""
+    return _answer(*await (await model_for(request, tenant, body)).chat(body, tenant))
 
-    @app.get("/v1/models", **route_doc(ok="ModelList", errors={}))
-    async def models(svc: ServiceDep, request: Request) -> JSONResponse:
-        """The served model, and with the fine-tuning API the caller's fine-tuned models."""
-        tenant = tenant_of(request)
-        listing = svc.models()
-        if fine_tuning is not None:
-            own = await asyncio.to_thread(fine_tuning.models, tenant)
-            listing["data"] += [{**card, "version": card["id"]} for card in own if card["id"] != svc.name]
-        return JSONResponse(listing, headers=_headers(svc.version))
 
-    if fine_tuning is not None:
-        @app.delete("/v1/models/{model:path}", **route_doc(ok="ModelDeleted", errors={
-            403: "a base model", 404: "no fine-tuned model of this name for this API key's tenant"}))
-        async def delete_model(model: str, request: Request) -> JSONResponse:
-            """Delete one of your fine-tuned models (its job and checkpoints stay)."""
-            tenant = tenant_of(request)
-            served.forget(tenant, model)
-            await asyncio.to_thread(fine_tuning.delete_model, tenant, model)
-            return JSONResponse({"id": model, "object": "model", "deleted": True})
+@generation_routes.post("/v1/completions", **route_doc(body="CompletionRequest", ok="TextCompletion",
+                                                       stream="TextCompletionChunk", errors=GENERATION_ERRORS))
+async def completions(request: Request, body: BodyDep, tenant: Tenant):
+    """OpenAI's legacy completions: raw prompts (texts or token ids), no chat template."""
+    return _answer(*await (await model_for(request, tenant, body)).completions(body, tenant))
 
-        @app.get("/v1/models/{model:path}/content", responses={200: {
-            "description": "the model's folder as a tar", "content": {"application/x-tar": {}}}})
-        async def model_content(model: str, request: Request,
-                                format: Literal["adapter", "merged"] = "adapter") -> StreamingResponse:
-            """Download one of your fine-tuned models or checkpoints as a tar of its folder: a LoRA
-            fine-tune's peft adapter folder, or with `format=merged` its base with the adapter merged
-            in (a plain Hugging Face folder); a full fine-tune's Hugging Face folder either way."""
-            path = await asyncio.to_thread(fine_tuning.jobs.fine_tuned_model_path, tenant_of(request), model)
-            if path is None:
-                raise OpenAIError(f"no fine-tuned model or checkpoint {model!r}", param="model", status=404,
-                                  type="not_found_error")
-            if format == "merged":
-                path = await asyncio.to_thread(whole_model, Path(path))
-            name = model.replace(":", "_").replace("/", "_")
-            return StreamingResponse(tar_stream(Path(path), name), media_type="application/x-tar",
-                                     headers={"content-disposition": f'attachment; filename="{name}.tar"'})
 
-    @app.post("/v1/chat/completions", **route_doc(body="ChatCompletionRequest", ok="ChatCompletion",
-                                                  stream="ChatCompletionChunk", errors=GENERATION_ERRORS))
-    async def chat_completions(request: Request, body: BodyDep):
-        """OpenAI's chat completions: the model's chat template, tool calls in the Hermes format."""
-        tenant = tenant_of(request)
-        return _answer(*await (await model_for(tenant, body)).chat(body, tenant))
+# ---------------------------------------------------------------- a tenant's fine-tuned models (fine-tuning API)
 
-    @app.post("/v1/completions", **route_doc(body="CompletionRequest", ok="TextCompletion",
-                                             stream="TextCompletionChunk", errors=GENERATION_ERRORS))
-    async def completions(request: Request, body: BodyDep):
-        """OpenAI's legacy completions: raw prompts (texts or token ids), no chat template."""
-        tenant = tenant_of(request)
-        return _answer(*await (await model_for(tenant, body)).completions(body, tenant))
+fine_tuned_model_routes = APIRouter()
 
-    return app
+
+@fine_tuned_model_routes.delete("/v1/models/{model:path}", **route_doc(ok="ModelDeleted", errors={
+    403: "a base model", 404: "no fine-tuned model of this name for this API key's tenant"}))
+async def delete_model(model: str, request: Request, tenant: Tenant, ft: FineTuningDep) -> JSONResponse:
+    """Delete one of your fine-tuned models (its job and checkpoints stay)."""
+    request.app.state.served.forget(tenant, model)
+    await asyncio.to_thread(ft.delete_model, tenant, model)
+    return JSONResponse({"id": model, "object": "model", "deleted": True})
+
+
+@fine_tuned_model_routes.get("/v1/models/{model:path}/content", responses={200: {
+    "description": "the model's folder as a tar", "content": {"application/x-tar": {}}}})
+async def model_content(model: str, tenant: Tenant, ft: FineTuningDep,
+                        format: Literal["adapter", "merged"] = "adapter") -> StreamingResponse:
+    """Download one of your fine-tuned models or checkpoints as a tar of its folder: a LoRA
+    fine-tune's peft adapter folder, or with `format=merged` its base with the adapter merged
+    in (a plain Hugging Face folder); a full fine-tune's Hugging Face folder either way."""
+    path = await asyncio.to_thread(ft.jobs.fine_tuned_model_path, tenant, model)
+    if path is None:
+        raise OpenAIError(f"no fine-tuned model or checkpoint {model!r}", param="model", status=404,
+                          type="not_found_error")
+    if format == "merged":
+        path = await asyncio.to_thread(whole_model, Path(path))
+    name = model.replace(":", "_").replace("/", "_")
+    return StreamingResponse(tar_stream(Path(path), name), media_type="application/x-tar",
+                             headers={"content-disposition": f'attachment; filename="{name}.tar"'})
 
 
 def tar_stream(folder: Path, name: str, chunk: int = 1 << 20):

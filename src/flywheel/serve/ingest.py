@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime, timezone
+from dataclasses import dataclass
 from typing import Annotated, Any, Callable
 
 import orjson
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from flywheel.loop.curation_rules import CurationConfig
@@ -36,6 +37,7 @@ from flywheel.traces.batch import NotABatch, PreparedBatch
 from flywheel.traces.encoding import NotJSON, decode_json
 from flywheel.errors import OpenAIError
 from flywheel.serve.ingest_pool import IngestPool, IngestWorkerDied
+from flywheel.serve.deps import Tenant
 from flywheel.serve.openapi import route_doc
 
 
@@ -68,76 +70,82 @@ TRACE_ID = ("the trace's id: for a response this server returned, the response's
             "(choice i > 0); for a trace sent to POST /v1/traces, the `id` in its result")
 
 
-def ingest_router(store, tenant_of: Callable[[Request], str], pool: IngestPool | None = None,
-                  wait_written: Callable[[float], bool] | None = None,
-                  curation: CurationConfig | None = None) -> APIRouter:
-    """The routes over `store`, each for the caller's tenant (`tenant_of(request)`, which may
-    refuse): traces are stored as the tenant's, feedback goes only to the tenant's own
-    traces (another tenant's trace id is a 404). `pool` prepares batch bodies (default: in a
-    thread of the server).
-    wait_written(timeout): waits until the traces of the responses served so far are stored
-    (the service's sink); feedback for a trace not found yet waits for it once, so feedback
-    sent right after its response is accepted (read-your-writes). Feedback curation could not
-    use (an unknown label, an untrusted verifier env, a task without an answer) is refused
-    with a 400 naming the field (loop/feedback_check.py; `curation` default: the defaults)."""
-    curation = curation or CurationConfig()
-    router = APIRouter()
-    pool = pool or IngestPool(0)
+@dataclass
+class TraceIntake:
+    """What the ingestion routes write to (create_app puts one on `app.state.intake`): the trace
+    `store`; `pool`, which prepares batch bodies (IngestPool(0): in a thread of the server);
+    wait_written(timeout), which waits until the traces of the responses served so far are
+    stored (the service's sink), so feedback sent right after its response finds its trace
+    (read-your-writes); `curation`, whose rules refuse feedback it could not use (an unknown
+    label, an untrusted verifier env, a task without an answer) with a 400 naming the field
+    (loop/feedback_check.py). Traces are stored as the caller's tenant's, and feedback goes
+    only to the tenant's own traces (another tenant's trace id is a 404)."""
 
-    def write(batch: PreparedBatch, tenant: str) -> Response:
+    store: Any
+    pool: IngestPool
+    wait_written: Callable[[float], bool] | None
+    curation: CurationConfig
+
+    def write(self, batch: PreparedBatch, tenant: str) -> Response:
         try:
-            result = store.add_prepared(batch, tenant=tenant)
+            result = self.store.add_prepared(batch, tenant=tenant)
         except TraceStoreBusy as e:
             raise OpenAIError(str(e), status=503, type="server_busy") from None
         rows = [{"index": r.index, "status": r.status, "id": r.id, "reason": r.reason} for r in result.results]
         return _json_response({"added": result.added, "duplicates": result.duplicates,
                                "rejected": len(result.rejected), "results": rows})
 
-    @router.post("/v1/traces", **TRACES_DOC)
-    async def add_traces(request: Request) -> Response:
-        """Store traces from any agent stack, each record judged alone; a retry with the same
-        idempotency keys (or ids) is a no-op."""
-        tenant = tenant_of(request)
-        raw = await request.body()
+    def add_feedback(self, trace_id: str, body: dict, tenant: str) -> str:
         try:
-            batch = await pool.prepare(raw, store.default_source, datetime.now(timezone.utc))
-        except NotJSON as e:
-            raise OpenAIError(str(e)) from None
-        except NotABatch as e:
-            raise OpenAIError(str(e), param="traces") from None
-        except IngestWorkerDied as e:
-            raise OpenAIError(str(e), status=500, type="server_error") from None
-        return await asyncio.to_thread(write, batch, tenant)
+            return self.store.add_feedback(trace_id, body, tenant=tenant)
+        except TraceNotFound:
+            if self.wait_written is None or not self.wait_written(FEEDBACK_WAIT_S):
+                raise
+            return self.store.add_feedback(trace_id, body, tenant=tenant)  # its response's trace may be stored now
 
-    @router.post("/v1/traces/{trace_id}/feedback", **FEEDBACK_DOC)
-    async def add_feedback(trace_id: Annotated[str, Path(description=TRACE_ID)], request: Request) -> JSONResponse:
-        """Report how a trace went, at any time after it (a trace may get many). Curation reads
-        the newest: a failed trace (a low score, a failure label) with a verifier becomes an RL
-        task its environment replays and grades; a correction becomes an SFT example. Feedback
-        for a response this server just returned waits for its trace to be stored."""
-        tenant = tenant_of(request)
-        body = read_json(await request.body())
-        if not isinstance(body, dict):
-            raise OpenAIError("expected a JSON object with the feedback", param="body")
-        try:
-            check_feedback(body, curation)
-        except FeedbackRefused as e:
-            raise OpenAIError(str(e), param=e.field) from None
 
-        def add() -> str:
-            try:
-                return store.add_feedback(trace_id, body, tenant=tenant)
-            except TraceNotFound:
-                if wait_written is None or not wait_written(FEEDBACK_WAIT_S):
-                    raise
-                return store.add_feedback(trace_id, body, tenant=tenant)  # its response's trace may be stored now
+def intake_of_app(request: Request) -> TraceIntake:
+    return request.app.state.intake
 
-        try:
-            feedback_id = await asyncio.to_thread(add)
-        except TraceNotFound as e:
-            raise OpenAIError(str(e), status=404, type="not_found_error", param="trace_id") from None
-        except TraceStoreError as e:
-            raise OpenAIError(str(e), param="body") from None
-        return JSONResponse({"id": feedback_id})
 
-    return router
+IntakeDep = Annotated[TraceIntake, Depends(intake_of_app)]
+router = APIRouter()
+
+
+@router.post("/v1/traces", **TRACES_DOC)
+async def add_traces(request: Request, tenant: Tenant, intake: IntakeDep) -> Response:
+    """Store traces from any agent stack, each record judged alone; a retry with the same
+    idempotency keys (or ids) is a no-op."""
+    raw = await request.body()
+    try:
+        batch = await intake.pool.prepare(raw, intake.store.default_source, datetime.now(timezone.utc))
+    except NotJSON as e:
+        raise OpenAIError(str(e)) from None
+    except NotABatch as e:
+        raise OpenAIError(str(e), param="traces") from None
+    except IngestWorkerDied as e:
+        raise OpenAIError(str(e), status=500, type="server_error") from None
+    return await asyncio.to_thread(intake.write, batch, tenant)
+
+
+@router.post("/v1/traces/{trace_id}/feedback", **FEEDBACK_DOC)
+async def add_feedback(trace_id: Annotated[str, Path(description=TRACE_ID)], request: Request, tenant: Tenant,
+                       intake: IntakeDep) -> JSONResponse:
+    """Report how a trace went, at any time after it (a trace may get many). Curation reads
+    the newest: a failed trace (a low score, a failure label) with a verifier becomes an RL
+    task its environment replays and grades; a correction becomes an SFT example. Feedback
+    for a response this server just returned waits for its trace to be stored."""
+    body = read_json(await request.body())
+    if not isinstance(body, dict):
+        raise OpenAIError("expected a JSON object with the feedback", param="body")
+    try:
+        check_feedback(body, intake.curation)
+    except FeedbackRefused as e:
+        raise OpenAIError(str(e), param=e.field) from None
+    try:
+        feedback_id = await asyncio.to_thread(intake.add_feedback, trace_id, body, tenant)
+    except TraceNotFound as e:
+        raise OpenAIError(str(e), status=404, type="not_found_error", param="trace_id") from None
+    except TraceStoreError as e:
+        raise OpenAIError(str(e), param="body") from None
+    return JSONResponse({"id": feedback_id})

@@ -1,0 +1,37 @@
+"""What routes take from the app that serves them, as FastAPI dependencies: create_app (app.py)
+puts each on `app.state`; a route names what it needs (`tenant: Tenant`, `ft: FineTuningDep`)
+and the routers stay plain module-level `APIRouter`s."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from flywheel.finetuning.fine_tuning import FineTuning
+from flywheel.finetuning.managed_flywheels import ManagedFlywheels
+from flywheel.jobs.webhooks import Webhooks
+
+
+def tenant_of_request(request: Request) -> str:
+    """The caller's tenant (`app.state.tenant_of`: serve/auth.py's KeyAuth, or the one tenant of a
+    server without keys), or the refusal it raises (401, 429)."""
+    return request.app.state.tenant_of(request)
+
+
+def fine_tuning_of_app(request: Request) -> FineTuning:
+    return request.app.state.fine_tuning
+
+
+def webhooks_of_app(request: Request) -> Webhooks:
+    return request.app.state.webhooks
+
+
+def flywheels_of_app(request: Request) -> ManagedFlywheels:
+    return request.app.state.flywheels
+
+
+Tenant = Annotated[str, Depends(tenant_of_request)]
+FineTuningDep = Annotated[FineTuning, Depends(fine_tuning_of_app)]
+WebhooksDep = Annotated[Webhooks, Depends(webhooks_of_app)]
+FlywheelsDep = Annotated[ManagedFlywheels, Depends(flywheels_of_app)]
