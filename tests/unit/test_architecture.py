@@ -236,3 +236,25 @@ def test_the_room_check_sees_a_package_using_another(tmp_path):
     (fake / "loop" / "gate.py").write_text("")
     (fake / "client" / "sdk.py").write_text("import flywheel.types\n\ndef f():\n    from flywheel.loop.gate import x\n")
     assert package_uses(fake) == {"client": {"loop"}}  # the base module is not a package
+
+
+def long_functions(src: Path, most: int = 100) -> list[str]:
+    """Functions (methods, nested ones) under `src` longer than `most` lines, as path:line name (n)."""
+    found = []
+    for path in sorted(src.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > most:
+                    found.append(f"{path.relative_to(src.parent)}:{node.lineno} {node.name} ({n} lines)")
+    return found
+
+
+def test_no_function_runs_over_100_lines():
+    assert long_functions(SRC) == []
+
+
+def test_the_length_check_counts_a_long_function(tmp_path):
+    (tmp_path / "flywheel").mkdir()
+    (tmp_path / "flywheel" / "m.py").write_text("def f():\n" + "    x = 1\n" * 100 + "\n\ndef g():\n    pass\n")
+    assert long_functions(tmp_path / "flywheel") == ["flywheel/m.py:1 f (101 lines)"]

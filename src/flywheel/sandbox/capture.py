@@ -59,6 +59,26 @@ class _Status:
         return next((d[key] for d in self.docs if key in d), None)
 
 
+def _close_up(proc: subprocess.Popen, sel: selectors.BaseSelector, pidfd: int, status_fd: int | None,
+              exited: bool) -> None:
+    """Close every descriptor run_captured opened and reap the process (killed first when
+    leaving early, on an exception: never wait on a live sandbox); sets proc.returncode."""
+    sel.close()
+    os.close(pidfd)
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None and not f.closed:
+            try:
+                f.close()
+            except OSError:
+                pass
+    if status_fd is not None:
+        os.close(status_fd)
+    if not exited:
+        proc.kill()
+    if proc.returncode is None:
+        proc.returncode = os.waitstatus_to_exitcode(os.waitpid(proc.pid, 0)[1])
+
+
 def run_captured(argv: list[str], *, wall_s: float, cap: int, stdin: bytes | None = None,
                  pass_fds: tuple[int, ...] = (), env: dict[str, str] | None = None, cwd: str | None = None,
                  status_fd: int | None = None, after_spawn: Callable[[], None] | None = None,
@@ -147,20 +167,7 @@ def run_captured(argv: list[str], *, wall_s: float, cap: int, stdin: bytes | Non
                     else:
                         buf += data
     finally:
-        sel.close()
-        os.close(pidfd)
-        for f in (proc.stdin, proc.stdout, proc.stderr):
-            if f is not None and not f.closed:
-                try:
-                    f.close()
-                except OSError:
-                    pass
-        if status_fd is not None:
-            os.close(status_fd)
-        if exited_at is None:  # leaving early (an exception): do not wait on a live sandbox
-            proc.kill()
-        if proc.returncode is None:
-            proc.returncode = os.waitstatus_to_exitcode(os.waitpid(proc.pid, 0)[1])
+        _close_up(proc, sel, pidfd, status_fd, exited=exited_at is not None)
     rc = proc.returncode
     if kill_at is not None:
         rc = None

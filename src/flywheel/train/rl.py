@@ -233,6 +233,49 @@ def _in_flight_tokens(groups) -> int:
     return count
 
 
+def _resume(ckpt: Path, order: DataOrder, log: Callable[[str], None]) -> tuple[int, dict]:
+    """(the checkpoint's step, its feeder state), its data order loaded into `order`; the
+    learner restores its own state."""
+    state = load_state(ckpt)
+    order.load_state_dict(state["data_order"])
+    log(f"resumed from {ckpt} (step {state['step']})")
+    return state["step"], state.get("feeder", {})
+
+
+def _log_rollouts(f, step: int, groups, staleness: list[int]) -> None:
+    """rollouts.jsonl's row of a step: the tasks trained, their staleness and rewards."""
+    f.write(json.dumps({"step": step, "tasks": [g.task_index for g in groups], "staleness": staleness,
+                        "rewards": [[t.reward for t in g.trajectories] for g in groups]}) + "\n")
+    f.flush()
+
+
+def _check_skipped(in_row: int, m: dict, step: int, most: int) -> int:
+    """Updates skipped in a row (a non-finite loss or gradient) after this step's metrics `m`
+    (a step with no group to train does not count); TrainError at `most`."""
+    in_row = in_row + 1 if m.get("skipped") and m.get("groups", 1) else 0
+    if in_row >= most:
+        raise TrainError(f"step {step + 1}: {in_row} updates in a row had a non-finite loss or gradient; "
+                         "stopping (see metrics.jsonl)")
+    return in_row
+
+
+def _step_record(roll, rewards: list[float], staleness: list[int], times: tuple[float, float, float, float]) -> dict:
+    """A step's rollout and timing metrics: `rewards` of every group taken (dynamic sampling's
+    discards too: what the policy scored), `staleness` of those trained, `times` = (start, groups
+    taken, update done, weights published) on perf_counter's clock."""
+    t0, t1, t2, t3 = times
+    samples = len(rewards)
+    tokens = sum(sum(t.loss_mask) for g in roll.groups for t in g.trajectories)
+    return {"reward_mean": sum(rewards) / samples,
+            "reward_std": float(torch.tensor(rewards).std()) if samples > 1 else 0.0,
+            "samples_per_s": samples / (t3 - t0), "tokens_per_s": tokens / (t3 - t0),
+            "staleness_mean": sum(staleness) / max(1, len(staleness)), "time/step_s": t3 - t0,
+            "rollout/in_flight_tokens": float(_in_flight_tokens(roll.groups)),
+            "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2,
+            **{f"rollout/{k}": v for k, v in roll.work.items()},
+            "rollout/discarded_groups": float(len(roll.discarded))}
+
+
 def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
     with ExitStack() as stack:
         return _run(cfg, log, stack)
@@ -261,13 +304,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     stack.callback(learner.close)
     renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
     order = DataOrder(len(tasks), cfg.train.seed)
-    step = 0
-    feeder_state: dict = {}
-    if ckpt is not None:
-        state = load_state(ckpt)
-        step, feeder_state = state["step"], state.get("feeder", {})
-        order.load_state_dict(state["data_order"])
-        log(f"resumed from {ckpt} (step {step})")
+    step, feeder_state = _resume(ckpt, order, log) if ckpt is not None else (0, {})
     source, eval_engine = _rollout_source(cfg, engine_model, tokenizer, env, renderer, n_workers, plain, stack, log,
                                           learner)
     feeder = RolloutFeeder(source, tasks, order, cfg.train.groups_per_step, cfg.max_off_policy_steps,
@@ -317,31 +354,15 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             tokens_generated += int(roll.work.get("tokens", 0))
             rollout_seconds += t1 - t0
             t2 = time.perf_counter()
-            skipped_in_row = skipped_in_row + 1 if m.get("skipped") and m.get("groups", 1) else 0
-            if skipped_in_row >= cfg.max_skipped_steps:
-                raise TrainError(f"step {step + 1}: {skipped_in_row} updates in a row had a non-finite loss or "
-                                 "gradient; stopping (see metrics.jsonl)")
+            skipped_in_row = _check_skipped(skipped_in_row, m, step, cfg.max_skipped_steps)
             step += 1
             weights = learner.weights()
             source.publish(weights, step)
-            t3 = time.perf_counter()
-            samples = len(rewards)
-            tokens = sum(sum(t.loss_mask) for g in groups for t in g.trajectories)
-            record = {**m, "reward_mean": sum(rewards) / samples, "lr": lr,
-                      "reward_std": float(torch.tensor(rewards).std()) if samples > 1 else 0.0,
-                      "samples_per_s": samples / (t3 - t0), "tokens_per_s": tokens / (t3 - t0),
-                      "staleness_mean": sum(staleness) / max(1, len(staleness)), "time/step_s": t3 - t0,
-                      "rollout/in_flight_tokens": float(_in_flight_tokens(groups)),
-                      "time/rollout_wait_s": t1 - t0, "time/train_s": t2 - t1, "time/weight_sync_s": t3 - t2,
-                      **{f"rollout/{k}": v for k, v in roll.work.items()},
+            record = {**m, "lr": lr, **_step_record(roll, rewards, staleness, (t0, t1, t2, time.perf_counter())),
                       **feeder.buffer.stats(), **source.stats(),
                       "rollout/regenerated_groups": float(feeder.regenerated_groups),
-                      "rollout/discarded_groups": float(len(roll.discarded)),
                       "rollout/solved_tasks": float(len(feeder.solved))}
-            rollouts_log.write(json.dumps({
-                "step": step, "tasks": [g.task_index for g in groups], "staleness": staleness,
-                "rewards": [[t.reward for t in g.trajectories] for g in groups]}) + "\n")
-            rollouts_log.flush()
+            _log_rollouts(rollouts_log, step, groups, staleness)
             if step % cfg.log.every == 0 or step == cfg.train.steps:
                 metrics_out.log(step, **record)
             progress.update(step, loss=record["reward_mean"], tokens_per_s=record["tokens_per_s"])

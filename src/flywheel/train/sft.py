@@ -75,34 +75,11 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
         return launch_sft(cfg, log)
     out = Path(cfg.output_dir)
     ckpt = start_run(out, cfg.resume, cfg.threads, cfg.train.seed, log)
-    model, tokenizer = load_trainable(ckpt or cfg.model, cfg.train.lora, dtype=cfg.dtype, device=cfg.device)
-    if dist is not None:
-        model = dist.wrap(model, seed=cfg.train.seed)
-    if cfg.train.lora is not None or is_adapter_folder(cfg.model):
-        trained, total = trainable_count(model)
-        log(f"LoRA: training {trained:,} of {total:,} parameters")
-    set_learner_mode(model, dropout=cfg.train.dropout)
-    if cfg.train.activation_checkpointing:  # single-process only (SFTTrainConfig checks)
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model, tokenizer = _load_model(cfg, ckpt, dist, log)
     evaluator = evaluator or _import_evaluator(cfg.eval.evaluator)
 
-    # ---- data
-    examples, report = load_sft_examples(cfg.data.train, tokenizer, cfg.data, log=lambda m: log(f"warning: {m}"))
-    log(f"train data: {report.summary()}")
-    val_examples: list[Example] = []
-    if cfg.data.val:
-        val_examples, val_report = load_sft_examples(cfg.data.val, tokenizer, cfg.data,
-                                                     log=lambda m: log(f"warning: {m}"))
-        log(f"val data: {val_report.summary()}")
-    elif cfg.data.val_fraction > 0:
-        examples, val_examples = _split(examples, cfg.data.val_fraction, cfg.train.seed)
-        log(f"held out {len(val_examples)} of the train examples for validation")
-    if not examples:
-        raise TrainError("no training examples left")
+    examples, val_examples = _load_data(cfg, tokenizer, log)
     tc = cfg.train
-    if tc.batch_size % tc.micro_batch_size:
-        raise TrainError(f"train.batch_size ({tc.batch_size}) must be a multiple of "
-                         f"train.micro_batch_size ({tc.micro_batch_size})")
     total_steps = tc.steps or max(1, math.ceil(tc.epochs * len(examples) / tc.batch_size))
 
     # ---- optimizer, schedule, data order
@@ -116,11 +93,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
         step = resumed_from = (dist.restore(ckpt, model, optimizer, scheduler, order, log) if dist else
                                restore_trainer_state(ckpt, optimizer, scheduler, order, log))
 
-    if dist is None or dist.is_main:
-        metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
-                                start_step=step)
-    else:  # the other ranks' rows (the same numbers) stay beside their logs
-        metrics = MetricsWriter(out / "fsdp2" / f"metrics.rank{dist.rank}.jsonl", start_step=step)
+    metrics = _metrics_writer(out, cfg, dist, step)
     pad_id = tokenizer.pad_token_id
     last: dict = {}
 
@@ -153,41 +126,15 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     # ---- the loop
     with StepProgress(total_steps, start=step, enabled=cfg.log.progress) as progress:
         while step < total_steps and not should_stop():
-            t0 = time.perf_counter()
             batch = [examples[i] for i in order.take(tc.batch_size)]
-            n_trained = sum(sum(ex.loss_mask[1:]) for ex in batch)  # tokens that get predicted (all ranks')
-            nll_sum, n_tokens = 0.0, 0
-            mine = dist.share(batch) if dist else batch  # an FSDP2 rank: its share; the same normaliser
-            for i in range(0, len(mine), tc.micro_batch_size):
-                micro = mine[i:i + tc.micro_batch_size]
-                if dist is not None:  # reduce-scatter once per step, after its last micro-batch
-                    dist.grad_sync(model, i + tc.micro_batch_size >= len(mine))
-                nll_sum += _backward(model, micro, pad_id, cfg.device, max(1, n_trained), shareable=dist is None)
-                n_tokens += sum(len(e.ids) for e in micro)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), oc.grad_clip or float("inf"))
-            if dist is not None:  # a replicated DTensor: the global norm; the step's numbers, all ranks'
-                grad_norm = grad_norm.full_tensor()
-                nll_sum, n_tokens = dist.sum([nll_sum, n_tokens])
-            finite = bool(torch.isfinite(grad_norm))
-            if finite:
-                optimizer.step()
-            else:
-                warnings.warn(f"step {step + 1}: non-finite gradient norm; update skipped")
-            optimizer.zero_grad(set_to_none=True)
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
+            record = _train_step(model, optimizer, scheduler, batch, cfg, pad_id, dist, step)
+            record["epoch"] = order.epoch + order.cursor / order.size
             step += 1
-            tokens_trained += n_trained
-            dt = time.perf_counter() - t0
-            loss_value = nll_sum / max(1, n_trained)
-            record = {"loss": loss_value, "lr": lr, "grad_norm": float(grad_norm), "tokens_per_s": n_tokens / dt,
-                      "trained_tokens": n_trained, "epoch": order.epoch + order.cursor / order.size}
-            if not finite:
-                record["skipped_update"] = 1
+            tokens_trained += record["trained_tokens"]
             last.update(record)
             if step % cfg.log.every == 0 or step == total_steps:
                 metrics.log(step, **record)
-            progress.update(step, loss=loss_value, tokens_per_s=n_tokens / dt)
+            progress.update(step, loss=record["loss"], tokens_per_s=record["tokens_per_s"])
             cpu_wait.after_step(step)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < total_steps:
                 if targets_met(evaluate(), cfg.eval.stop_at):
@@ -198,23 +145,101 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
                 checkpoint()
 
     if interrupted(step, total_steps):
-        path = checkpoint()
+        log(interrupted_message(step, total_steps, checkpoint()))
         metrics.close()
-        log(interrupted_message(step, total_steps, path))
         return SFTResult(output_dir=out, final_model=None, steps=step, resumed_from=resumed_from, last=last,
                          tokens_trained=tokens_trained, interrupted=True)
     if not stopped_early:  # else the last evaluation was at this very step
         evaluate()
     checkpoint()
     final = out / "final"
-    if dist is not None:
-        dist.save_model_folder(model, tokenizer, final)
-    else:
-        save_model_folder(model, tokenizer, final)
+    (dist.save_model_folder if dist is not None else save_model_folder)(model, tokenizer, final)
     metrics.close()
     log(f"done: {step} steps; model saved to {final}")
     return SFTResult(output_dir=out, final_model=final, steps=step, resumed_from=resumed_from, last=last,
                      tokens_trained=tokens_trained)
+
+
+def _load_model(cfg: SFTConfig, ckpt: Path | None, dist: Rank | None, log: Callable[[str], None]):
+    """(model in training mode, tokenizer) from the checkpoint or cfg.model: LoRA-wrapped as
+    train.lora asks, sharded on an FSDP2 rank, with activation checkpointing if asked."""
+    model, tokenizer = load_trainable(ckpt or cfg.model, cfg.train.lora, dtype=cfg.dtype, device=cfg.device)
+    if dist is not None:
+        model = dist.wrap(model, seed=cfg.train.seed)
+    if cfg.train.lora is not None or is_adapter_folder(cfg.model):
+        trained, total = trainable_count(model)
+        log(f"LoRA: training {trained:,} of {total:,} parameters")
+    set_learner_mode(model, dropout=cfg.train.dropout)
+    if cfg.train.activation_checkpointing:  # single-process only (SFTTrainConfig checks)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, tokenizer
+
+
+def _metrics_writer(out: Path, cfg: SFTConfig, dist: Rank | None, step: int) -> MetricsWriter:
+    """metrics.jsonl (and TensorBoard) from `step` on; an FSDP2 rank other than 0 writes its rows
+    (the same numbers) beside its log."""
+    if dist is None or dist.is_main:
+        return MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
+                             start_step=step)
+    return MetricsWriter(out / "fsdp2" / f"metrics.rank{dist.rank}.jsonl", start_step=step)
+
+
+def _load_data(cfg: SFTConfig, tokenizer, log: Callable[[str], None]) -> tuple[list[Example], list[Example]]:
+    """(train examples, validation examples): data.val, else data.val_fraction of the train
+    rows held out, else none; TrainError when no train example is left or batch sizes clash."""
+    examples, report = load_sft_examples(cfg.data.train, tokenizer, cfg.data, log=lambda m: log(f"warning: {m}"))
+    log(f"train data: {report.summary()}")
+    val_examples: list[Example] = []
+    if cfg.data.val:
+        val_examples, val_report = load_sft_examples(cfg.data.val, tokenizer, cfg.data,
+                                                     log=lambda m: log(f"warning: {m}"))
+        log(f"val data: {val_report.summary()}")
+    elif cfg.data.val_fraction > 0:
+        examples, val_examples = _split(examples, cfg.data.val_fraction, cfg.train.seed)
+        log(f"held out {len(val_examples)} of the train examples for validation")
+    if not examples:
+        raise TrainError("no training examples left")
+    tc = cfg.train
+    if tc.batch_size % tc.micro_batch_size:
+        raise TrainError(f"train.batch_size ({tc.batch_size}) must be a multiple of "
+                         f"train.micro_batch_size ({tc.micro_batch_size})")
+    return examples, val_examples
+
+
+def _train_step(model, optimizer, scheduler, batch: list[Example], cfg: SFTConfig, pad_id: int,
+                dist: Rank | None, step: int) -> dict:
+    """One optimizer step on `batch` (an FSDP2 rank: on its share, normalised by the whole
+    batch's trained tokens), micro-batch by micro-batch; a non-finite gradient norm skips the
+    update (the schedule still advances). Its metrics row: loss (mean over trained tokens), lr,
+    grad_norm, tokens_per_s, trained_tokens (all ranks'), skipped_update when skipped."""
+    t0 = time.perf_counter()
+    tc = cfg.train
+    n_trained = sum(sum(ex.loss_mask[1:]) for ex in batch)  # tokens that get predicted (all ranks')
+    nll_sum, n_tokens = 0.0, 0
+    mine = dist.share(batch) if dist else batch  # an FSDP2 rank: its share; the same normaliser
+    for i in range(0, len(mine), tc.micro_batch_size):
+        micro = mine[i:i + tc.micro_batch_size]
+        if dist is not None:  # reduce-scatter once per step, after its last micro-batch
+            dist.grad_sync(model, i + tc.micro_batch_size >= len(mine))
+        nll_sum += _backward(model, micro, pad_id, cfg.device, max(1, n_trained), shareable=dist is None)
+        n_tokens += sum(len(e.ids) for e in micro)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+    if dist is not None:  # a replicated DTensor: the global norm; the step's numbers, all ranks'
+        grad_norm = grad_norm.full_tensor()
+        nll_sum, n_tokens = dist.sum([nll_sum, n_tokens])
+    finite = bool(torch.isfinite(grad_norm))
+    if finite:
+        optimizer.step()
+    else:
+        warnings.warn(f"step {step + 1}: non-finite gradient norm; update skipped")
+    optimizer.zero_grad(set_to_none=True)
+    lr = scheduler.get_last_lr()[0]
+    scheduler.step()
+    record = {"loss": nll_sum / max(1, n_trained), "lr": lr, "grad_norm": float(grad_norm),
+              "tokens_per_s": n_tokens / (time.perf_counter() - t0), "trained_tokens": n_trained}
+    if not finite:
+        record["skipped_update"] = 1
+    return record
 
 
 def _backward(model, micro: list[Example], pad_id: int, device, normalizer: int, shareable: bool) -> float:
