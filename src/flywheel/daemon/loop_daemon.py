@@ -146,9 +146,9 @@ class LoopDaemon:
 
     def _start_serving(self, fw):
         # serving needs the `serve` extra (FastAPI, uvicorn): a daemon with serving off runs without it
-        from flywheel.serve.serving import serve_production
+        from flywheel.serve.builder import serve_loop
 
-        serving = serve_production(fw, self.cfg.serve.host, self.cfg.serve.port)
+        serving = serve_loop(fw, self.cfg.serve.host, self.cfg.serve.port)
         self.url = serving.url
         self._write_status(url=self.url, serving=serving.version)
         self.log(f"serving {serving.version} on {self.url}")

@@ -5,7 +5,7 @@ the served model up with it.
 
 1. First-time setup (cached): the base model, taught the week-1 family (demo/base.py).
 2. It is registered and promoted (v1) and served over HTTP with trace capture
-   (serve/serving.py); every response becomes a trace.
+   (serve/builder.py serve_loop); every response becomes a trace.
 3. Each day simulated users (demo/users.py) ask the day's mix of families (demo/world.py),
    report outcomes with verifiers and sometimes a corrected turn; then a cycle
    (loop/cycle.py) curates all traces so far, trains SFT (+ replay) and RL from production,
@@ -151,7 +151,7 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
     from flywheel.loop.cycle import LoopStores, run_cycle
     from flywheel.loop.evaluation import suite_from_config
     from flywheel.loop.loop_config import LoopConfig
-    from flywheel.serve.serving import serve_production
+    from flywheel.serve.builder import serve_loop
 
     console = console or Console(soft_wrap=True)  # a piped log: long lines stay whole, not cut at 80 columns
     torch.set_num_threads(threads)
@@ -173,7 +173,7 @@ def run_demo(out: Path, world: WorldConfig, recipe: DemoRecipe = DEMO_RECIPE, *,
     with LoopStores(cfg) as fw:
         v1 = fw.registry.register(base, notes="demo base model" + ("" if pretrained else " (week-1 family)"))
         fw.registry.promote(v1.id, "demo start")
-        serving = serve_production(fw)
+        serving = serve_loop(fw)
         console.print(f"serving {v1.id} on {serving.url}")
         cycle_log = CycleLog(out / CYCLE_LOG, lambda m: console.print(f"  {m}", style="dim", markup=False,
                                                                        highlight=False))

@@ -389,7 +389,7 @@ def _rl_stage_data(fw: LoopStores, st: CycleState, files: dict[str, str], folder
         log(f"{st.id}: rl trains on {_count_lines(check[0])} tasks and is checked on {tasks} others "
             "(train.rl_keep=if_better)")
         return ({"name": "replay", "settings": {"train": check[0], "test": check[1]}},
-                {"eval": {**tm.rl.get("eval", {}), "tasks": tasks}}, check)
+                {"eval": {"tasks": tasks}}, check)  # merged onto train.rl.eval (stage_config)
     eval_from = next((k for k in ("new_failures", "rl_heldout", "rl_train") if _count_lines(files[k])), None)
     if eval_from == "rl_train":
         log(f"{st.id}: warning: no held-out RL tasks; the rl stage's own evaluations are on its train "

@@ -1,7 +1,8 @@
 """The `flywheel serve` process: the OpenAI-compatible server (core in `core.py`, FastAPI face in
 `app.py` with its routers), trace capture (`traces.py`, ingestion workers), the registry hook
 (`production.py`), the fine-tuning and managed-flywheel routes over finetuning/'s core, and
-serving the production version on a background thread (`serving.py`, for the daemon and demo).
+the one way to assemble a server (`builder.py` build_server: for `flywheel serve`, the daemon,
+the demo and the tests).
 
 FastAPI and uvicorn come with the `serve` extra; `flywheel.serve.core` needs neither.
 """
