@@ -99,7 +99,7 @@ def test_served_through_the_openai_client_with_tools(smol):
                                                max_tokens=8, temperature=0)
         assert plain.choices[0].message.content
     finally:
-        srv.stop()
+        srv.close()
 
 
 def chat_rows(tmp_path):
@@ -201,7 +201,7 @@ def test_a_fine_tuning_job_through_the_api_then_its_model_answers(smol, tmp_path
     finally:
         worker.stopping.set()
         thread.join(60)
-        srv.stop()
+        srv.close()
         service.close()
         store.close()
 

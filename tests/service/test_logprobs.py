@@ -31,7 +31,7 @@ def live(tmp_path_factory):
     service = OpenAIService(model, version="v1", default_max_tokens=12, window_s=0.005)
     srv, client = serve_openai(service)
     yield service, srv, client
-    srv.stop()
+    srv.close()
     service.close()
 
 
@@ -226,7 +226,7 @@ def test_streamed_chunks_carry_their_tokens_logprobs(live):
                                   {"top_logprobs": 2}, {"logprobs": False, "top_logprobs": 0}])
 def test_top_logprobs_is_validated_as_openai_does(live, body):
     _, srv, _ = live
-    r = httpx.post(srv.url + "/v1/chat/completions",
+    r = httpx.post(srv.url + "/chat/completions",
                    json={"model": "flywheel", "messages": HELLO, "max_tokens": 2, **body})
     error = r.json()["error"]
     assert r.status_code == 400 and error["param"] == "top_logprobs", error

@@ -51,7 +51,7 @@ def live(model_dirs, store):
     service = OpenAIService(model_dirs[0], version="v1", trace_sink=sink, default_max_tokens=12, window_s=0.005)
     srv, client = serve_openai(service)
     yield service, srv, client, sink
-    srv.stop()
+    srv.close()
     service.close()
 
 
@@ -65,7 +65,7 @@ def greedy(engine, prompt_ids, max_tokens, n=1):
 def test_models_lists_the_served_name_and_version(live):
     service, srv, client, _ = live
     assert [m.id for m in client.models.list()] == ["flywheel"]
-    assert httpx.get(srv.url + "/v1/models").json()["data"][0]["version"] == "v1"
+    assert httpx.get(srv.url + "/models").json()["data"][0]["version"] == "v1"
 
 
 def test_chat_completion_matches_the_engine(live):
@@ -115,7 +115,7 @@ def test_streaming_reassembles_to_the_full_text(live):
     assert text == {c.index: c.message.content for c in full.choices}
     assert finish == {c.index: c.finish_reason for c in full.choices}
     assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
-    raw = httpx.post(srv.url + "/v1/chat/completions", json={"model": "flywheel", "messages": HELLO, "max_tokens": 4,
+    raw = httpx.post(srv.url + "/chat/completions", json={"model": "flywheel", "messages": HELLO, "max_tokens": 4,
                                                              "stream": True}).text
     assert raw.startswith("data: {") and raw.endswith("data: [DONE]\n\n")
 
@@ -213,7 +213,7 @@ def test_tool_calls_over_the_wire_and_into_traces(model_dirs, store):
         assert trace.model_version == "scripted" and trace.tools == [CALC]
         assert trace.response["tool_calls"][0]["function"]["name"] == "calc"
     finally:
-        srv.stop()
+        srv.close()
         service.close()
 
 
@@ -245,11 +245,11 @@ def test_errors_have_the_openai_shape(live, change, param, words):
 
 def test_raw_http_errors(live):
     _, srv, _, _ = live
-    r = httpx.post(srv.url + "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = httpx.post(srv.url + "/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
-    r = httpx.get(srv.url + "/v1/nothing")
+    r = httpx.get(srv.url + "/nothing")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
-    r = httpx.post(srv.url + "/v1/completions", json={"model": "flywheel", "prompt": [[5, 99999]]})
+    r = httpx.post(srv.url + "/completions", json={"model": "flywheel", "prompt": [[5, 99999]]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt" and "vocabulary" in r.json()["error"]["message"]
 
 
@@ -286,14 +286,14 @@ def test_a_burst_joins_the_running_batch(model_dirs):
     restore = _hold_first_forward(service.engine, lambda: len(submitted) >= 8)
     try:
         async def burst():
-            client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+            client = openai.AsyncOpenAI(base_url=srv.url, api_key="unused", max_retries=0)
             return await asyncio.gather(*(client.chat.completions.create(
                 model="flywheel", messages=[{"role": "user", "content": f"question {i}"}], max_tokens=6,
                 temperature=0) for i in range(8)))
         results = asyncio.run(burst())
     finally:
         restore()
-        srv.stop()
+        srv.close()
         service.close()
     stats = sched.stats
     assert len(results) == 8 and all(r.choices[0].message.role == "assistant" for r in results)
@@ -358,7 +358,7 @@ def test_switch_with_requests_in_flight(model_dirs, store, tmp_path):
             assert r.system_fingerprint == v.id
     finally:
         release.set()
-        srv.stop()
+        srv.close()
         service.close()
 
 

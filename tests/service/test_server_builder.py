@@ -55,7 +55,7 @@ def test_a_followed_registry_switches_on_promotion_and_rollback(folders, tmp_pat
 def test_a_registry_with_nothing_in_production_is_refused_naming_it(tmp_path):
     with Registry(tmp_path / "registry") as registry, pytest.raises(NothingToServe, match="no production version"):
         build_server(ServerConfig(follow=registry))
-    with pytest.raises(ValueError, match="one of the two"):
+    with pytest.raises(ValueError, match="one of the three"):
         build_server(ServerConfig())
 
 

@@ -102,7 +102,7 @@ def live(model_dir, store):
     script = Script(service.engine)
     srv, client = serve_openai(service)
     yield service, srv, client, sink, script
-    srv.stop()
+    srv.close()
     service.close()
     script.restore()
 
@@ -422,7 +422,7 @@ def test_a_failure_mid_stream_ends_it_with_an_error_event(live):
     script.hold(4, lambda: any('"content": "d' in e for e in events))  # some content went out ...
     script.fail(4)  # ... then the forward fails
     body = {"model": "flywheel", "messages": HELLO, "temperature": 0, "max_tokens": 64, "stream": True}
-    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
+    with httpx.stream("POST", srv.url + "/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200 and r.headers["x-flywheel-model-version"] == "v1"
         for line in r.iter_lines():
             if line.startswith("data: "):
@@ -460,10 +460,10 @@ def test_whole_batch_mode_streams_the_result_as_one_piece(model_dir):
         streamed, finish, _, _, pieces = collect(client.chat.completions.create(
             model="flywheel", messages=HELLO, temperature=0, max_tokens=32, stream=True))
         assert streamed == {0: "all at once"} and pieces == {0: ["all at once"]} and finish == {0: "stop"}
-        raw = httpx.post(srv.url + "/v1/chat/completions", json={"model": "flywheel", "messages": HELLO,
+        raw = httpx.post(srv.url + "/chat/completions", json={"model": "flywheel", "messages": HELLO,
                                                                  "max_tokens": 4, "stream": True}).text
         assert raw.startswith("data: {") and raw.endswith("data: [DONE]\n\n")
     finally:
-        srv.stop()
+        srv.close()
         service.close()
         script.restore()

@@ -40,7 +40,7 @@ def test_a_template_without_tools_refuses_tools_and_still_chats(tmp_path):
         assert client.chat.completions.create(model="flywheel", messages=hello, tools=[CALC], tool_choice="none")
         assert client.chat.completions.create(model="flywheel", messages=hello).choices[0].message.role == "assistant"
     finally:
-        srv.stop()
+        srv.close()
 
 
 def test_renders_and_rollout_conversations_refuse_tools_the_template_cannot_show(tmp_path):

@@ -33,8 +33,9 @@ class NothingToServe(ValueError):
 
 @dataclass
 class ServerConfig:
-    model: str | Path | None = None  # a model folder, served as it is: exclusive with `follow`
-    follow: Any = None  # a Registry (registry/registry.py): its production version, switched on promotion
+    model: str | Path | None = None  # a model folder, served as it is
+    follow: Any = None  # or a Registry (registry/registry.py): its production version, switched on promotion
+    service: OpenAIService | None = None  # or a service the caller made and closes (tests): served as it is
     name: str = "flywheel"  # the model name clients put in `model`
     version: str | None = None  # `model`'s version label (default: its folder's name)
     host: str = "127.0.0.1"
@@ -59,6 +60,7 @@ class Server:
 
     def __init__(self, cfg: ServerConfig, app, service: OpenAIService, sink: TraceStoreSink | None,
                  follower: ProductionFollower | None):
+        # a service the caller passed in (cfg.service) is the caller's to close
         self.cfg, self.app, self.service, self.sink, self.follower = cfg, app, service, sink, follower
         self._background: BackgroundServer | None = None
         self.url: str | None = None
@@ -95,16 +97,20 @@ class Server:
             self.follower.close()
         if self.sink is not None:
             self.sink.close()
-        self.service.close()
+        if self.cfg.service is None:
+            self.service.close()
 
 
 def build_server(cfg: ServerConfig, log: Callable[[str], None] = lambda m: None) -> Server:
     """The server `cfg` describes (not yet serving: start() or serve_forever()). NothingToServe
     when a followed registry has no production version; ValueError for a config that names
-    both or neither of `model` and `follow`."""
-    if (cfg.model is None) == (cfg.follow is None):
-        raise ValueError("a server serves a model folder (model) or a registry's production version (follow), "
-                         "one of the two")
+    none or more than one of `model`, `follow` and `service`."""
+    if sum(x is not None for x in (cfg.model, cfg.follow, cfg.service)) != 1:
+        raise ValueError("a server serves a model folder (model), a registry's production version (follow) or a "
+                         "service made already (service), one of the three")
+    if cfg.service is not None:
+        log(f"serving {cfg.service.version}: this server will not switch versions")
+        return _assemble(cfg, cfg.service, None, None)
     if cfg.follow is not None:
         prod = cfg.follow.production()
         if prod is None:
@@ -126,9 +132,7 @@ def build_server(cfg: ServerConfig, log: Callable[[str], None] = lambda m: None)
         else:
             log(f"serving {model} as {version}: this server will not switch versions (--follow serves a "
                 "registry's production version and follows its promotions)")
-        app = create_app(service, trace_store=cfg.trace_store, curation=cfg.curation,
-                         ingest_pool=IngestPool(cfg.ingest_workers) if cfg.trace_store is not None else None,
-                         fine_tuning=cfg.fine_tuning, tenant_of=cfg.tenant_of)
+        return _assemble(cfg, service, sink, follower)
     except BaseException:
         if follower is not None:
             follower.close()
@@ -136,6 +140,15 @@ def build_server(cfg: ServerConfig, log: Callable[[str], None] = lambda m: None)
             sink.close()
         service.close()
         raise
+
+
+def _assemble(cfg: ServerConfig, service: OpenAIService, sink: TraceStoreSink | None,
+              follower: ProductionFollower | None) -> Server:
+    """The app over `service` (the traces, the fine-tuning API and managed flywheels as `cfg`
+    asks) and the Server that runs it."""
+    app = create_app(service, trace_store=cfg.trace_store, curation=cfg.curation,
+                     ingest_pool=IngestPool(cfg.ingest_workers) if cfg.trace_store is not None else None,
+                     fine_tuning=cfg.fine_tuning, tenant_of=cfg.tenant_of)
     return Server(cfg, app, service, sink, follower)
 
 
