@@ -258,3 +258,11 @@ def test_the_length_check_counts_a_long_function(tmp_path):
     (tmp_path / "flywheel").mkdir()
     (tmp_path / "flywheel" / "m.py").write_text("def f():\n" + "    x = 1\n" * 100 + "\n\ndef g():\n    pass\n")
     assert long_functions(tmp_path / "flywheel") == ["flywheel/m.py:1 f (101 lines)"]
+
+
+def test_the_learner_package_sits_below_the_recipes():
+    """train/learner/ (ranks, FSDP2, Ray actors, groups) imports no recipe (sft, dpo, rl)."""
+    recipes = {"flywheel.train.sft", "flywheel.train.dpo", "flywheel.train.rl"}
+    graph = module_graph(SRC)
+    assert {m: sorted(graph[m] & recipes) for m in graph if m.startswith("flywheel.train.learner")
+            if graph[m] & recipes} == {}
