@@ -298,6 +298,10 @@ class RolloutConfig(Config):
         "workers take newer weights between two decode steps, not only between work items: rows in "
         "flight go on under the new weights (keys and values recomputed), each token tagged with its "
         "version (worker processes and Ray actors: rollout.workers >= 1)"))
+    refill_ahead: bool = Field(True, description=(
+        "with algo.dynamic_sampling: a player plays, beside an item's tasks, as many spares as the keep "
+        "rule rejected of its previous item, in one decode batch (rollout/refill.py); false: spares only "
+        "after the rejections are known"))
     engine: Literal["local", "vllm"] = Field("local", description=(
         "the rollout actors' inference engine: flywheel's LocalEngine, or vLLM on a CUDA GPU (extra "
         "`vllm`; needs backend: ray, one GPU per actor by ray.worker_gpus)"))

@@ -80,3 +80,12 @@ def test_refiller_plays_ahead_what_the_previous_item_rejected():
     assert refiller.ahead == 5  # x, p, q, r, s
     asyncio.run(refiller.play(tasks_of("ef"), [], varied_rewards))  # no spares: the guess stays
     assert batches[-1] == ["e", "f"] and refiller.ahead == 5
+
+
+def test_a_refiller_without_look_ahead_plays_spares_only_after_the_rejections():
+    batches = []
+    refiller = Refiller(fake_player({"b", "e", "f", "y"}, batches), look_ahead=False)  # rollout.refill_ahead=false
+    asyncio.run(refiller.play(tasks_of("abc"), tasks_of("defg"), varied_rewards))  # a, c rejected: d, e
+    asyncio.run(refiller.play(tasks_of("xy"), tasks_of("pqrs"), varied_rewards))
+    # x, then each spare rejected in turn: one spare a batch, never ahead
+    assert refiller.ahead == 0 and batches[-5:] == [["x", "y"], ["p"], ["q"], ["r"], ["s"]]

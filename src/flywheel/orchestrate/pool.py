@@ -50,12 +50,13 @@ class InProcessRollouts:
     generating (then restored): small-batch decoding is bound by op dispatch, so fewer threads
     than the learner's can be faster (bench/async.py measures it)."""
 
-    def __init__(self, engine, env, group_size: int, params, renderer, threads: int | None = None):
+    def __init__(self, engine, env, group_size: int, params, renderer, threads: int | None = None,
+                 refill_ahead: bool = True):
         self.engine, self.env, self.group_size = engine, env, group_size
         self.params, self.renderer, self.threads = params, renderer, threads
         self._queue: deque[WorkItem] = deque()
         self._loop = EpisodeLoop()
-        self._refiller = Refiller(self._play_groups)
+        self._refiller = Refiller(self._play_groups, refill_ahead)
 
     def submit(self, item: WorkItem) -> None:
         self._queue.append(item)

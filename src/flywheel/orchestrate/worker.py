@@ -55,6 +55,7 @@ class WorkerSpec:
     packed: bool | None = None  # the lean decoder's kernel set (None: it picks by size, decoder.py)
     engine: str = "local"  # "local" (LocalEngine) or "vllm" (inference/vllm_sampler.py, on a Ray actor's GPU)
     in_flight: bool = False  # take newer weights between decode steps, not only between items
+    refill_ahead: bool = True  # rollout.refill_ahead (rollout/refill.py Refiller)
 
 
 @dataclass
@@ -125,7 +126,7 @@ class EpisodeRunner:
         renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
         self.policy = SamplerPolicy(self.engine, SamplingParams(**spec.sampling), renderer)
         self.loop = EpisodeLoop()
-        self.refiller = Refiller(self._play_groups)
+        self.refiller = Refiller(self._play_groups, spec.refill_ahead)
         self._rebuild_seen = 0.0  # engine.kernel_rebuild_s at the previous result
 
     def play(self, item: WorkItem, weight_wait_s: float, weight_load_s: float, pickup: str) -> WorkResult:

@@ -66,12 +66,12 @@ class Refiller:
     """`play_refilled` over a player's stream of work items, playing ahead as many spares as
     the keep rule rejected of its previous item's groups."""
 
-    def __init__(self, play_groups: Callable[[Sequence[Task]], "object"]):
-        self.play_groups = play_groups
+    def __init__(self, play_groups: Callable[[Sequence[Task]], "object"], look_ahead: bool = True):
+        self.play_groups, self.look_ahead = play_groups, look_ahead  # look_ahead: rollout.refill_ahead
         self.ahead = 0
 
     async def play(self, tasks: Sequence[Task], spares: Sequence[Task], keep: Keep | None) -> list[TrajectoryGroup]:
         groups = await play_refilled(self.play_groups, tasks, spares, keep, self.ahead)
-        if keep is not None and spares:
+        if self.look_ahead and keep is not None and spares:
             self.ahead = sum(1 for g in groups if not keep(g))
         return groups

@@ -171,7 +171,7 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
         if cfg.rollout.in_flight_updates:
             raise TrainError("rollout.in_flight_updates needs rollout worker processes: set rollout.workers >= 1")
         return InProcessRollouts(engine, env, cfg.train.group_size, _params(cfg), renderer,
-                                 threads=cfg.rollout.threads), engine
+                                 threads=cfg.rollout.threads, refill_ahead=cfg.rollout.refill_ahead), engine
     out = Path(cfg.output_dir)
     transport = None  # the shared-memory segment, a reader slot per worker; not for a broadcast group
     if not (cfg.rollout.backend == "ray" and cfg.rollout.ray.weights == "broadcast"):
@@ -184,7 +184,7 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
     spec = WorkerSpec(model=worker_model, env_name=cfg.env.name, env_settings=cfg.env.settings,
                       transport_name=transport.name if transport else "", group_size=cfg.train.group_size, threads=_worker_threads(cfg, n_workers),
                       seed=cfg.train.seed, device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine,
-                      in_flight=cfg.rollout.in_flight_updates)
+                      in_flight=cfg.rollout.in_flight_updates, refill_ahead=cfg.rollout.refill_ahead)
     if cfg.rollout.backend == "ray":  # actors on this node read the segment; the others, the object store
         return _ray_source(cfg, n_workers, spec, transport, stack, log, learner), engine
     source = ProcessRollouts(spec, n_workers, cfg.rollout.max_restarts, log)
