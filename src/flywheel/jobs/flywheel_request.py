@@ -131,16 +131,21 @@ class TracesSpec(Config):
         "stack posts naming its own model)"))
 
 
-class FlywheelRequest(Config):
-    model: str = Field(..., min_length=1, max_length=300)
-    suffix: str = Field("flywheel", min_length=1, max_length=SUFFIX_MAX, pattern=r"^[A-Za-z0-9_-]+$")
+class FlywheelSettings(Config):
+    """What a request sets and the flywheel's row keeps alike (FlywheelRequest, FlywheelSpec)."""
+
     traces: TracesSpec = TracesSpec()
     training: TrainingSpec = TrainingSpec()
     curation: CurationSpec = CurationSpec()
-    eval: EvalSpec = EvalSpec()
     gate: GateSpec = GateSpec()
     trigger: TriggerSpec = TriggerSpec()
     budget_usd: float | None = Field(None, gt=0, description="dollars a cycle's training may spend")
+
+
+class FlywheelRequest(FlywheelSettings):
+    model: str = Field(..., min_length=1, max_length=300)
+    suffix: str = Field("flywheel", min_length=1, max_length=SUFFIX_MAX, pattern=r"^[A-Za-z0-9_-]+$")
+    eval: EvalSpec = EvalSpec()
     metadata: dict[str, str] = Field(default_factory=dict, max_length=16)
 
     @classmethod
@@ -174,18 +179,12 @@ class StoredEval(EvalSpec):
     suites: dict[str, StoredSuite] = Field(default_factory=dict)
 
 
-class FlywheelSpec(Config):
+class FlywheelSpec(FlywheelSettings):
     """A managed flywheel as its row keeps it (`spec`, JSON): the request's settings, less the
     model and suffix the row has columns for, plus what the server filled in. Read a row's with
     `FlywheelSpec.model_validate(row["spec"])`."""
 
-    traces: TracesSpec = TracesSpec()
-    training: TrainingSpec = TrainingSpec()
-    curation: CurationSpec = CurationSpec()
     eval: StoredEval = StoredEval()
-    gate: GateSpec = GateSpec()
-    trigger: TriggerSpec = TriggerSpec()
-    budget_usd: float | None = Field(None, gt=0)
     initial_version: str | None = Field(None, description="the registry version the flywheel started from")
     trace_models: list[str] = Field(default_factory=list, description=(
         "the model names whose traces feed it: its production alias, then traces.models"))

@@ -41,7 +41,7 @@ from flywheel.finetuning.fine_tuning import FineTuning
 from flywheel.jobs.webhooks import Webhooks
 from flywheel.serve import finetune_routes, flywheel_routes, ingest
 from flywheel.serve.aliases import ProductionAliases
-from flywheel.serve.deps import FineTuningDep, Tenant
+from flywheel.serve.deps import FineTuningDep, ServiceDep, Tenant
 from flywheel.finetuning.flywheel_trigger import FlywheelTrigger
 from flywheel.finetuning.managed_flywheels import ManagedFlywheels
 from flywheel.serve.ingest import TraceIntake, read_json
@@ -54,11 +54,6 @@ from flywheel.train.lora import whole_model
 MAX_BODY_BYTES = 64 * 2 ** 20  # a JSON request: a batch of 500 ~2 KB traces is ~1 MB
 
 
-def get_service(request: Request) -> OpenAIService:
-    return request.app.state.service
-
-
-ServiceDep = Annotated[OpenAIService, Depends(get_service)]
 
 
 async def json_body(request: Request) -> Any:

@@ -11,12 +11,17 @@ from fastapi import Depends, Request
 from flywheel.finetuning.fine_tuning import FineTuning
 from flywheel.finetuning.managed_flywheels import ManagedFlywheels
 from flywheel.jobs.webhooks import Webhooks
+from flywheel.serve.core import OpenAIService
 
 
 def tenant_of_request(request: Request) -> str:
     """The caller's tenant (`app.state.tenant_of`: serve/auth.py's KeyAuth, or the one tenant of a
     server without keys), or the refusal it raises (401, 429)."""
     return request.app.state.tenant_of(request)
+
+
+def service_of_app(request: Request) -> OpenAIService:
+    return request.app.state.service
 
 
 def fine_tuning_of_app(request: Request) -> FineTuning:
@@ -32,6 +37,7 @@ def flywheels_of_app(request: Request) -> ManagedFlywheels:
 
 
 Tenant = Annotated[str, Depends(tenant_of_request)]
+ServiceDep = Annotated[OpenAIService, Depends(service_of_app)]
 FineTuningDep = Annotated[FineTuning, Depends(fine_tuning_of_app)]
 WebhooksDep = Annotated[Webhooks, Depends(webhooks_of_app)]
 FlywheelsDep = Annotated[ManagedFlywheels, Depends(flywheels_of_app)]
