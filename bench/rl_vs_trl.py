@@ -14,9 +14,11 @@ Measured the same way for both:
 - Evaluation: greedy, on the same 200 held-out pairs (checked: flywheel's arithmetic test
   split is the peer's), at the same schedule (step 0, every `--eval-every` steps, the last
   step), outside the clock.
-- Clock: the sum of per-step wall times, evaluations excluded. For TRL a step is generation,
-  reward, loss, backward and optimizer step; for flywheel it is waiting for rollouts, the
-  update and the weight publish.
+- Clock: the sum of per-step wall times, evaluations and set-up excluded. For TRL a step is
+  generation, reward, loss, backward and optimizer step, from on_step_begin (after the
+  trainer's set-up); for flywheel it is waiting for rollouts, the update and the weight
+  publish, from after its rollout worker has started (run_rl waits for it before step 1; the
+  wait is printed under Checks). The whole run's wall, set-up included, is a column of its own.
 - Time to target: the clock at the first evaluation from which every later evaluation stays at
   or above `--target` (the sustained rule; touching it once does not count). A run that
   ends below the target has not reached it.
@@ -175,11 +177,13 @@ def run_flywheel(model: Path, seed: int, args, threads: int, overrides: dict | N
         if "eval/greedy_accuracy" in r:
             evals.append((r["step"], r["eval/greedy_accuracy"], clock[r["step"]]))
     # the rollout worker keeps generating while the learner evaluates: how much of the next step's
-    # wait that saves is the evaluations' effect on flywheel's clock (step 1 waits for the worker's
-    # start-up instead, which the clock charges in full)
+    # wait that saves is the evaluations' effect on flywheel's clock. The worker's start-up is
+    # outside the clock, as TRL's trainer set-up is outside its (run_rl waits for it before step 1
+    # and records the wait in step 1's row)
     after = [wait_s[s + 1] for s, _, _ in evals if s > 0 and s + 1 in wait_s]
     others = [w for s, w in wait_s.items() if s > 1 and (s - 1) % args.eval_every]
     bias = dict(wait_after_eval_ms=1000 * statistics.mean(after) if after else math.nan, wait_other_ms=1000 * statistics.mean(others),
+                startup_wait_s=next(r["time/startup_wait_s"] for r in records if "time/startup_wait_s" in r),
                 final_model=out / "final")
     # every group generated for training: those dynamic sampling discarded count, and those the
     # buffer dropped as too stale (a running total), 8 samples each
@@ -247,7 +251,9 @@ def main() -> None:
               for trl, fw, _ in runs for r in (trl, fw)]
     checks = [f"seed {fw.seed}: flywheel's final model {fw.final:.3f} by its own evaluator, "
               f"{b['peer_eval_of_final']:.3f} by the peer's; rollout wait in the step after an evaluation "
-              f"{b['wait_after_eval_ms']:.1f} ms vs {b['wait_other_ms']:.1f} ms in other steps after the first"
+              f"{b['wait_after_eval_ms']:.1f} ms vs {b['wait_other_ms']:.1f} ms in other steps after the first; "
+              f"worker start-up still waited for before step 1 (after the learner's build and step 0's "
+              f"evaluation), outside the clock: {b['startup_wait_s']:.2f} s"
               for _, fw, b in runs]
     body = "\n".join([
         f"Machine: {common.machine_line(threads)}. Warm start: {sft_steps} SFT steps, held-out greedy {sft_acc:.3f}. "

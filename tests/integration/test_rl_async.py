@@ -62,6 +62,9 @@ def test_one_step_off_policy_trains_in_data_order_with_bounded_staleness(model, 
             "staleness_mean", "rollout/worker_restarts"} <= set(last)
     assert sum(v for k, v in last.items() if k.startswith("buffer/staleness_")) == pytest.approx(1.0)
     assert not (out / "rollout-weights.shm").exists()  # the segment is gone with the run
+    # the worker's start-up is waited for before step 1's clock, and recorded once
+    assert [r["step"] for r in train if "time/startup_wait_s" in r] == [1]
+    assert train[0]["time/startup_wait_s"] >= 0.0
 
 
 @pytest.mark.slow  # processes killed and restarted, or the whole flow end to end: make test-all
@@ -152,6 +155,38 @@ def test_a_worker_that_cannot_start_is_a_clear_error(model):
         finally:
             pool.close()
         assert pool.restarts == 0  # a start-up failure is reported, not retried
+    finally:
+        transport.close()
+
+
+def test_ready_waits_for_every_worker_and_reports_a_failed_start(model):
+    """`ready()` returns once each worker's engine is built (what a run waits for before its
+    step clock); a worker that cannot start makes it raise, naming the cause."""
+    from flywheel.orchestrate import ProcessRollouts, RolloutError, WorkerSpec
+    from flywheel.models import load
+    from flywheel.weights import SharedMemoryTransport
+
+    m, _ = load(model)
+    transport = SharedMemoryTransport.create(dict(m.named_parameters()), readers=2)
+    try:
+        good = WorkerSpec(model=str(model), env_name="arithmetic", env_settings={}, transport_name=transport.name,
+                          sampling={"max_tokens": 4}, group_size=2, threads=1)
+        pool = ProcessRollouts(good, 2, log=lambda m: None)
+        try:
+            assert pool.startup_s() == []
+            assert pool.ready() > 0.0
+            assert len(pool.startup_s()) == 2 and all(s > 0.0 for s in pool.startup_s())
+            assert pool.ready() < 0.01  # nothing left to wait for
+        finally:
+            pool.close()
+        bad = WorkerSpec(model="/no/such/model", env_name="arithmetic", env_settings={},
+                         transport_name=transport.name, sampling={"max_tokens": 4}, group_size=2, threads=1)
+        pool = ProcessRollouts(bad, 1, log=lambda m: None)
+        try:
+            with pytest.raises(RolloutError, match="failed to start(.|\n)*/no/such/model"):
+                pool.ready()
+        finally:
+            pool.close()
     finally:
         transport.close()
 

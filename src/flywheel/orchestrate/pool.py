@@ -23,7 +23,7 @@ import torch
 
 from flywheel.errors import TrainError
 from flywheel.inference.decoder import fusion_groups, unsupported_reason
-from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerSpec, WorkItem, WorkResult
+from flywheel.orchestrate.worker import STARTUP_FAILED, WorkerReady, WorkerSpec, WorkItem, WorkResult
 from flywheel.process import cycle_collector_paused
 from flywheel.rollout.play import EpisodeLoop, SamplerPolicy, play
 from flywheel.rollout.refill import Refiller
@@ -68,6 +68,9 @@ class InProcessRollouts:
         with torch.no_grad():
             self.engine.update_weights(params, version)
 
+    def ready(self) -> float:
+        return 0.0  # the engine is built with the source
+
     def poll(self, timeout_s: float = 0.0) -> list[WorkResult]:
         if not self._queue:
             return []
@@ -101,6 +104,8 @@ class _Worker:
     def __init__(self, worker_id: int, process: subprocess.Popen, conn: Connection):
         self.worker_id, self.process, self.conn = worker_id, process, conn
         self.items: dict[int, WorkItem] = {}  # sent, not yet answered
+        self.spawned_at = time.perf_counter()
+        self.ready_after_s: float | None = None  # spawn -> its WorkerReady arrived
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -152,6 +157,41 @@ class ProcessRollouts:
     def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
         self.transport.publish(params, version)
 
+    def ready(self) -> float:
+        """Block until every worker has started (its first message, WorkerReady, arrived);
+        seconds waited. Workers start at construction, so whatever the caller did since
+        (building its learner, a first evaluation) overlaps their start-up. A worker that
+        died starting is restarted (rollout.max_restarts); one that failed raises."""
+        t0 = time.perf_counter()
+        while waiting := [w for w in self.workers if w.ready_after_s is None]:
+            ready = wait([w.conn for w in waiting], timeout=1.0)
+            for worker in waiting:
+                if worker.conn in ready:
+                    try:
+                        self._receive(worker, worker.conn.recv())
+                    except (EOFError, OSError):
+                        self._restart(worker)
+                elif not worker.alive():
+                    self._restart(worker)
+        return time.perf_counter() - t0
+
+    def _receive(self, worker: _Worker, message: WorkResult | WorkerReady) -> WorkResult | None:
+        """A message from `worker`: its WorkerReady is recorded, a start-up failure or an
+        item's error raised, a result returned (None for a duplicate)."""
+        if isinstance(message, WorkerReady):
+            worker.ready_after_s = time.perf_counter() - worker.spawned_at
+            return None
+        if message.item_id == STARTUP_FAILED:
+            raise RolloutError(f"rollout worker {worker.worker_id} failed to start:\n{message.error}")
+        if message.error is not None:
+            raise RolloutError(f"rollout worker {worker.worker_id}, item {message.item_id}: {message.error}")
+        worker.items.pop(message.item_id, None)
+        if message.item_id in self._answered:
+            self.duplicate_results += 1
+            return None
+        self._answered.add(message.item_id)
+        return message
+
     def poll(self, timeout_s: float = 0.0) -> list[WorkResult]:
         out: list[WorkResult] = []
         ready = wait([w.conn for w in self.workers], timeout=timeout_s)
@@ -161,18 +201,9 @@ class ProcessRollouts:
             try:
                 while worker.conn.poll():
                     with cycle_collector_paused():  # unpickling makes every trajectory's lists
-                        result: WorkResult = worker.conn.recv()
-                    if result.item_id == STARTUP_FAILED:
-                        raise RolloutError(f"rollout worker {worker.worker_id} failed to start:\n{result.error}")
-                    if result.error is not None:
-                        raise RolloutError(f"rollout worker {worker.worker_id}, item {result.item_id}: "
-                                           f"{result.error}")
-                    worker.items.pop(result.item_id, None)
-                    if result.item_id in self._answered:
-                        self.duplicate_results += 1
-                        continue
-                    self._answered.add(result.item_id)
-                    out.append(result)
+                        result = self._receive(worker, worker.conn.recv())
+                    if result is not None:
+                        out.append(result)
             except (EOFError, OSError):
                 self._restart(worker)
         for worker in list(self.workers):
@@ -202,6 +233,10 @@ class ProcessRollouts:
         for item in pending:
             self.resubmitted_items += 1
             self._send(fresh, item)
+
+    def startup_s(self) -> list[float]:
+        """Each started worker's seconds from spawn to ready (restarted ones: their latest)."""
+        return [w.ready_after_s for w in self.workers if w.ready_after_s is not None]
 
     def stats(self) -> dict[str, float]:
         return {"rollout/worker_restarts": float(self.restarts),

@@ -405,6 +405,9 @@ class RayRollouts:
     def in_flight(self) -> int:
         return len(self._pending)
 
+    def ready(self) -> float:
+        return 0.0  # construction waited for every actor (_reads_object_store)
+
     def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
         """Into the shared-memory segment, and, while some actor runs on another node, one copy
         into the object store; the board is told without waiting for it (an actor that asks

@@ -25,6 +25,10 @@ class RolloutSource(Protocol):
     def publish(self, params: Mapping[str, torch.Tensor], version: int) -> None:
         """Make weights `version` the newest the samplers may use."""
 
+    def ready(self) -> float:
+        """Block until every sampler can take work (its engine built and loaded); the seconds
+        waited. A run calls it before its first step, so start-up stays off the step clock."""
+
     def in_flight(self) -> int:
         """Items submitted and not yet returned."""
 

@@ -9,6 +9,8 @@ The learner sends `WorkItem`s over a pipe; for each the worker
      without free slots, a GPU engine),
   3. plays `group_size` episodes per task (rollout/play.py) and sends back a
      `WorkResult` with the trajectory groups (every sampled token tagged with its version).
+The worker's first message is a `WorkerReady` (or, when it cannot start, a STARTUP_FAILED
+result), so the learner can start its clock once every worker can take work.
 A `None` item, or the learner's end of the pipe closing, ends the worker. One pipe per
 worker: a worker killed mid-send can only corrupt its own pipe, which the pool discards.
 """
@@ -37,6 +39,15 @@ from flywheel.weights import SharedMemoryTransport
 
 
 STARTUP_FAILED = -1  # WorkResult.item_id of a worker that could not start
+
+
+@dataclass
+class WorkerReady:
+    """A worker process's first message once its engine, environment and weight reader are
+    built (a start-up failure sends a STARTUP_FAILED WorkResult instead)."""
+
+    worker_id: int
+    build_s: float  # building them, after the interpreter's imports
 
 
 @dataclass
@@ -186,6 +197,7 @@ class SegmentWeights:
 
 def worker_main(worker_id: int, conn) -> None:
     """Serve work items on `conn` (the first message is the WorkerSpec) until told to stop."""
+    t0 = time.perf_counter()
     parent = os.getppid()
     die_with_parent()
     reuse_freed_memory()
@@ -199,6 +211,7 @@ def worker_main(worker_id: int, conn) -> None:
         conn.send(WorkResult(STARTUP_FAILED, worker_id, [], -1, 0.0, 0.0, 0.0, error=traceback.format_exc()))
         conn.close()
         return
+    conn.send(WorkerReady(worker_id, time.perf_counter() - t0))
     try:
         while True:
             try:

@@ -155,11 +155,11 @@ def _learner_threads(cfg: RLConfig, n_workers: int) -> int | None:
 
 
 def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_workers: int, worker_model: str,
-                    stack: ExitStack, log: Callable[[str], None], learner):
+                    stack: ExitStack, log: Callable[[str], None]):
     """The rollout source and the engine used for evaluation. engine_model: a plain model the
     evaluation engine owns (the start folder's, loaded with the learner's weights before the
-    first evaluation); worker_model: the folder workers load before
-    the first weights arrive; learner: where it runs goes into a Ray run's placement.json."""
+    first evaluation); worker_model: the folder workers load before the first weights arrive.
+    Worker processes start here, so they start while the learner builds."""
     from flywheel.inference import LocalEngine
     from flywheel.orchestrate.pool import InProcessRollouts, ProcessRollouts, rollout_transport
     from flywheel.orchestrate.worker import WorkerSpec
@@ -186,7 +186,7 @@ def _rollout_source(cfg: RLConfig, engine_model, tokenizer, env, renderer, n_wor
                       seed=cfg.train.seed, device=cfg.device, sampling=_sampling(cfg), engine=cfg.rollout.engine,
                       in_flight=cfg.rollout.in_flight_updates, refill_ahead=cfg.rollout.refill_ahead)
     if cfg.rollout.backend == "ray":  # actors on this node read the segment; the others, the object store
-        return _ray_source(cfg, n_workers, spec, transport, stack, log, learner), engine
+        return _ray_source(cfg, n_workers, spec, transport, stack, log), engine
     source = ProcessRollouts(spec, n_workers, cfg.rollout.max_restarts, log)
     stack.callback(source.close)
     return source, engine
@@ -204,15 +204,20 @@ def _connect_ray(cfg: RLConfig, stack: ExitStack, log: Callable[[str], None]) ->
         stack.callback(ray.shutdown)
 
 
-def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack, log: Callable[[str], None],
-                learner):
-    """Rollout actors on a Ray cluster (orchestrate/ray_rollouts.py), each built from `spec`;
-    where each went, and the learner's ranks (the driver for a learner in this process), is
-    logged and written to placement.json."""
-    from flywheel.orchestrate.ray_rollouts import RayRollouts, where
+def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack, log: Callable[[str], None]):
+    """Rollout actors on a Ray cluster (orchestrate/ray_rollouts.py), each built from `spec`."""
+    from flywheel.orchestrate.ray_rollouts import RayRollouts
 
     source = RayRollouts(spec, n_workers, cfg.rollout.ray, cfg.rollout.max_restarts, log, transport=transport)
     stack.callback(source.close)
+    return source
+
+
+def _write_placement(cfg: RLConfig, source, learner, log: Callable[[str], None]) -> None:
+    """Where each Ray actor went, and the learner's ranks (the driver for a learner in this
+    process): logged and written to placement.json."""
+    from flywheel.orchestrate.ray_rollouts import where
+
     here = {"actor": "driver", "rank": 0, **where()}  # a learner in this process, or local ranks (fsdp2/ranks.json)
     placement = {**source.placement(), "learner": learner.placement() or [here]}
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
@@ -220,7 +225,6 @@ def _ray_source(cfg: RLConfig, n_workers: int, spec, transport, stack: ExitStack
     for part, actors in placement.items():
         for a in actors:
             log(f"ray: {part} actor {a['actor']} on node {a['node_id'][:12]} ({a['ip']}), {a['resources']}")
-    return source
 
 
 def _in_flight_tokens(groups) -> int:
@@ -299,14 +303,16 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
     engine_model, tokenizer = load(plain, dtype="float32", device=cfg.device)
     if cfg.rollout.backend == "ray":
         _connect_ray(cfg, stack, log)
+    renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
+    # workers start first: their start-up overlaps the learner's build and the first evaluation
+    source, eval_engine = _rollout_source(cfg, engine_model, tokenizer, env, renderer, n_workers, plain, stack, log)
     # in this process, or ranks elsewhere (learner/group.py), publishing the engine model's parameters
     learner = start_learner(cfg, ckpt, log, threads, like=dict(engine_model.named_parameters()))
     stack.callback(learner.close)
-    renderer = ChatRenderer(tokenizer) if tokenizer.chat_template else None
+    if cfg.rollout.backend == "ray":
+        _write_placement(cfg, source, learner, log)
     order = DataOrder(len(tasks), cfg.train.seed)
     step, feeder_state = _resume(ckpt, order, log) if ckpt is not None else (0, {})
-    source, eval_engine = _rollout_source(cfg, engine_model, tokenizer, env, renderer, n_workers, plain, stack, log,
-                                          learner)
     feeder = RolloutFeeder(source, tasks, order, cfg.train.groups_per_step, cfg.max_off_policy_steps,
                            items_per_step=max(1, n_workers), keep=varied_rewards if cfg.algo.dynamic_sampling else None,
                            draw_limit=cfg.train.draw_limit, solved_at=cfg.train.drop_solved)
@@ -334,6 +340,8 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
 
     if step == 0:
         run_eval()
+    # the step clock starts once every sampler can take work, as a trainer's starts after its set-up
+    startup_wait_s: float | None = source.ready()
     deadline = Deadline(cfg.max_seconds)
     skipped_in_row = 0
     tokens_trained, tokens_generated, rollout_seconds = 0, 0, 0.0  # RLResult's
@@ -358,6 +366,8 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
             step += 1
             weights = learner.weights()
             source.publish(weights, step)
+            if startup_wait_s is not None:  # the run's first step carries the wait before it
+                m["time/startup_wait_s"], startup_wait_s = startup_wait_s, None
             record = {**m, "lr": lr, **_step_record(roll, rewards, staleness, (t0, t1, t2, time.perf_counter())),
                       **feeder.buffer.stats(), **source.stats(),
                       "rollout/regenerated_groups": float(feeder.regenerated_groups),
