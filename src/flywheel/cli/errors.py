@@ -15,9 +15,11 @@ def user_errors():
     from flywheel.models import ChatTemplateError, ModelLoadError
     from flywheel.train.sft_data import DataError
     from flywheel.errors import TrainError
+    from flywheel.envs.swe.sources import SourceError
 
     try:
         yield
-    except (ConfigError, EnvLoadError, ModelLoadError, DataError, TrainError, ChatTemplateError, ValueError, OSError) as e:
+    except (ConfigError, EnvLoadError, ModelLoadError, DataError, TrainError, ChatTemplateError, SourceError,
+            ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise typer.Exit(2) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from flywheel.cli import data, demo, economics, env, generate, loop, model, registry, traces, train
-from flywheel.cli import flywheels, jobs, keys, serve, worker
+from flywheel.cli import flywheels, jobs, keys, serve, swe, worker
 from flywheel.cli.help import reflow_help
 
 app = typer.Typer(help="flywheel: continuous post-training of agentic language models.",
@@ -13,6 +13,7 @@ app = typer.Typer(help="flywheel: continuous post-training of agentic language m
 app.add_typer(model.app, name="model")
 app.add_typer(data.app, name="data")
 app.add_typer(env.app, name="env")
+app.add_typer(swe.app, name="swe")
 app.add_typer(economics.app, name="economics")
 app.add_typer(traces.app, name="traces")
 app.add_typer(registry.app, name="registry")

@@ -135,8 +135,18 @@ def apply_patch(root: Path, patch: str) -> list[str]:
             target.unlink(missing_ok=True)
         else:
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(text.encode("utf-8", errors="surrogateescape"))
+            _replace_file(target, text.encode("utf-8", errors="surrogateescape"))
     return list(staged)
+
+
+def _replace_file(target: Path, data: bytes) -> None:
+    """Write `target` as a new file renamed into place (keeping its mode): never in place, so a
+    file hard-linked from a shared base tree (envs/swe/workspace.py) is left as it was."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.patch-tmp")
+    tmp.write_bytes(data)
+    if target.exists():
+        os.chmod(tmp, target.stat().st_mode & 0o7777)
+    os.replace(tmp, target)
 
 
 def make_diff(rel: str, old: str | None, new: str | None, context: int = 3) -> str:

@@ -28,6 +28,7 @@ BUILTINS = {
     "reasoning_gym": "flywheel.envs.reasoning_gym:load",
     "code_repair": "flywheel.envs.code_repair:load",
     "replay": "flywheel.envs.replay:load",
+    "swe": "flywheel.envs.swe.env:load",
 }
 
 FORMS = "others load by import path 'package.module:load' or by file 'path/to/file.py:load'"

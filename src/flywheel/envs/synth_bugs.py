@@ -180,7 +180,7 @@ def find_mutations(root: Path) -> list[Mutation]:
     return out
 
 
-def _interleave(muts: list[Mutation], rng: random.Random) -> list[Mutation]:
+def interleave(muts: list[Mutation], rng: random.Random) -> list[Mutation]:
     """Seeded order that takes one site per function in turn (varied bugs before many in one place)."""
     groups = defaultdict(list)
     for m in muts:
@@ -269,7 +269,7 @@ def synthesize(repo: str, max_n: int = 100, seed: int = 0, rev: str | None = Non
         if not passing:
             raise CodeRepairError(f"{src}: no passing tests found (the lean runner collected {len(base.results)}: "
                                   f"{', '.join(list(base.results)[:5])}); see `flywheel env synth-bugs --help`")
-        order = _interleave(find_mutations(orig), random.Random(seed))
+        order = interleave(find_mutations(orig), random.Random(seed))
         precompile(orig)  # the mutated file's pyc no longer matches its source hash: it is compiled
         report.sites = len(order)
         dirs = []

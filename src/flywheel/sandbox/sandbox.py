@@ -84,12 +84,15 @@ class Sandbox:
         return self.backend == "bwrap"
 
     def run(self, argv: list[str], workspace: str | Path | None = None, stdin: str | None = None,
-            env: dict[str, str] | None = None, limits: Limits | None = None, cwd: str = ".") -> ExecResult:
+            env: dict[str, str] | None = None, limits: Limits | None = None, cwd: str = ".",
+            read_only: tuple[str, ...] = ()) -> ExecResult:
         """Run `argv` inside a fresh sandbox. The workspace (a host dir) is seen read-write at
         /workspace and is the only writable place besides a private /tmp; `cwd` is relative to
         /workspace. Without a workspace, /workspace is a throwaway tmpfs. What the run writes
         there is capped (Limits.workspace_files, workspace_mb) and reaches the host directory
-        when the run is over, all of it or (quota exceeded, no time left) none of it."""
+        when the run is over, all of it or (quota exceeded, no time left) none of it.
+        `read_only`: host folders seen read-only at their own paths (a prepared venv), besides
+        the running interpreter's."""
         if not argv:
             raise ValueError("argv is empty")
         lim = limits or self.limits
@@ -103,7 +106,8 @@ class Sandbox:
         reason, note = None, ""
         try:
             if self.isolated:
-                cap, reason, note = self._run_bwrap(list(argv), ws, _stdin_bytes(stdin), env, lim, cwd, cg)
+                cap, reason, note = self._run_bwrap(list(argv), ws, _stdin_bytes(stdin), env, lim, cwd, cg,
+                                                    tuple(os.path.abspath(p) for p in read_only))
             else:
                 cap = self._run_unsafe(list(argv), ws, _stdin_bytes(stdin), env, lim, cwd, cg)
         finally:
@@ -126,7 +130,7 @@ class Sandbox:
 
     # -- backends -------------------------------------------------------------------------
 
-    def _run_bwrap(self, argv, ws, stdin, env, lim, cwd, cg):
+    def _run_bwrap(self, argv, ws, stdin, env, lim, cwd, cg, read_only=()):
         """(Captured, workspace error reason or None, note for stderr): the run in a QuotaFs whose
         workspace is an overlay on `ws` (or a copy of it), then copied back (quota.settle)."""
         overlay = ws is not None and probe.quota_mode() == "overlay"
@@ -139,7 +143,7 @@ class Sandbox:
                     raise SandboxError(f"{e.strerror}: {lim.workspace_files} files / {lim.workspace_mb} MiB (raise "
                                        f"Limits.workspace_files / workspace_mb)") from None
             t0 = time.monotonic()
-            cap = self._launch(argv, fs, stdin, env, lim, cwd, cg)
+            cap = self._launch(argv, fs, stdin, env, lim, cwd, cg, read_only)
             try:
                 reason, note = quota.settle(fs, ws, t0 + lim.wall_s + quota.COPY_BACK_S)
             except (OSError, RecursionError) as e:  # e.g. the holder died, a tree deeper than the recursion limit
@@ -148,9 +152,10 @@ class Sandbox:
             fs.close()
         return cap, reason, note
 
-    def _launch(self, argv, fs, stdin, env, lim, cwd, cg):
+    def _launch(self, argv, fs, stdin, env, lim, cwd, cg, read_only=()):
         mounts = {bwrap.WORKSPACE: fs.inside("ws"), "/tmp": fs.inside("tmp"), "/dev/shm": fs.inside("shm")}
-        spec = bwrap.Spec(lim, None, cwd, env, seccomp=self._seccomp, mounts=mounts, **self._flags)
+        spec = bwrap.Spec(lim, None, cwd, env, extra_ro=read_only, seccomp=self._seccomp, mounts=mounts,
+                          **self._flags)
         # RLIMIT_NPROC (no cgroup) counts bwrap's reaper too
         command = [self._prlimit, *lim.prlimit_args(nproc=cg is None, nproc_overhead=1), "--", *argv]
         prep = bwrap.prepare(self._bwrap, spec, command)
