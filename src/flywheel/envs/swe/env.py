@@ -81,7 +81,7 @@ class BashTool:
         status = (f"[killed: timed out after {t} s]" if res.timed_out else
                   f"[killed: more than {self.output_bytes} bytes of output]" if res.truncated else
                   f"[killed: {res.error}]" if res.error else f"[exit code {res.returncode}]")
-        return (out.rstrip("\n") + "\n" + status).lstrip("\n")
+        return status + "\n" + out.rstrip("\n")  # the status first: a long output is cut at its end
 
 
 class SWEEnv(ToolEnv):

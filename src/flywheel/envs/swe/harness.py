@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -194,11 +195,16 @@ class Validation:
                 f"kept={len(self.kept)} dropped={len(self.dropped)}")
 
 
-def validate(instances: list[SWEInstance], unsafe: bool | None = None, log=print) -> Validation:
-    """Gold must resolve and the empty patch must not, on every instance; the others are dropped."""
+def validate(instances: list[SWEInstance], unsafe: bool | None = None, log=print,
+             workers: int | None = None) -> Validation:
+    """Gold must resolve and the empty patch must not, on every instance; the others are
+    dropped. `workers` evaluations run at once (default: one per CPU, at most 4)."""
     kept, dropped, gold_runs, empty_runs = [], [], [], []
-    for inst in instances:
-        gold, empty = evaluate(inst, inst.patch, unsafe), evaluate(inst, "", unsafe)
+    jobs = [(inst, patch) for inst in instances for patch in (inst.patch, "")]
+    with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as ex:
+        runs = list(ex.map(lambda job: evaluate(job[0], job[1], unsafe), jobs))
+    for k, inst in enumerate(instances):
+        gold, empty = runs[2 * k], runs[2 * k + 1]
         gold_runs.append(gold)
         empty_runs.append(empty)
         why = None
