@@ -44,7 +44,7 @@ def arm(kind: str, root: Path, steps: int) -> None:
     if kind == "chosen":
         from flywheel.threads import use_threads
 
-        use_threads(None, log=said.append)  # what cli/threads.py's set_threads does, said here
+        use_threads(None, log=said.append)  # what cli/options.py's set_threads does, said here
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CpuOversubscribed)
         final = base_model(replace(BASE_RECIPE, steps=steps), root=root, log=lambda m: None)

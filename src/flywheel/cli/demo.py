@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from flywheel.cli.threads import set_threads, threads_option
+from flywheel.cli.options import set_threads, threads_option
 from flywheel.demo.presets import PRESETS
 from flywheel.demo.run import run_demo, summary_lines
 

@@ -8,7 +8,7 @@ import json
 import typer
 
 from flywheel.cli.errors import user_errors
-from flywheel.cli.threads import set_threads, threads_option
+from flywheel.cli.options import set_threads, threads_option
 
 app = typer.Typer(help="Inspect environments and play episodes.", no_args_is_help=True)
 

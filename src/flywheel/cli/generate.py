@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from flywheel.cli.errors import user_errors
-from flywheel.cli.threads import set_threads, threads_option
+from flywheel.cli.options import set_threads, threads_option
 
 
 def generate(model: Path = typer.Option(..., "--model", help="local model folder"),

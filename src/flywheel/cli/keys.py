@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from flywheel.cli.data_dir import data_dir_option, resolve
+from flywheel.cli.options import data_dir_option, resolve
 from flywheel.cli.errors import user_errors
 
 app = typer.Typer(help="API keys of the fine-tuning service's tenants (hashed at rest).", no_args_is_help=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from flywheel.cli.errors import user_errors
-from flywheel.cli.threads import set_threads, threads_option
+from flywheel.cli.options import set_threads, threads_option
 
 app = typer.Typer(help="Build and inspect models.", no_args_is_help=True)
 

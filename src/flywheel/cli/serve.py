@@ -7,9 +7,8 @@ from pathlib import Path
 
 import typer
 
-from flywheel.cli.data_dir import data_dir_option, resolve
 from flywheel.cli.errors import user_errors
-from flywheel.cli.threads import set_threads, threads_option
+from flywheel.cli.options import data_dir_option, resolve, set_threads, threads_option
 
 
 def serve(model: Path = typer.Option(None, "--model", help="a local model folder, served as it is (one version)"),

@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from flywheel.cli.errors import user_errors
-from flywheel.cli.threads import set_threads
+from flywheel.cli.options import set_threads
 
 CONFIG = typer.Argument(..., help="YAML config (see configs/)")
 OVERRIDES = {"allow_extra_args": True, "ignore_unknown_options": True}

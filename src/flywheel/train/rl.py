@@ -280,6 +280,17 @@ def _step_record(roll, rewards: list[float], staleness: list[int], times: tuple[
             "rollout/discarded_groups": float(len(roll.discarded))}
 
 
+def _open_logs(cfg: RLConfig, step: int, stack: ExitStack):
+    """metrics.jsonl (and TensorBoard) and rollouts.jsonl, appended from `step` on (a resumed
+    run's rows past its checkpoint are dropped first); closed with the run."""
+    out = Path(cfg.output_dir)
+    metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
+                                start_step=step)
+    stack.callback(metrics_out.close)
+    drop_rows_after(out / "rollouts.jsonl", step)
+    return metrics_out, stack.enter_context(open(out / "rollouts.jsonl", "a", encoding="utf-8"))
+
+
 def run_rl(cfg: RLConfig, log: Callable[[str], None] = print) -> RLResult:
     with ExitStack() as stack:
         return _run(cfg, log, stack)
@@ -317,11 +328,7 @@ def _run(cfg: RLConfig, log: Callable[[str], None], stack: ExitStack) -> RLResul
                            items_per_step=max(1, n_workers), keep=varied_rewards if cfg.algo.dynamic_sampling else None,
                            draw_limit=cfg.train.draw_limit, solved_at=cfg.train.drop_solved)
     feeder.load_state_dict(feeder_state)
-    metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
-                                start_step=step)
-    stack.callback(metrics_out.close)
-    drop_rows_after(out / "rollouts.jsonl", step)
-    rollouts_log = stack.enter_context(open(out / "rollouts.jsonl", "a", encoding="utf-8"))
+    metrics_out, rollouts_log = _open_logs(cfg, step, stack)
     evals: list[dict] = []
     weights = learner.weights()
     source.publish(weights, step)
