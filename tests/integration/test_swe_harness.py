@@ -8,6 +8,7 @@ repositories on disk. The shipped real-project instances are validated in the sl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -277,3 +278,49 @@ def test_flywheel_rl_trains_on_swe_and_evaluates_pass_at_k(project, tmp_path):
     assert len(evals) == 2 and all(r["eval/greedy_accuracy"] == 0.0 for r in evals)
     assert any(k.startswith("eval/pass@") for k in evals[-1]), evals[-1]
     assert [r["reward_mean"] for r in rows if "reward_mean" in r] == [0.0]
+
+
+def test_a_failed_agent_trace_with_a_swe_verifier_is_curated_and_replayed(project, tmp_path):
+    """The loop's path: feedback on a production trace names the `swe` verifier (the task
+    `flywheel env show swe` prints); curation makes it an RL task and the replay grades it with
+    the harness (the scripted bash agent resolves it)."""
+    from datetime import datetime, timezone
+
+    from flywheel.envs.replay import ReplayEnvironment
+    from flywheel.loop.curation import curate
+    from flywheel.loop.curation_rules import CurationConfig
+    from flywheel.loop.feedback_check import check_feedback
+    from flywheel.traces.results import StoredFeedback, StoredTrace, StoredVerifier
+
+    inst = dataclasses.replace(project[1], split="test")
+    tasks = tmp_path / "tasks.jsonl"
+    write_instances(tasks, [inst])
+    shown = CliRunner().invoke(cli, ["env", "show", "swe", "--set", f"instances={tasks}"])
+    assert shown.exit_code == 0, shown.output
+    verifier = json.loads(shown.stdout.split("example verifier:\n", 1)[1])
+    assert verifier["env"] == "swe" and verifier["task"]["metadata"]["instance"]["instance_id"] == inst.instance_id
+    check_feedback({"score": 0.0, "verifier": verifier}, CurationConfig())
+    question = SWEEnvironment([inst]).tasks("test")[0]
+    now = datetime.now(timezone.utc)
+    trace = StoredTrace(id="trace-1", seq=1, idempotency_key="k", created_at=now, source="serve",
+                        messages=question.prompt, tools=question.tools,
+                        response={"role": "assistant", "content": "I could not fix it."},
+                        feedback=[StoredFeedback(id="f", trace_id="trace-1", created_at=now, score=0.0,
+                                                 verifier=StoredVerifier("swe", verifier["task"]))])
+    (item,) = curate([trace], cfg=CurationConfig(heldout_fraction=0.0, min_heldout=0)).rl.train
+    replay = ReplayEnvironment([item.row])
+    results = asyncio.run(play_episodes(replay, replay.tasks("train"), replay.scripted_policy(), timeout_s=120))
+    assert [r.reward for r in results] == [1.0]
+
+
+def test_swe_is_accepted_as_a_fine_tuning_environment_grader(project, tmp_path):
+    """A reinforcement job may name `swe` as its grader (flywheel_environment); a bad setting is
+    a 400 naming the field."""
+    from flywheel.errors import OpenAIError
+    from flywheel.finetuning.fine_tuning import ENV_GRADER, check_environment
+
+    tasks = tmp_path / "tasks.jsonl"
+    write_instances(tasks, [project[1]])
+    check_environment({"type": ENV_GRADER, "env": "swe", "settings": {"instances": str(tasks)}}, "grader")
+    with pytest.raises(OpenAIError, match=r"grader.env: 'swe' does not load: SWEFormatError: projects: unknown"):
+        check_environment({"type": ENV_GRADER, "env": "swe", "settings": {"projects": "nope"}}, "grader")
