@@ -6,7 +6,8 @@
 2. Mutation sites in the library's functions (synth_bugs.find_mutations: swapped operators,
    changed constants, inverted conditions, removed statements), visited in a seeded order
    that takes turns between functions.
-3. Each mutant runs the passing tests. Kept when some fail and none times out: those failing
+3. Each mutant runs the passing tests (stopped at three times the whole suite's time: a
+   mutant may loop forever). Kept when some fail and the run finished: those failing
    are FAIL_TO_PASS, the others PASS_TO_PASS; `bug_patch` makes the mutant from the source,
    `patch` (gold) undoes it.
 4. The problem statement is written from the failing behaviour: the failing tests and their
@@ -20,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from flywheel.envs.patches import make_diff
 from flywheel.envs.repo import is_test_path
-from flywheel.envs.swe.harness import PASSING, TestRun, run_pytest, sandbox
+from flywheel.envs.swe.harness import PASSING, TEST_LIMITS, TestRun, run_pytest, sandbox
 from flywheel.envs.swe.instance import EnvironmentSpec, SWEInstance, env_key
 from flywheel.envs.swe.prepared import prepare_env
 from flywheel.envs.swe.sources import PROJECTS, Project, source_tree
@@ -55,6 +57,11 @@ class BuildReport:
     kinds: dict = field(default_factory=dict)
 
 
+def stable(message: str) -> str:
+    """A failure message without what changes from run to run (object addresses)."""
+    return re.sub(r"\b0x[0-9a-fA-F]{6,}\b", "0x...", message)
+
+
 def problem_statement(project: Project, f2p: list[str], run: TestRun, shown: int = 4) -> str:
     """An issue written from the failing tests' behaviour: which tests fail and how."""
     n = len(f2p)
@@ -62,7 +69,7 @@ def problem_statement(project: Project, f2p: list[str], run: TestRun, shown: int
              f"fail{'s' * (n == 1)}:", ""]
     for node in f2p[:shown]:
         message = run.messages.get(node, "").strip() or run.outcomes.get(node, "failed")
-        lines.append(f"- `{node}`: {message}")
+        lines.append(f"- `{node}`: {stable(message)}")
     if n > shown:
         lines.append(f"- ... and {n - shown} more")
     lines += ["", "The tests describe the intended behaviour; the library code is wrong. Fix the library so "
@@ -90,6 +97,8 @@ def build_instances(project: Project, max_n: int, seed: int = 0, workers: int | 
         whole = run_pytest(new_workspace(base, parent=tmp), env, [project.tests], box)
         if whole.error:
             raise RuntimeError(f"{project.name}: the test suite did not run: {whole.error}\n{whole.output_tail}")
+        # a mutant may loop forever: its run is stopped at a few times the whole suite's time
+        limits = TEST_LIMITS.with_(wall_s=max(20.0, 3 * whole.duration_s), cpu_s=int(max(20, 3 * whole.duration_s)))
         passing = sorted(n for n, o in whole.outcomes.items() if o in PASSING and whole.seconds.get(n, 0) <= slow_s)
         report.tests, report.failing_before = len(passing), sum(o not in PASSING for o in whole.outcomes.values())
         report.slow = sum(o in PASSING and whole.seconds.get(n, 0) > slow_s for n, o in whole.outcomes.items())
@@ -102,7 +111,7 @@ def build_instances(project: Project, max_n: int, seed: int = 0, workers: int | 
             text = (base / m.path).read_bytes().decode("utf-8", errors="surrogateescape")
             ws = _mutant_workspace(base, m.path, m.apply(text), Path(tmp))
             try:
-                return m, text, run_pytest(ws, env, passing, box)
+                return m, text, run_pytest(ws, env, passing, box, limits)
             finally:
                 shutil.rmtree(ws, ignore_errors=True)
 
