@@ -102,9 +102,9 @@ def assert_next_episode_clean(env):
 def test_a_fork_bomb_is_contained(env):
     before = descendants()
     t0 = time.monotonic()
-    result, (out,) = run(env, "b() { b | b & }; b; sleep 3")
+    result, (out,) = run(env, "b() { b | b & }; b; sleep 1")
     assert time.monotonic() - t0 < 60
-    assert "killed" in out or "Resource temporarily unavailable" in out or "exit code" in out, out
+    assert out.startswith("[killed: too many processes]"), out[:300]
     assert not (descendants() - before)
     assert_next_episode_clean(env)
 
