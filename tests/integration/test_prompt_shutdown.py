@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from flywheel.config import SFTConfig, validate
-from flywheel.loop.cycle import LoopStores, run_cycle
+from flywheel.loop.cycle import LoopStores
 from flywheel.loop.loop_config import LoopConfig
 from flywheel.train.checkpoint import list_checkpoints
 

@@ -96,7 +96,6 @@ def test_a_run_from_an_adapter_folder_evaluates_the_adapted_model_at_step_0(mode
     """The evaluation engine is built from the adapter's base; before the first evaluation it
     must take the learner's (merged) weights, also when rollouts run in worker processes and
     so never write into it."""
-    import torch
 
     from flywheel.models import load
     from flywheel.train import rl as rl_module

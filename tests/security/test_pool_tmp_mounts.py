@@ -6,7 +6,6 @@ once. Also: a request cannot keep files past the cleaner by chmod-ing /tmp or /d
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
