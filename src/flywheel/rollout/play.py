@@ -68,12 +68,19 @@ async def play(env: Environment, tasks: Sequence[Task], policy: Policy, *, group
 
 async def play(env, tasks, policy, *, group_size=1, concurrency=64, timeout_s=300.0):
     """`group_size` episodes per task, in task order. `concurrency` and `timeout_s` bound a
-    text-level policy's episodes; a SamplerPolicy advances all of them together."""
+    text-level policy's episodes; a SamplerPolicy advances all of them together.
+
+    The batch runs with the cycle collector paused (process.cycle_collector_paused), as
+    EpisodeLoop runs one: its episodes allocate many small containers, each counting toward
+    a collection, and a full collection walks every live container of the process (about
+    0.1 s once torch is imported). A thousand calculator episodes met one to three such
+    collections and ran at half the speed (docs/benchmarks.md, bench/envs.py)."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    if isinstance(policy, SamplerPolicy):
-        return await _play_sampler(env, list(tasks), policy, group_size)
-    return await _play_text(env, list(tasks), policy, group_size, concurrency, timeout_s)
+    with cycle_collector_paused():
+        if isinstance(policy, SamplerPolicy):
+            return await _play_sampler(env, list(tasks), policy, group_size)
+        return await _play_text(env, list(tasks), policy, group_size, concurrency, timeout_s)
 
 
 async def _group_rewards(env: Environment, task: Task, rewards: list[float],
