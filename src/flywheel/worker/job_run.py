@@ -17,6 +17,7 @@ pre-imported zygote (worker/zygote.py) rather than starting this module afresh.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -81,9 +82,29 @@ def _write(job_dir: Path, result: dict) -> None:
     atomic_write(job_dir / "result.json", json.dumps(result).encode())
 
 
+JOB_NICE = 10  # training's CPU priority below the server's (nice 0): requests are the foreground
+
+
+def background_priority() -> None:
+    """This process as background work: nice JOB_NICE and, where Linux has it, SCHED_BATCH
+    (no wake-up preemption of interactive work). When the server and a job both want a core,
+    the server gets it; alone, the job still gets all of it."""
+    try:
+        os.nice(max(0, JOB_NICE - os.nice(0)))  # never raises a priority
+    except OSError:
+        pass
+    if hasattr(os, "SCHED_BATCH"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        except OSError:
+            pass
+
+
 def child_main(job_dir: Path) -> int:
-    """The training process's life: it dies with its parent, SIGTERM asks for a stop at a
-    checkpoint; returns the exit status (a process of its own, or a fork of worker/zygote.py)."""
+    """The training process's life: background priority, it dies with its parent, SIGTERM asks
+    for a stop at a checkpoint; returns the exit status (a process of its own, or a fork of
+    worker/zygote.py)."""
+    background_priority()
     die_with_parent()
     signal.signal(signal.SIGTERM, lambda *_: request_stop())
     return run(job_dir)
