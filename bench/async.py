@@ -117,7 +117,12 @@ def measure(name: str, model: Path, env: dict, args, groups: int, group_size: in
     ratios = [a / b for a, b in zip(sps[best_async], sps[best_sync])]
     wall_ratios = [a / b for a, b in zip(wall_sps[best_async], wall_sps[best_sync])]
     steady_ratios = [a / b for a, b in zip(steady[best_async], steady[best_sync])]
+    # what overlapping generation with training alone could give, from the better sync run's own
+    # times: (rollout + learn) / max(rollout, learn) (more workers than one can go past it)
+    rollout, learn = split[best_sync]["time/rollout_wait_s"], split[best_sync]["time/train_s"]
+    limit = (rollout + learn) / max(rollout, learn, 1e-9)
     return {"name": name, "med": med, "runs": sps, "split": split, "best_sync": best_sync,
+            "overlap_limit": limit, "overlap_share": statistics.median(ratios) / limit,
             "best_async": best_async, "ratios": ratios, "ratio": statistics.median(ratios),
             "wall_ratio": statistics.median(wall_ratios), "steady_ratios": steady_ratios,
             "steady_ratio": statistics.median(steady_ratios),
@@ -148,15 +153,17 @@ def main() -> None:
     ]
     names = list(results[0]["med"])
     rows = ["| workload | " + " | ".join(f"{n} samples/s" for n in names) + " | ratio, median (range) | "
-            "ratio of run walls | without step 1: ratio (range) | step 1 s, async / sync |",
-            "|---|" + "---|" * (len(names) + 4)]
+            "ratio of run walls | without step 1: ratio (range) | step 1 s, async / sync | overlap limit "
+            "(sync's own times) | share of it |",
+            "|---|" + "---|" * (len(names) + 6)]
     for r in results:
         cells = [f"**{r['med'][n]:.1f}**" if n in (r["best_sync"], r["best_async"]) else f"{r['med'][n]:.1f}"
                  for n in names]
         rows.append(f"| {r['name']} | " + " | ".join(cells) + f" | {r['ratio']:.2f} "
                     f"({min(r['ratios']):.2f}-{max(r['ratios']):.2f}) | {r['wall_ratio']:.2f} | "
                     f"{r['steady_ratio']:.2f} ({min(r['steady_ratios']):.2f}-{max(r['steady_ratios']):.2f}) | "
-                    f"{r['first_async_s']:.2f} / {r['first_sync_s']:.2f} |")
+                    f"{r['first_async_s']:.2f} / {r['first_sync_s']:.2f} | {r['overlap_limit']:.2f} | "
+                    f"{r['overlap_share']:.2f} |")
     split_rows = ["| workload | variant | learner waits s | learner trains s | generation s (per item) | reward |",
                   "|---|---|---|---|---|---|"]
     for r in results:
@@ -178,8 +185,11 @@ def main() -> None:
         f"the sum of all step times; the variants interleaved, {args.repeats} runs each (medians of runs); "
         "ratio = the better async variant / the better sync variant (bold), per repeat, median (range); "
         "ratio of run walls: the same over each run_rl call's wall time (start-up included), median. "
-        "Without step 1: the same ratio with every variant's first step left out (an async run's first step "
-        "waits for its rollout workers to start and load the model), context beside the headline. "
+        "Without step 1: the same ratio with every variant's first step left out, context beside the headline "
+        "(run_rl starts rollout workers before it builds the learner and waits for them before step 1, off the "
+        "step clock; the run-wall ratio still counts that start-up). Overlap limit: (rollout + learn) / "
+        "max(rollout, learn) from the better sync run's own median step times, what overlapping the two alone "
+        "could give; two workers generating at once can pass it. "
         f"Calculator: {args.groups} tasks x 8 attempts per step, <= 128 tokens per turn, bare prompts "
         f"(a + b, 2-3 digits), every calc call sleeps the row's latency; policy: the demo's "
         "base model. Arithmetic: 8 x 8, <= 6 tokens. Threads: a sync run's learner uses all; async runs give "
@@ -192,6 +202,8 @@ def main() -> None:
             f"ratio_max={max(calc['ratios']):.2f} metric=total repeats={args.repeats} {others} "
             f"arithmetic_ratio={arith['ratio']:.2f} steady_ratio={calc['steady_ratio']:.2f} "
             f"arithmetic_steady_ratio={arith['steady_ratio']:.2f} first_step_async_s={calc['first_async_s']:.2f} "
+            f"overlap_limit={calc['overlap_limit']:.2f} overlap_share={calc['overlap_share']:.2f} "
+            f"arithmetic_overlap_limit={arith['overlap_limit']:.2f} arithmetic_overlap_share={arith['overlap_share']:.2f} "
             f"calculator_sync_sps={calc['med'][calc['best_sync']]:.1f} "
             f"calculator_async_sps={calc['med'][calc['best_async']]:.1f} "
             f"calculator_success_before={rl_before:.2f} calculator_success_after={rl_after:.2f} "
