@@ -147,11 +147,9 @@ def test_a_worker_that_cannot_start_is_a_clear_error(model):
         spec = WorkerSpec(model="/no/such/model", env_name="arithmetic", env_settings={},
                           transport_name=transport.name, sampling={"max_tokens": 4}, group_size=2, threads=1)
         pool = ProcessRollouts(spec, 1, max_restarts=3, log=lambda m: None)
-        try:
+        try:  # what run_rl waits on before step 1 (poll() reports it the same way)
             with pytest.raises(RolloutError, match="failed to start(.|\n)*/no/such/model"):
-                deadline = time.time() + 60
-                while time.time() < deadline:
-                    pool.poll(0.1)
+                pool.ready()
         finally:
             pool.close()
         assert pool.restarts == 0  # a start-up failure is reported, not retried
@@ -159,32 +157,24 @@ def test_a_worker_that_cannot_start_is_a_clear_error(model):
         transport.close()
 
 
-def test_ready_waits_for_every_worker_and_reports_a_failed_start(model):
-    """`ready()` returns once each worker's engine is built (what a run waits for before its
-    step clock); a worker that cannot start makes it raise, naming the cause."""
-    from flywheel.orchestrate import ProcessRollouts, RolloutError, WorkerSpec
+def test_ready_waits_until_the_worker_has_started(model):
+    """`ready()` returns once the worker's engine is built (what a run waits for before its step
+    clock), and at once after that."""
+    from flywheel.orchestrate import ProcessRollouts, WorkerSpec
     from flywheel.models import load
     from flywheel.weights import SharedMemoryTransport
 
     m, _ = load(model)
-    transport = SharedMemoryTransport.create(dict(m.named_parameters()), readers=2)
+    transport = SharedMemoryTransport.create(dict(m.named_parameters()))
     try:
         good = WorkerSpec(model=str(model), env_name="arithmetic", env_settings={}, transport_name=transport.name,
                           sampling={"max_tokens": 4}, group_size=2, threads=1)
-        pool = ProcessRollouts(good, 2, log=lambda m: None)
+        pool = ProcessRollouts(good, 1, log=lambda m: None)
         try:
             assert pool.startup_s() == []
             assert pool.ready() > 0.0
-            assert len(pool.startup_s()) == 2 and all(s > 0.0 for s in pool.startup_s())
+            assert len(pool.startup_s()) == 1 and pool.startup_s()[0] > 0.0
             assert pool.ready() < 0.01  # nothing left to wait for
-        finally:
-            pool.close()
-        bad = WorkerSpec(model="/no/such/model", env_name="arithmetic", env_settings={},
-                         transport_name=transport.name, sampling={"max_tokens": 4}, group_size=2, threads=1)
-        pool = ProcessRollouts(bad, 1, log=lambda m: None)
-        try:
-            with pytest.raises(RolloutError, match="failed to start(.|\n)*/no/such/model"):
-                pool.ready()
         finally:
             pool.close()
     finally:

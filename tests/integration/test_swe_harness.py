@@ -251,6 +251,7 @@ def test_evaluate_scores_a_predictions_file(project, tmp_path):
     assert result.exit_code == 2 and "'nope' is not among the 1 instances" in result.output
 
 
+@pytest.mark.slow  # the whole flow end to end: make test-all
 def test_flywheel_rl_trains_on_swe_and_evaluates_pass_at_k(project, tmp_path):
     """One RL step on the swe environment (a tiny random model: it earns no reward, the test
     is the machinery: episodes in the sandbox, graded by the harness, pass@k evaluated)."""
