@@ -109,18 +109,13 @@ def run_pytest(workdir: Path, env: PreparedEnv, nodes: list[str], box: Sandbox |
                    {n: s for n, (_, _, s) in raw.items()})
 
 
-def apply_submission(workdir: Path, base: Path, inst: SWEInstance, model_patch: str) -> None:
-    """The model's patch, its test-path changes undone, then the instance's test_patch.
-    Raises PatchError when either does not apply."""
+def apply_submission(workdir: Path, base: Path, inst: SWEInstance, model_patch: str, link: bool = True) -> None:
+    """The model's patch, its test-path changes undone (test files `link`ed back from the base,
+    or copied), then the instance's test_patch. Raises PatchError when either does not apply."""
     changed = apply_patch(workdir, model_patch) if model_patch.strip() else []
     for rel in changed:
         if is_test_path(rel):
-            target = workdir / rel
-            if target.exists() or target.is_symlink():
-                target.unlink()
-            if (base / rel).is_file():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.link(base / rel, target)
+            _reset(workdir, base, rel, link)
     if inst.test_patch.strip():
         try:
             apply_patch(workdir, inst.test_patch)
@@ -143,11 +138,11 @@ def evaluate(inst: SWEInstance, model_patch: str, unsafe: bool | None = None,
             link_tree(workspace, ws, copy=True)
             model_patch = ""
             for rel in _test_paths(ws, base):
-                _reset(ws, base, rel)
+                _reset(ws, base, rel, box.isolated)
         try:
             if model_patch.strip():
                 parse_patch(model_patch)
-            apply_submission(ws, base, inst, model_patch)
+            apply_submission(ws, base, inst, model_patch, link=box.isolated)
         except PatchError as e:
             return Evaluation(inst.instance_id, False, error=f"patch does not apply: {e}",
                               duration_s=time.perf_counter() - t0)
@@ -171,13 +166,15 @@ def _test_paths(ws: Path, base: Path) -> list[str]:
     return sorted(out)
 
 
-def _reset(ws: Path, base: Path, rel: str) -> None:
+def _reset(ws: Path, base: Path, rel: str, link: bool) -> None:
+    """`rel` in the workspace as the base has it (absent if the base has none): a hard link
+    where nothing writes in place (the sandbox isolates), else a copy."""
     target = ws / rel
     if target.exists() or target.is_symlink():
         target.unlink()
     if (base / rel).is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(base / rel, target)
+        (os.link if link else shutil.copy2)(base / rel, target)
 
 
 @dataclass
