@@ -118,3 +118,11 @@ def test_a_bad_prediction_is_named(tmp_path, line, message):
                  + (line if isinstance(line, str) else json.dumps(line)) + "\n")
     with pytest.raises(SWEFormatError, match=message.replace("[", r"\[").replace("(", r"\(")):
         read_predictions(p)
+
+
+def test_failure_messages_lose_only_object_addresses():
+    from flywheel.envs.swe.synthesize import stable
+
+    assert stable("assert <function f at 0x7f61089fc540> != <X object at 0x7F2A7AEEC540>") == \
+        "assert <function f at 0x...> != <X object at 0x...>"
+    assert stable("assert 0x10 == 0xff00 and 12345678 == 1") == "assert 0x10 == 0xff00 and 12345678 == 1"
