@@ -10,11 +10,10 @@ names the file, the line and the field.
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 
-from flywheel.envs.swe.instance import SWEFormatError, SWEInstance, parse_instance
+from flywheel.envs.swe.instance import SWEFormatError, SWEInstance, jsonl_rows, parse_instance
 
 
 def repo_folder(repos: Path, repo: str) -> Path | None:
@@ -35,17 +34,8 @@ def import_instances(path: str | Path, repos: str | Path) -> list[SWEInstance]:
     path, repos = Path(path), Path(repos)
     if not repos.is_dir():
         raise SWEFormatError(f"--repos {repos}: not a folder")
-    if not path.is_file():
-        raise SWEFormatError(f"{path}: no such file")
     out, seen = [], {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SWEFormatError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+    for lineno, where, row in jsonl_rows(path):
         if not isinstance(row, dict):
             raise SWEFormatError(f"{where}: expected a JSON object, got {type(row).__name__}")
         repo = row.get("repo")

@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 
 class SWEFormatError(ValueError):
@@ -206,21 +206,27 @@ def parse_instance(row: Any, where: str = "instance") -> SWEInstance:
                        extra={k: v for k, v in row.items() if k not in _KNOWN})
 
 
-def read_instances(path: str | Path) -> list[SWEInstance]:
-    """Every row of a SWE-bench JSONL file; the first bad one raises SWEFormatError naming
-    `path:line` and the field. Blank lines are skipped; an instance_id may appear once."""
-    path = Path(path)
+def jsonl_rows(path: Path) -> Iterator[tuple[int, str, Any]]:
+    """(line number, "path:line", the parsed value) of each non-blank line of a JSONL file; a
+    missing file or a line that is not JSON raises SWEFormatError naming it."""
     if not path.is_file():
         raise SWEFormatError(f"{path}: no such file")
-    out, seen = [], {}
     for lineno, line in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
         try:
-            row = json.loads(line)
+            yield lineno, where, json.loads(line)
         except json.JSONDecodeError as e:
             raise SWEFormatError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+
+
+def read_instances(path: str | Path) -> list[SWEInstance]:
+    """Every row of a SWE-bench JSONL file; the first bad one raises SWEFormatError naming
+    `path:line` and the field. Blank lines are skipped; an instance_id may appear once."""
+    path = Path(path)
+    out, seen = [], {}
+    for lineno, where, row in jsonl_rows(path):
         inst = parse_instance(row, where)
         if inst.instance_id in seen:
             raise SWEFormatError(f"{where}: field 'instance_id': {inst.instance_id!r} repeats line "
@@ -264,13 +270,7 @@ def read_predictions(path: str | Path) -> list[Prediction]:
         except json.JSONDecodeError as e:
             raise SWEFormatError(f"{path}: invalid JSON ({e.msg} at line {e.lineno})") from None
     else:
-        rows = []
-        for lineno, line in enumerate(text.split("\n"), 1):
-            if line.strip():
-                try:
-                    rows.append((f"{path}:{lineno}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise SWEFormatError(f"{path}:{lineno}: invalid JSON ({e.msg} at column {e.colno})") from None
+        rows = [(where, row) for _, where, row in jsonl_rows(path)]
     out, seen = [], {}
     for where, row in rows:
         if not isinstance(row, dict):
