@@ -72,9 +72,8 @@ async def play(env, tasks, policy, *, group_size=1, concurrency=64, timeout_s=30
 
     The batch runs with the cycle collector paused (process.cycle_collector_paused), as
     EpisodeLoop runs one: its episodes allocate many small containers, each counting toward
-    a collection, and a full collection walks every live container of the process (about
-    0.1 s once torch is imported). A thousand calculator episodes met one to three such
-    collections and ran at half the speed (docs/benchmarks.md, bench/envs.py)."""
+    a collection, and a full collection walks every live container of the process, many once
+    torch is imported (measured in docs/benchmarks.md, bench/envs.py)."""
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     with cycle_collector_paused():
