@@ -57,10 +57,10 @@ TEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# Everything, the learning tests included, and the database tests against a PostgreSQL server
+# Everything, the learning tests and the browser tests (Debian's chromium) included, and the database tests against a PostgreSQL server
 # the test session starts (tests/conftest.py) as well as against SQLite; extra ray: the Ray backend.
 test-all:
-	@$(MAKE) --no-print-directory setup EXTRAS=dev,postgres,ray SYSTEM_PACKAGES="bubblewrap postgresql"
+	@$(MAKE) --no-print-directory setup EXTRAS=dev,postgres,ray,browser SYSTEM_PACKAGES="bubblewrap postgresql chromium"
 	FLYWHEEL_TEST_POSTGRES=1 $(PY) -m pytest -q -m ''
 
 # Every benchmark, each printing its last line `name: key=value ...` and appending its table to
