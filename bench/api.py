@@ -10,6 +10,12 @@ GET .../events?limit=20. Phases alternate idle / busy for `--repeats` rounds of 
 each, after a warm-up; each round's p50 and p99 are over its requests, and each figure is the
 median of the rounds with their range; an error is any non-2xx answer or a socket error. The
 goal is p99 <= 50 ms with no errors while a job trains.
+
+Then job start: `--starts` short supervised jobs, one after another, for the worker already
+running (idle, its zygote warm). Each one's start is the time from the worker's claim (the
+job row's `started_at`, written by the claim) to the end of its first training step (step
+1's row in the job's metrics.jsonl, written by the training process); both clocks are this
+machine's. The goal is <= 2 s, the median of 5.
 """
 
 from __future__ import annotations
@@ -24,9 +30,14 @@ import statistics
 import subprocess
 import sys
 import time
+from datetime import timezone
 from pathlib import Path
 
 import httpx
+from sqlalchemy import create_engine, select
+
+from flywheel.jobs.store import data_file_url
+from flywheel.jobs.tables import JobRow
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -75,11 +86,34 @@ def parse_wrk(out: str) -> dict[str, float]:
             "requests": requests, "errors": errors}
 
 
+def job_start_s(url: str, root: Path, file_id: str) -> float:
+    """Submit one short supervised job, wait for it to succeed, and return the seconds from its
+    claim to the end of its first training step (see the module's docstring)."""
+    job = httpx.post(url + "/v1/fine_tuning/jobs", json={
+        "model": "tiny", "training_file": file_id,
+        "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "batch_size": 8}}}},
+    ).json()
+    deadline = time.monotonic() + 300
+    while (status := httpx.get(f"{url}/v1/fine_tuning/jobs/{job['id']}").json()["status"]) != "succeeded":
+        if status in ("failed", "cancelled") or time.monotonic() > deadline:
+            raise RuntimeError(f"job {job['id']} ended {status}")
+        time.sleep(0.2)
+    engine = create_engine(data_file_url(root))
+    with engine.connect() as conn:
+        started = conn.execute(select(JobRow.started_at).where(JobRow.id == job["id"])).scalar_one()
+    engine.dispose()
+    metrics = next(root.rglob(f"{job['id']}/**/metrics.jsonl"))
+    first = next(r for r in map(json.loads, metrics.read_text().splitlines()) if "loss" in r)
+    assert first["step"] == 1, f"{metrics}: the first training row is step {first['step']}, not 1"
+    return first["time"] - started.replace(tzinfo=timezone.utc).timestamp()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=10.0, help="per phase")
     ap.add_argument("--repeats", type=int, default=3, help="idle / busy rounds")
+    ap.add_argument("--starts", type=int, default=5, help="short jobs timed from claim to first step")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
@@ -131,6 +165,8 @@ def main() -> None:
                     worker = None
                     httpx.post(f"{url}/v1/fine_tuning/jobs/{job['id']}/resume")
                 rounds[phase].append(load(url, job["id"], args.clients, args.seconds))
+        httpx.post(f"{url}/v1/fine_tuning/jobs/{job['id']}/cancel")
+        starts = [job_start_s(url, root, f["id"]) for _ in range(args.starts)]
     finally:
         for p in (worker, server):
             if p is not None and p.poll() is None:
@@ -152,6 +188,9 @@ def main() -> None:
              "after a 3 s warm-up, cycling GET /v1/fine_tuning/jobs?limit=20, /jobs/{id}, /jobs/{id}/events?limit=20; "
              "busy = a supervised job of the tiny model training on the same machine. Each figure: the median of "
              "the rounds (range).",
+             "", f"Job start, claim to the end of the first training step, {args.starts} short supervised jobs "
+             f"in turn for the running worker: {common.median_range(starts)} s (per job: "
+             f"{', '.join(f'{x:.2f}' for x in starts)}).",
              "", "| phase | requests | requests/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|---|"]
     for phase in ("idle", "busy"):
         lines.append(f"| {phase} | {sum(r['requests'] for r in rounds[phase]):.0f} | {fig(phase, 'rps', 0)} "
@@ -160,7 +199,8 @@ def main() -> None:
     errors = sum(r["errors"] for r in rounds["busy"])
     last = (f"api: p50_ms={med('busy', 'p50_ms'):.1f} p99_ms={med('busy', 'p99_ms'):.1f} errors={errors:.0f} "
             f"clients={args.clients} idle_p50_ms={med('idle', 'p50_ms'):.1f} idle_p99_ms={med('idle', 'p99_ms'):.1f} "
-            f"busy_rps={med('busy', 'rps'):.0f} idle_rps={med('idle', 'rps'):.0f}")
+            f"busy_rps={med('busy', 'rps'):.0f} idle_rps={med('idle', 'rps'):.0f} "
+            f"job_start_s={statistics.median(starts):.2f}")
     common.append_report("bench/api.py: the fine-tuning API under 50 concurrent clients, idle and while a job trains",
                          "\n".join(lines), last, write=not args.no_write)
 
