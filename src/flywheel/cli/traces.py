@@ -1,9 +1,11 @@
-"""`flywheel traces ...`: import traces from JSONL files and summarise the trace store."""
+"""`flywheel traces ...`: import traces from JSONL files, summarise the trace store, and score
+traces no verifier grades with a judge model (`judge`, loop/judging.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import typer
@@ -68,3 +70,58 @@ def stats(db: str | None = typer.Option(None, "--db", help=DB_HELP)) -> None:
     lines += [f"source          {name}: {n}" for name, n in s.by_source.items()]
     lines += [f"model           {name or '(none)'}: {n}" for name, n in s.by_model.items()]
     typer.echo("\n".join(lines))
+
+
+@app.command("judge")
+def judge(
+    judge_url: str = typer.Option(..., "--judge-url", help="base URL of the judge's OpenAI-compatible API, "
+                                                           "e.g. http://127.0.0.1:8000/v1 (a `flywheel serve`)"),
+    judge_model: str = typer.Option(..., "--judge-model", help="the model name to ask for there"),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="FLYWHEEL_JUDGE_API_KEY",
+                                       help="the judge server's API key ($FLYWHEEL_JUDGE_API_KEY)"),
+    config: Path | None = typer.Option(None, "--config", exists=True, dir_okay=False,
+                                       help="a loop config whose curation section (curation.judge: mode, rubric, "
+                                            "thresholds) to use; the options below override it"),
+    mode: str | None = typer.Option(None, "--mode", help="ranking (a group side by side, RULER-style) or rubric "
+                                                         "(each answer alone); default: curation.judge.mode"),
+    rubric: str | None = typer.Option(None, "--rubric", help="what a good answer is, as the judge is told"),
+    singletons: str | None = typer.Option(None, "--singletons", help="ranking mode, an answer no other shares a "
+                                                                     "prompt with: rubric or skip"),
+    rejudge: bool = typer.Option(False, "--rejudge", help="judge again traces that already have judge feedback"),
+    since: datetime | None = typer.Option(None, "--since", help="only traces created at or after this (UTC)"),
+    tenant: str | None = typer.Option(None, "--tenant", help="only this tenant's traces (default: every tenant's, "
+                                                             "each group within one tenant)"),
+    db: str | None = typer.Option(None, "--db", help=DB_HELP),
+) -> None:
+    """Score traces that no verifier grades and no user judged with a judge model; store each score
+    as feedback with source "judge" (curation makes DPO pairs of it with curation.judge's
+    thresholds). Groups the judge could not answer are skipped and counted, never scored.
+    Exit 1 when every group was skipped."""
+    import json
+
+    from flywheel.config import ConfigError, load_config, validate
+    from flywheel.loop.curation_rules import CurationConfig
+    from flywheel.loop.judging import HTTPJudge, run_judge
+    from flywheel.loop.loop_config import LoopConfig
+    from flywheel.traces import TraceStore
+
+    given = {k: v for k, v in (("mode", mode), ("rubric", rubric), ("singletons", singletons)) if v is not None}
+    if rejudge:
+        given["rejudge"] = True
+    try:
+        base = load_config(config, LoopConfig).curation if config else CurationConfig()
+        cfg = validate({**base.model_dump(), "judge": {**base.judge.model_dump(), **given}}, CurationConfig,
+                       where="judge options")
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    client = HTTPJudge(judge_url, judge_model, api_key)
+    try:
+        with _store_errors(), TraceStore(db) as store:
+            report = run_judge(store, client, cfg, since=since, tenant=tenant,
+                               log=lambda m: typer.echo(m, err=True))
+    finally:
+        client.close()
+    typer.echo(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    if report.groups and not report.judged_groups:
+        raise typer.Exit(1)

@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from flywheel.canonical import canonical
 from flywheel.config import Config
+from flywheel.loop.judge_config import JudgeConfig
 from flywheel.traces.results import StoredFeedback, StoredTrace
 
 Verdict = Literal["pass", "fail", "neutral"]
@@ -37,6 +38,8 @@ class CurationConfig(Config):
     environments: list[str] = Field(default_factory=list, description=(
         "environments a verifier may name besides the built-ins ('package.module:load' or 'file.py:load'): "
         "a verifier arrives with feedback from clients, and replaying it imports and runs its loader"))
+    judge: JudgeConfig = Field(default_factory=JudgeConfig, description=(
+        "the judge of traces without a verifier (`flywheel traces judge`) and the thresholds of its scores"))
 
     @model_validator(mode="after")
     def _consistent(self) -> CurationConfig:
@@ -53,11 +56,13 @@ class CurationConfig(Config):
 
 def verdict(fb: StoredFeedback, cfg: CurationConfig) -> Verdict | None:
     """From the score when there is one: "fail" below fail_below, "pass" at or above pass_at,
-    "neutral" in between; else from the label (stripped, case-insensitive) in failure_labels or
-    success_labels; else None (text only, a correction, a verifier or an unknown label judges
-    nothing)."""
+    "neutral" in between (a judge's score, `source == "judge"`, against cfg.judge's two
+    thresholds, a user's against cfg's own); else from the label (stripped, case-insensitive) in
+    failure_labels or success_labels; else None (text only, a correction, a verifier or an
+    unknown label judges nothing)."""
     if fb.score is not None:
-        return "fail" if fb.score < cfg.fail_below else "pass" if fb.score >= cfg.pass_at else "neutral"
+        cut = cfg.judge if fb.source == "judge" else cfg
+        return "fail" if fb.score < cut.fail_below else "pass" if fb.score >= cut.pass_at else "neutral"
     if fb.label is not None:
         label = fb.label.strip().lower()
         if label in {x.strip().lower() for x in cfg.failure_labels}:

@@ -5,7 +5,8 @@ POST /v1/traces                    body: a list of trace records, or {"traces": 
     Each record is judged alone: the valid ones are stored (committed before the answer) and
     the bad ones come back with their reason; a retry with the same idempotency keys is a no-op.
 POST /v1/traces/{trace_id}/feedback body: one feedback record (score, label, correction, text,
-    verifier) -> 200 {"id"}; unknown trace 404, invalid feedback or key conflict 400. The trace
+    verifier) -> 200 {"id"}; unknown trace 404, invalid feedback or key conflict 400 (so is
+    `source: "judge"`: only flywheel's judge writes judge feedback, through the store). The trace
     of a response this server has returned is accepted at once: its feedback waits for the
     trace to be stored (read-your-writes).
 The store (flywheel.loop.TraceStore) is synchronous; calls run in a worker thread so the
@@ -64,8 +65,9 @@ TRACES_DOC = route_doc(
 FEEDBACK_DOC = route_doc(
     body="FeedbackIn", ok="FeedbackResult",
     body_text="one outcome: at least one of score, label, correction, text, verifier",
-    errors={400: "invalid feedback (the message names the field: an unknown label lists the valid ones), or its "
-                 "idempotency_key already used by other feedback", 404: "no trace with this id"})
+    errors={400: "invalid feedback (the message names the field: an unknown label lists the valid ones; source "
+                 "\"judge\" is refused), or its idempotency_key already used by other feedback",
+            404: "no trace with this id"})
 TRACE_ID = ("the trace's id: for a response this server returned, the response's `id` (choice 0) or `<id>-<i>` "
             "(choice i > 0); for a trace sent to POST /v1/traces, the `id` in its result")
 
@@ -138,6 +140,9 @@ async def add_feedback(trace_id: Annotated[str, Path(description=TRACE_ID)], req
     body = read_json(await request.body())
     if not isinstance(body, dict):
         raise OpenAIError("expected a JSON object with the feedback", param="body")
+    if body.get("source") == "judge":  # the judge writes through the store, never over HTTP
+        raise OpenAIError("source: 'judge' is written only by flywheel's judge (flywheel traces judge); a client's "
+                          "feedback is source 'user'", param="source")
     try:
         check_feedback(body, intake.curation)
     except FeedbackRefused as e:

@@ -218,5 +218,6 @@ def feedback_row(trace_id: str, feedback: FeedbackIn | dict[str, Any],
         "verifier_env": fb.verifier.env if fb.verifier else None,
         "verifier_task": Encoded(canonical(fb.verifier.task)) if fb.verifier else None,
         "tenant": tenant,
+        "source": fb.source,
     }
 

@@ -97,6 +97,7 @@ class StoredFeedback:
     correction: dict[str, Any] | None = None
     text: str | None = None
     verifier: StoredVerifier | None = None
+    source: str = "user"  # "user" or "judge" (traces/schema.py FeedbackIn.source)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ tool) and the `tools` offered; a raw-completion trace (`/v1/completions`) its `p
 text as served with no chat template. Either has the final assistant `response` (for a
 completion, its text as the content), `usage`, latency and free metadata.
 Feedback arrives later, many per trace: a score, a label, a corrected response, free text,
-or a verifier (an environment name + the task payload it replays).
+or a verifier (an environment name + the task payload it replays), each with its `source`:
+"user" (what clients send) or "judge" (flywheel's judge model, for traces no verifier grades).
 
 A trace's shapes are TypedDicts, validated by `TRACE_IN` (pydantic): plain dicts in, plain
 dicts out. Model instances would cost more to build than the checks themselves, and
@@ -136,6 +137,8 @@ class Verifier(_Strict):
     task: dict[str, Any]
 
 
+FeedbackSource = Literal["user", "judge"]
+FEEDBACK_SOURCES = ("user", "judge")
 _SAYS = ("score", "label", "correction", "text", "verifier")  # feedback needs one of them, not null
 
 
@@ -152,6 +155,13 @@ class FeedbackIn(_Strict):
     verifier: Verifier | None = None
     created_at: datetime | None = None
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=255)
+    # Who gave the outcome: "user" (a client, a person, an operator's import) or "judge"
+    # (flywheel's judge model, loop/judging.py). Over HTTP only "user" is taken (serve/ingest.py
+    # refuses "judge": a client cannot pass its scores off as the judge's), which the schema
+    # states for the OpenAPI document; the store takes both from Python callers.
+    source: FeedbackSource = Field("user", description=(
+        "who gave this outcome; clients send \"user\" (the default). \"judge\" is written only by flywheel's "
+        "judge (`flywheel traces judge`) and refused here"), json_schema_extra={"enum": ["user"]})
 
     @model_validator(mode="after")
     def _says_something(self) -> FeedbackIn:

@@ -405,7 +405,8 @@ def _stored_feedback(row) -> StoredFeedback:
     return StoredFeedback(
         id=row.id, trace_id=row.trace_id, created_at=utc_aware(row.created_at), idempotency_key=row.idempotency_key,
         score=row.score, label=row.label, correction=row.correction, text=row.text,
-        verifier=StoredVerifier(row.verifier_env, row.verifier_task) if row.verifier_env is not None else None)
+        verifier=StoredVerifier(row.verifier_env, row.verifier_task) if row.verifier_env is not None else None,
+        source=row.source)
 
 
 def _stored_trace(row, feedback: list[StoredFeedback]) -> StoredTrace:

@@ -70,6 +70,8 @@ class FeedbackRow(Base):
     verifier_env: Mapped[str | None] = mapped_column(String(200), index=True)
     verifier_task: Mapped[dict[str, Any] | None] = mapped_column(json_column())
     tenant: Mapped[str] = mapped_column(String(200), server_default=DEFAULT_TENANT)  # its trace's
+    # "user" or "judge" (schema.FEEDBACK_SOURCES); rows stored before judges existed are "user"
+    source: Mapped[str] = mapped_column(String(20), server_default="user")
 
     trace: Mapped[TraceRow] = relationship(back_populates="feedback")
 
