@@ -26,6 +26,7 @@ from flywheel.envs.registry import list_envs
 from flywheel.jobs.flywheel_request import FlywheelRequest
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.feedback_check import trusted_env
+from flywheel.serve.dashboard import schemas as dash
 from flywheel.serve import finetune_schemas as ft
 from flywheel.serve import response_schemas as out
 from flywheel.serve.schemas import ChatCompletionRequest, CompletionRequest
@@ -59,6 +60,7 @@ COMPONENTS: dict[str, tuple[Any, Mode]] = {
         "FileObject", "FileList", "FileDeleted", "FineTuningJob", "JobList", "JobEventList", "JobCheckpointList",
         "GraderValidated", "GraderRunResult", "ModelDeleted", "WebhookEndpoint", "WebhookList",
         "WebhookDeleted", "Flywheel", "FlywheelList", "FlywheelCycle", "FlywheelCycleList")},
+    **{name: (getattr(dash, name), "serialization") for name in ("DashboardSummary", "DashboardJob")},
 }
 
 SSE = ("with `stream: true`, server-sent events: one `data: {chunk}` line per event as tokens are generated "

@@ -81,8 +81,7 @@ def run_dpo(cfg: DPOConfig, log: Callable[[str], None] = print) -> DPOResult:
     step = 0
     if ckpt is not None:
         step = restore_trainer_state(ckpt, opt, sched, order, log)
-    metrics = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
-                            start_step=step)
+    metrics = MetricsWriter.for_run(out / "metrics.jsonl", cfg.log, start_step=step, config=cfg)
     pad = tokenizer.pad_token_id
     last: dict = {}
 

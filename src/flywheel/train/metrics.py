@@ -1,82 +1,71 @@
-"""Metrics sinks: a JSONL file always, TensorBoard when asked and installed."""
+"""A run's metrics: the JSONL file always (sinks/jsonl.py), fanned out to the sinks its
+config's `log.loggers` lists (TensorBoard, W&B, MLflow: train/sinks/).
+
+JSONL is the record: a sink that fails while logging (a tracking server gone, a disk full
+under its folder) is warned about once and dropped, and training goes on; a sink that
+cannot open (its package missing) stops the run before it trains, naming the extra."""
 
 from __future__ import annotations
 
-import json
-import time
 import warnings
 from pathlib import Path
+from typing import Any, Sequence
+
+from pydantic import BaseModel
+
+from flywheel.config import SinksConfig
+from flywheel.train.sinks import MetricSink, SinkRun, open_sinks, scalars
+from flywheel.train.sinks.jsonl import JsonlSink, drop_rows_after, read_metrics
+
+__all__ = ["MetricsWriter", "drop_rows_after", "read_metrics"]
 
 
 class MetricsWriter:
-    def __init__(self, path: str | Path, tensorboard_dir: str | Path | None = None, start_step: int = 0):
-        """start_step: the checkpoint step the run resumes from, 0 for a fresh start. Rows an
-        earlier process wrote past it are moved aside first (`drop_rows_after`), so the file
-        reads as one uninterrupted run; a fresh start keeps none (no checkpoint holds step 0,
-        so an earlier process's step-0 evaluation is its own)."""
+    def __init__(self, path: str | Path, start_step: int = 0, sinks: Sequence[MetricSink] = ()):
+        """path: the JSONL file; start_step: the checkpoint step a resumed run starts after (its
+        rows past it are moved aside, sinks/jsonl.py); sinks: opened ones, closed with this."""
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        drop_rows_after(self.path, start_step if start_step > 0 else -1)
-        self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses at most a line
-        self._tb = None
-        if tensorboard_dir is not None:
-            try:  # tensorboard is an extra (flywheel[tensorboard])
-                from torch.utils.tensorboard import SummaryWriter
+        self._jsonl = JsonlSink(self.path, start_step)
+        self._sinks = list(sinks)
 
-                # purge_step: TensorBoard hides the earlier process's events past the resume point
-                self._tb = SummaryWriter(str(tensorboard_dir), purge_step=start_step + 1 if start_step else None)
-            except ImportError:
-                warnings.warn("log.tensorboard is set but tensorboard is not installed "
-                              "(pip install 'flywheel[tensorboard]'); metrics go to JSONL only")
+    @classmethod
+    def for_run(cls, path: str | Path, log: SinksConfig, start_step: int = 0,
+                config: BaseModel | dict[str, Any] | None = None, run_name: str | None = None) -> MetricsWriter:
+        """The JSONL file at `path` and the sinks `log.loggers` lists, their files beside it;
+        `config` (the run's config) is logged once as the W&B config / MLflow params."""
+        path = Path(path)
+        hparams = config.model_dump(mode="json") if isinstance(config, BaseModel) else dict(config or {})
+        run = SinkRun(folder=path.parent, log=log, run_name=log.run_name or run_name or path.parent.resolve().name,
+                      config=hparams, start_step=start_step, ids_file=path.with_name(path.stem + ".sinks.json"))
+        sinks = open_sinks(run)
+        try:
+            return cls(path, start_step, sinks)
+        except BaseException:
+            for sink in sinks:
+                sink.close()
+            raise
 
     def log(self, step: int, **metrics) -> None:
-        record = {"step": step, "time": round(time.time(), 3), **metrics}
-        self._file.write(json.dumps(record) + "\n")
-        if self._tb is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, step)
+        self._jsonl.log(step, metrics)
+        numbers = scalars(metrics)
+        for sink in list(self._sinks):
+            try:
+                sink.log(step, numbers)
+            except Exception as e:  # noqa: BLE001 - any sink failure: JSONL goes on
+                self._sinks.remove(sink)
+                warnings.warn(f"metrics sink {type(sink).__name__} failed at step {step} and is dropped "
+                              f"(metrics still go to {self.path.name}): {type(e).__name__}: {e}")
+                _close_quietly(sink)
 
     def close(self) -> None:
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        self._jsonl.close()
+        for sink in self._sinks:
+            _close_quietly(sink)
+        self._sinks = []
 
 
-def drop_rows_after(path: str | Path, step: int) -> int:
-    """Move the rows of a JSONL log whose "step" is past `step` (and torn lines) to
-    `<name>.superseded.jsonl` beside it, keeping the rest in order; returns how many moved.
-    A run killed after its last checkpoint logged steps that its resumed run logs again;
-    nothing is deleted. The log is rewritten through a temporary file and a rename."""
-    path = Path(path)
-    if not path.exists():
-        return 0
-    kept, moved = [], []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        if not line.strip():
-            continue
-        try:
-            row_step = json.loads(line).get("step")
-        except (json.JSONDecodeError, AttributeError):
-            row_step = None
-        is_kept = isinstance(row_step, (int, float)) and row_step <= step
-        (kept if is_kept else moved).append(line if line.endswith("\n") else line + "\n")
-    if not moved:
-        return 0
-    with open(path.with_name(path.stem + ".superseded.jsonl"), "a", encoding="utf-8") as f:
-        f.writelines(moved)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept), encoding="utf-8")
-    tmp.replace(path)
-    return len(moved)
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """All records of a metrics file; a torn last line (a killed writer) is ignored."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
+def _close_quietly(sink: MetricSink) -> None:
+    try:
+        sink.close()
+    except Exception as e:  # noqa: BLE001
+        warnings.warn(f"metrics sink {type(sink).__name__} failed to close: {type(e).__name__}: {e}")

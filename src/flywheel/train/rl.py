@@ -281,11 +281,10 @@ def _step_record(roll, rewards: list[float], staleness: list[int], times: tuple[
 
 
 def _open_logs(cfg: RLConfig, step: int, stack: ExitStack):
-    """metrics.jsonl (and TensorBoard) and rollouts.jsonl, appended from `step` on (a resumed
-    run's rows past its checkpoint are dropped first); closed with the run."""
+    """metrics.jsonl (and the sinks log.loggers lists) and rollouts.jsonl, appended from `step`
+    on (a resumed run's rows past its checkpoint are dropped first); closed with the run."""
     out = Path(cfg.output_dir)
-    metrics_out = MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
-                                start_step=step)
+    metrics_out = MetricsWriter.for_run(out / "metrics.jsonl", cfg.log, start_step=step, config=cfg)
     stack.callback(metrics_out.close)
     drop_rows_after(out / "rollouts.jsonl", step)
     return metrics_out, stack.enter_context(open(out / "rollouts.jsonl", "a", encoding="utf-8"))

@@ -176,11 +176,10 @@ def _load_model(cfg: SFTConfig, ckpt: Path | None, dist: Rank | None, log: Calla
 
 
 def _metrics_writer(out: Path, cfg: SFTConfig, dist: Rank | None, step: int) -> MetricsWriter:
-    """metrics.jsonl (and TensorBoard) from `step` on; an FSDP2 rank other than 0 writes its rows
-    (the same numbers) beside its log."""
+    """metrics.jsonl (and the sinks log.loggers lists) from `step` on; an FSDP2 rank other than
+    0 writes its rows (the same numbers) beside its log, to no sink."""
     if dist is None or dist.is_main:
-        return MetricsWriter(out / "metrics.jsonl", out / "tensorboard" if cfg.log.tensorboard else None,
-                             start_step=step)
+        return MetricsWriter.for_run(out / "metrics.jsonl", cfg.log, start_step=step, config=cfg)
     return MetricsWriter(out / "fsdp2" / f"metrics.rank{dist.rank}.jsonl", start_step=step)
 
 
