@@ -38,6 +38,9 @@ from flywheel.traces.results import StoredTrace
 GroupKind = Literal["prompt", "opening", "single"]
 _FENCE = re.compile(r"```(?:json)?\s*\n?(.*?)\n?\s*```", re.DOTALL)
 MAX_EXPLANATION = 500  # characters of the judge's explanation kept in the feedback text
+# The judge's requests carry this as their `metadata`: a flywheel server that records its traffic
+# keeps it in the trace's metadata.request_metadata, so the judge's own questions are never judged.
+JUDGE_METADATA = {"flywheel_judge": "1"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,8 @@ class JudgeAnswerError(ValueError):
 
 def attempt_of(trace: StoredTrace, cfg: CurationConfig) -> Attempt | str:
     """The trace as an Attempt, or why the judge leaves it alone."""
+    if (trace.metadata.get("request_metadata") or {}).get("flywheel_judge"):
+        return "a judge's own question"
     prompt, response = split_conversation(trace)
     if response is None:
         return "no response"

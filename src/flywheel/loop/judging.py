@@ -25,6 +25,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from flywheel.loop.curation_rules import CurationConfig, verdict
 from flywheel.loop.judge import (
+    JUDGE_METADATA,
     Group,
     JudgeAnswer,
     JudgeAnswerError,
@@ -73,7 +74,8 @@ class HTTPJudge:
         self._http.close()
 
     def _ask(self, messages: list[dict], max_tokens: int) -> str | JudgeRequestError:
-        body = {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": max_tokens}
+        body = {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": max_tokens,
+                "metadata": JUDGE_METADATA}  # a flywheel server that records traces marks them: never judged
         try:
             r = self._http.post("/chat/completions", json=body)
         except self._errors as e:
