@@ -1,0 +1,123 @@
+"""POST /otlp/v1/traces: an agent's OpenTelemetry GenAI spans, sent over OTLP/HTTP, as traces.
+
+An OTLP exporter pointed at `http://HOST:PORT/otlp` posts here (the spec's `/v1/traces`
+under the base URL). Body: an ExportTraceServiceRequest, `application/x-protobuf` or
+`application/json` (OTLP/JSON), gzip or deflate allowed. flywheel.traces.otlp turns the GenAI
+spans into traces, one per agent run, stored in the caller's tenant exactly as
+POST /v1/traces stores them (validated per record, idempotency key
+`otlp:<traceId>:<spanId>`: a re-sent export stores nothing new).
+
+Answers, as the OTLP spec says, in the request's encoding:
+200 ExportTraceServiceResponse, with `partialSuccess {rejectedSpans, errorMessage}` when runs
+    were refused (content that cannot be read, a record the store refuses: the message names
+    each span's path and the reason) or GenAI spans carried no messages (a warning); spans
+    without gen_ai attributes are counted (x-flywheel-spans-ignored) and never an error.
+400 a body that is not an ExportTraceServiceRequest, naming the field
+    (`resourceSpans[0].scopeSpans[1].spans[3].traceId: expected 32 hex characters`); 413 past
+    the body limit (also once inflated); 415 another media type or content encoding; 503 the
+    store's writers are busy. Errors carry OpenAI's shape, as every route of this server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from flywheel.errors import OpenAIError
+from flywheel.serve.deps import Tenant
+from flywheel.serve.ingest import IntakeDep, TraceIntake
+from flywheel.serve.openapi import route_doc
+from flywheel.serve.otlp_codec import (
+    PROTOBUF,
+    BodyTooLarge,
+    Unsupported,
+    decode_request,
+    encode_response,
+    inflate,
+    media_type,
+)
+from flywheel.traces import TraceStoreBusy
+from flywheel.traces.batch import prepare_traces
+from flywheel.traces.otlp import OtlpMalformed, RunError, convert
+
+MAX_INFLATED_BYTES = 64 * 2 ** 20  # app.py's MAX_BODY_BYTES: what a body may hold once inflated
+MAX_REASONS = 5  # rejected runs named in errorMessage; the rest counted
+NO_CONTENT_HINT = ("GenAI spans that carried no messages: turn content capture on "
+                   "(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true for the Python instrumentations)")
+
+
+def _otlp_doc() -> dict:
+    doc = route_doc(
+        body="OtlpExportTraceServiceRequest", ok="OtlpExportTraceServiceResponse",
+        body_text="an OTLP ExportTraceServiceRequest: application/json (OTLP/JSON) or application/x-protobuf, "
+                  "gzip or deflate allowed; GenAI spans become traces, other spans are counted and ignored",
+        errors={400: "the body is not an ExportTraceServiceRequest (the message names the field)",
+                413: "the body (once inflated) is over the server's limit",
+                415: "not application/json nor application/x-protobuf, or an unsupported Content-Encoding",
+                503: "the store's writers are busy: try again"})
+    binary = {"schema": {"type": "string", "format": "binary",
+                         "description": "the same message in the OTLP protobuf encoding"}}
+    doc["openapi_extra"]["requestBody"]["content"][PROTOBUF] = binary
+    doc["responses"][200]["content"][PROTOBUF] = binary
+    doc["responses"][200]["description"] = "an ExportTraceServiceResponse, in the request's encoding"
+    return doc
+
+
+router = APIRouter()
+
+
+@dataclass
+class Outcome:
+    added: int
+    duplicates: int
+    ignored: int
+    rejected_spans: int
+    message: str  # errorMessage: reasons, or a warning
+
+
+def export(intake: TraceIntake, body: object, tenant: str) -> Outcome:
+    """Convert and store one export for `tenant` (in a worker thread: pure Python, then SQL)."""
+    conversion = convert(body)
+    batch = prepare_traces([t.record for t in conversion.traces], intake.store.default_source)
+    result = intake.store.add_prepared(batch, tenant=tenant)
+    errors = list(conversion.errors)
+    for trace, stored in zip(conversion.traces, result.results):
+        if stored.status not in ("added", "duplicate"):  # invalid, conflict
+            errors.append(RunError(trace.span_paths, f"{trace.last_call}: {stored.reason}"))
+    rejected = sum(len(e.span_paths) for e in errors)
+    notes = []
+    if errors:
+        reasons = "; ".join(e.message for e in errors[:MAX_REASONS])
+        more = f"; and {len(errors) - MAX_REASONS} more" if len(errors) > MAX_REASONS else ""
+        notes.append(f"{rejected} of {conversion.spans} spans rejected: {reasons}{more}")
+    if conversion.no_content:
+        notes.append(f"{conversion.no_content} {NO_CONTENT_HINT}")
+    return Outcome(result.added, result.duplicates, conversion.ignored, rejected, ". ".join(notes))
+
+
+@router.post("/otlp/v1/traces", **_otlp_doc())
+async def otlp_traces(request: Request, tenant: Tenant, intake: IntakeDep) -> Response:
+    """Store an agent's OpenTelemetry GenAI spans (OTLP/HTTP, protobuf or JSON) as traces of
+    your tenant, one per agent run; re-sending an export stores nothing new."""
+    try:
+        kind = media_type(request.headers.get("content-type"))
+        raw = inflate(await request.body(), request.headers.get("content-encoding"), MAX_INFLATED_BYTES)
+        body = await asyncio.to_thread(decode_request, raw, kind)
+        outcome = await asyncio.to_thread(export, intake, body, tenant)
+    except Unsupported as e:
+        raise OpenAIError(str(e), status=415, param=e.header) from None
+    except BodyTooLarge as e:
+        raise OpenAIError(str(e), status=413) from None
+    except OtlpMalformed as e:
+        raise OpenAIError(str(e), param=e.field or "body") from None
+    except TraceStoreBusy as e:
+        raise OpenAIError(str(e), status=503, type="server_busy") from None
+    headers = {"x-flywheel-traces-added": str(outcome.added), "x-flywheel-traces-duplicate": str(outcome.duplicates),
+               "x-flywheel-spans-ignored": str(outcome.ignored),
+               "x-flywheel-spans-rejected": str(outcome.rejected_spans)}
+    return Response(encode_response(kind, outcome.rejected_spans, outcome.message), media_type=kind,
+                    headers=headers)
+
