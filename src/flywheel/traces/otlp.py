@@ -1,7 +1,7 @@
 """OTLP trace exports (OpenTelemetry GenAI spans) as flywheel traces: pure, no web imports.
 
 `convert(body)` takes an ExportTraceServiceRequest in the OTLP/JSON mapping (what an OTLP/HTTP
-client posts as application/json; serve/otlp_decode.py turns a protobuf body into the same
+client posts as application/json; serve/otlp/codec.py turns a protobuf body into the same
 dict): `{"resourceSpans": [{"resource": {"attributes": [...]}, "scopeSpans": [{"scope":
 {"name"}, "spans": [{"traceId": 32 hex, "spanId": 16 hex, "parentSpanId", "name",
 "startTimeUnixNano", "endTimeUnixNano", "attributes": [{"key", "value": AnyValue}],

@@ -30,7 +30,7 @@ from flywheel.errors import OpenAIError
 from flywheel.serve.deps import Tenant
 from flywheel.serve.ingest import IntakeDep, TraceIntake
 from flywheel.serve.openapi import route_doc
-from flywheel.serve.otlp_codec import (
+from flywheel.serve.otlp.codec import (
     PROTOBUF,
     BodyTooLarge,
     Unsupported,
