@@ -85,7 +85,8 @@ def test_every_route_documents_its_body_and_its_answers(doc):
     route added without `route_doc` fails here."""
     routes = {(m, p) for p, ops in doc["paths"].items() for m in ops}
     assert routes == {("get", "/health"), ("get", "/v1/models"), ("post", "/v1/chat/completions"),
-                      ("post", "/v1/completions"), ("post", "/v1/traces"), ("post", "/v1/traces/{trace_id}/feedback")}
+                      ("post", "/v1/completions"), ("post", "/v1/traces"), ("post", "/v1/traces/{trace_id}/feedback"),
+                      ("post", "/otlp/v1/traces")}
     schemas = doc["components"]["schemas"]
     assert {r.removeprefix("#/components/schemas/") for r in refs(doc)} <= set(schemas)  # every reference resolves
     for path, ops in doc["paths"].items():
