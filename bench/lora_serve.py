@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds (after one warm-up round)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="a short run that writes nothing")
+    ap.add_argument("--no-write", action="store_true", help="print the table, append nothing")
     args = ap.parse_args()
     if args.smoke:
         args.requests, args.rounds, args.max_tokens = 32, 1, 8
@@ -142,7 +143,7 @@ def main() -> None:
             f"base_tok_s={med('base'):.0f} lora_tok_s={med('lora'):.0f} packed_base_tok_s={med('base_packed'):.0f} "
             f"clients={args.clients} rank={args.rank}")
     common.append_report("bench/lora_serve.py: 8 LoRA adapters served side by side vs the bare base",
-                         "\n".join(lines), last, write=not args.smoke)
+                         "\n".join(lines), last, write=not (args.smoke or args.no_write))
 
 
 if __name__ == "__main__":

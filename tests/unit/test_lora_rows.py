@@ -186,3 +186,25 @@ def test_under_concurrent_load_the_resident_bound_holds_and_every_row_is_right(w
         [sample] = result.samples
         want = reference_logprobs(base, folder, prompt, sample.token_ids)
         assert (torch.tensor(sample.logprobs) - want).abs().max() < 1e-4, (k, name)
+
+
+@pytest.mark.parametrize("rows", [[None, 0, 1, 0, None, 5, 7, 7, 7], [0, 1, 2, 3, 4, 5, 6, 7]],
+                         ids=["uneven groups, base rows", "one token per adapter"])
+def test_a_decode_step_adds_each_token_its_own_adapters_delta(world, rows):
+    _, folders = world
+    decoder = LeanDecoder(AutoModelForCausalLM.from_pretrained(world[0]), packed=False)
+    resident = [Resident(read_adapter(f), decoder.layout(), torch.float32, torch.device("cpu")) for f in folders]
+    row_adapters = [None if r is None else resident[r] for r in rows]
+    groups = RowGroups(row_adapters, 1, torch.device("cpu"))
+    torch.manual_seed(1)
+    for layer in range(2):
+        for part, inp in (("qkv", 32), ("o", 32), ("gate_up", 32), ("down", 64)):
+            x = torch.randn(len(rows), inp)
+            width = {"qkv": 32 + 2 * 16, "o": 32, "gate_up": 128, "down": 32}[part]
+            base = torch.randn(len(rows), width)
+            got = base.clone()
+            groups.add(layer, part, x, got)
+            for n, adapter in enumerate(row_adapters):
+                ab = None if adapter is None else adapter.parts[layer][part]
+                want = base[n] if ab is None else base[n] + (x[n] @ ab[0].T) @ ab[1].T
+                assert torch.allclose(got[n], want, atol=1e-5), (layer, part, n)
