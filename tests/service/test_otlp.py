@@ -179,6 +179,7 @@ def test_otlp_json_with_a_partial_success_answered_as_the_spec_says(world):
     assert trace.latency_ms == 200.0 and trace.usage["total_tokens"] == 5
     again = a.post("/otlp/v1/traces", json=json_export(good, plain))
     assert again.json() == {} and again.headers["x-flywheel-traces-duplicate"] == "1"
+    assert again.headers["x-flywheel-trace-ids"] == trace.id  # where its feedback goes
     assert store.count(tenant="alpha", source="otlp:json-agent") == 1
 
 

@@ -12,6 +12,9 @@ Answers, as the OTLP spec says, in the request's encoding:
     were refused (content that cannot be read, a record the store refuses: the message names
     each span's path and the reason) or GenAI spans carried no messages (a warning); spans
     without gen_ai attributes are counted (x-flywheel-spans-ignored) and never an error.
+    Headers count what happened (x-flywheel-traces-added, -traces-duplicate, -spans-ignored,
+    -spans-rejected) and list the stored traces' ids (x-flywheel-trace-ids, up to 64 of them),
+    the ids their feedback goes to.
 400 a body that is not an ExportTraceServiceRequest, naming the field
     (`resourceSpans[0].scopeSpans[1].spans[3].traceId: expected 32 hex characters`); 413 past
     the body limit (also once inflated); 415 another media type or content encoding; 503 the
@@ -44,6 +47,7 @@ from flywheel.traces.batch import prepare_traces
 from flywheel.traces.otlp import OtlpMalformed, RunError, convert
 
 MAX_INFLATED_BYTES = 64 * 2 ** 20  # app.py's MAX_BODY_BYTES: what a body may hold once inflated
+MAX_IDS_HEADER = 64  # stored ids listed in x-flywheel-trace-ids (~2.4 KB); past it the header is left out
 MAX_REASONS = 5  # rejected runs named in errorMessage; the rest counted
 NO_CONTENT_HINT = ("GenAI spans that carried no messages: turn content capture on "
                    "(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true for the Python instrumentations)")
@@ -76,6 +80,7 @@ class Outcome:
     ignored: int
     rejected_spans: int
     message: str  # errorMessage: reasons, or a warning
+    trace_ids: list[str]  # the stored traces' ids (added or already there), in the export's order
 
 
 def export(intake: TraceIntake, body: object, tenant: str) -> Outcome:
@@ -95,7 +100,8 @@ def export(intake: TraceIntake, body: object, tenant: str) -> Outcome:
         notes.append(f"{rejected} of {conversion.spans} spans rejected: {reasons}{more}")
     if conversion.no_content:
         notes.append(f"{conversion.no_content} {NO_CONTENT_HINT}")
-    return Outcome(result.added, result.duplicates, conversion.ignored, rejected, ". ".join(notes))
+    ids = [r.id for r in result.results if r.id is not None and r.status in ("added", "duplicate")]
+    return Outcome(result.added, result.duplicates, conversion.ignored, rejected, ". ".join(notes), ids)
 
 
 @router.post("/otlp/v1/traces", **_otlp_doc())
@@ -118,6 +124,8 @@ async def otlp_traces(request: Request, tenant: Tenant, intake: IntakeDep) -> Re
     headers = {"x-flywheel-traces-added": str(outcome.added), "x-flywheel-traces-duplicate": str(outcome.duplicates),
                "x-flywheel-spans-ignored": str(outcome.ignored),
                "x-flywheel-spans-rejected": str(outcome.rejected_spans)}
+    if len(outcome.trace_ids) <= MAX_IDS_HEADER:  # where feedback goes (POST /v1/traces/{id}/feedback)
+        headers["x-flywheel-trace-ids"] = ",".join(outcome.trace_ids)
     return Response(encode_response(kind, outcome.rejected_spans, outcome.message), media_type=kind,
                     headers=headers)
 

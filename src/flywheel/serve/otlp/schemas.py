@@ -92,7 +92,8 @@ class OtlpPartialSuccess(TypedDict):
 class OtlpExportTraceServiceResponse(TypedDict):
     """The OTLP answer; `partialSuccess` only when spans were rejected or something is worth a warning.
     Headers: x-flywheel-traces-added, x-flywheel-traces-duplicate, x-flywheel-spans-ignored,
-    x-flywheel-spans-rejected."""
+    x-flywheel-spans-rejected, x-flywheel-trace-ids (the stored traces' ids, comma-separated, up to 64: feedback goes to
+    POST /v1/traces/{id}/feedback)."""
 
     partialSuccess: NotRequired[OtlpPartialSuccess]
 
