@@ -48,9 +48,36 @@ class CheckpointConfig(Config):
     keep: int = Field(2, ge=1, description="how many recent checkpoints to keep")
 
 
-class LogConfig(Config):
+Logger = Literal["jsonl", "tensorboard", "wandb", "mlflow"]  # train/sinks/: one module each
+
+
+class SinksConfig(Config):
+    """Where a run's metrics go (train/sinks/): the JSONL file always, the others when listed."""
+
+    loggers: list[Logger] = Field(["jsonl"], description=(
+        "metric sinks. The run's metrics.jsonl is always written, listed or not (resume, reports, job "
+        "events and the dashboard read it). tensorboard: event files in <output_dir>/tensorboard (extra "
+        "`tensorboard`); wandb: a W&B run under <output_dir>/wandb, offline unless WANDB_API_KEY is set "
+        "(WANDB_MODE wins; extra `wandb`); mlflow: one MLflow run in mlflow_tracking_uri, else "
+        "MLFLOW_TRACKING_URI, else sqlite:///<output_dir>/mlflow.db (extra `mlflow`)"))
+    project: str | None = Field(None, description="W&B project / MLflow experiment; default flywheel")
+    run_name: str | None = Field(None, description="the W&B / MLflow run's name; default the output folder's name")
+    mlflow_tracking_uri: str | None = Field(None, description=(
+        "MLflow tracking URI (sqlite:///path.db, http://host:5000, ...); default MLFLOW_TRACKING_URI, "
+        "else a SQLite store in the output folder"))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_tensorboard_flag(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "tensorboard" in data:
+            raise PydanticCustomError(SET_ELSEWHERE, "{why}", {"field": "tensorboard", "why": (
+                "replaced by log.loggers: write `loggers: [jsonl, tensorboard]` instead of `tensorboard: true` "
+                "(or drop the line)")})
+        return data
+
+
+class LogConfig(SinksConfig):
     every: int = Field(1, ge=1, description="log metrics every N steps")
-    tensorboard: bool = Field(False, description="also write TensorBoard event files")
     progress: bool = Field(True, description="show a rich progress bar")
 
 

@@ -130,7 +130,7 @@ def test_sigkill_and_resume_follows_the_uninterrupted_curve(setup, tmp_path, for
     assert worst < 1e-5, f"resumed curve departs from the uninterrupted one by {worst}"
 
 
-def test_tensorboard_without_the_package_warns_and_keeps_jsonl(setup, tmp_path, monkeypatch):
+def test_tensorboard_without_the_package_stops_before_training_naming_the_extra(setup, tmp_path, monkeypatch):
     import builtins
 
     real_import = builtins.__import__
@@ -142,10 +142,12 @@ def test_tensorboard_without_the_package_warns_and_keeps_jsonl(setup, tmp_path, 
 
     monkeypatch.setattr(builtins, "__import__", no_tensorboard)
     root, model, data = setup
-    cfg = validate(make_cfg(model, data, tmp_path / "run", train={"steps": 3}, log={"tensorboard": True}), SFTConfig)
-    with pytest.warns(UserWarning, match="tensorboard is not installed"):
-        result = run_sft(cfg, log=lambda m: None)
-    assert sorted(losses(result.output_dir)) == [1, 2, 3]
+    cfg = validate(make_cfg(model, data, tmp_path / "run", train={"steps": 3},
+                            log={"loggers": ["jsonl", "tensorboard"]}), SFTConfig)
+    with pytest.raises(TrainError, match=r"log.loggers lists 'tensorboard' but the tensorboard package is not "
+                                         r"installed: pip install 'flywheel\[tensorboard\]'"):
+        run_sft(cfg, log=lambda m: None)
+    assert not list_checkpoints(tmp_path / "run")
 
 
 def test_val_loss_and_bad_settings(setup, tmp_path):

@@ -44,6 +44,7 @@ from flywheel.economics.reports import CycleOutcome
 from flywheel.envs.replay import ReplayEnvironment
 from flywheel.files import atomic_write
 from flywheel.loop.curation import curate, dropped_summary, write_curated
+from flywheel.loop.cycle_metrics import log_cycle
 from flywheel.loop.evaluation import Suite, evaluate_model, format_warnings, suite_from_config
 from flywheel.loop.failure_counter import FailureCounter
 from flywheel.loop.best_scores import best_promoted
@@ -627,5 +628,6 @@ def run_cycle(fw: LoopStores, log: Callable[[str], None] = print, tag: str | Non
         st.stage = nxt
         fw.save(st)
         crash_point(f"stage:{nxt}")
+    log_cycle(fw.cfg, st)  # its figures to the loop's metric sinks, when the config has a `log`
     after_cycle(fw.cfg.retention, fw.cycles_dir, fw.states(), fw.registry, log)  # saved as finished
     return st

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from flywheel import locations
-from flywheel.config import Config, DPOConfig, RLConfig, SFTConfig, deep_merge, overrides_of, validate
+from flywheel.config import Config, DPOConfig, RLConfig, SFTConfig, SinksConfig, deep_merge, overrides_of, validate
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.evaluation import SuiteConfig
 from flywheel.loop.gate import GateConfig
@@ -93,6 +93,10 @@ class LoopConfig(Config):
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
     serve: LoopServeConfig = Field(default_factory=LoopServeConfig)
     retention: RetentionConfig = Field(default_factory=RetentionConfig)
+    log: SinksConfig | None = Field(None, description=(
+        "metric sinks of the loop: each finished cycle's figures (gate, scores, stages; step = cycle number) "
+        "go to <data_dir>/cycle_metrics.jsonl and these loggers (loop/cycle_metrics.py), and each stage "
+        "logs to them too unless train.<stage>.log says otherwise; unset: no cycle figures"))
 
     @model_validator(mode="after")
     def _suite_names(self) -> LoopConfig:
@@ -118,6 +122,9 @@ def stage_config(cfg: LoopConfig, stage: Stage, **filled: Any):
     `retention.keep_checkpoints` checkpoints unless it sets checkpoint.keep; errors name the
     field as `train.<stage>.<path>`."""
     base = with_checkpoint_keep(getattr(cfg.train, stage).model_dump(), cfg.retention.keep_checkpoints)
+    if cfg.log is not None:  # the loop's sinks, under the stage's own log settings; run `c3-sft`
+        run_name = f"{Path(filled.get('output_dir', stage)).parent.name}-{stage}"
+        base = deep_merge({"log": {**cfg.log.model_dump(exclude_none=True), "run_name": run_name}}, base)
     return validate(deep_merge(base, filled), _CLASSES[stage], where=f"train.{stage}")
 
 

@@ -423,6 +423,9 @@ class JobProgress:
                     data = {"step": step, "train_loss": record["loss"], "total_steps": self.total_steps}
                     if "reward_mean" in record:
                         data["train_reward_mean"] = record["reward_mean"]
+                    # every number of metrics.jsonl's row for this step, as the run's sinks got it
+                    data["metrics"] = {k: v for k, v in record.items() if k not in ("step", "time")
+                                       and isinstance(v, (int, float)) and not isinstance(v, bool)}
                     self.store.add_event(self.job["id"], f"Step {step}/{self.total_steps}: training loss="
                                          f"{record['loss']:.4f}", type="metrics", data=data)
 

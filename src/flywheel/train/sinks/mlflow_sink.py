@@ -18,7 +18,7 @@ import os
 import re
 import time
 
-from flywheel.train.sinks import SinkRun, flat, missing_extra
+from flywheel.train.sinks.base import SinkRun, flat, missing_extra
 
 _BAD_CHARS = re.compile(r"[^/\w.\- :]")
 MAX_VALUE = 6000  # MLflow's limit on a param's value

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flywheel.train.sinks import SinkRun, missing_extra
+from flywheel.train.sinks.base import SinkRun, missing_extra
 
 
 class TensorBoardSink:

@@ -13,7 +13,7 @@ import os
 import secrets
 import string
 
-from flywheel.train.sinks import SinkRun, missing_extra
+from flywheel.train.sinks.base import SinkRun, missing_extra
 
 
 def wandb_mode() -> str | None:
