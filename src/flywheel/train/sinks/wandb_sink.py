@@ -3,9 +3,8 @@ unless WANDB_API_KEY is set; WANDB_MODE, when set, decides instead.
 
 The run's id is kept (SinkRun.save_id), so a resumed training run logs into the same W&B run
 (`resume="allow"`; offline, each process writes its own `offline-run-*-<id>` folder and
-`wandb sync` joins them). W&B drops a step lower than one it already has: rows a killed
-process logged past its checkpoint stay, and the resumed process's rows for those steps are
-dropped (metrics.jsonl moves the old ones aside and keeps the new)."""
+`wandb sync` joins them). Rows a killed process logged past its checkpoint stay in W&B beside
+the resumed process's rows for the same steps (metrics.jsonl moves the old ones aside)."""
 
 from __future__ import annotations
 
