@@ -172,8 +172,8 @@ def test_otlp_json_with_a_partial_success_answered_as_the_spec_says(world):
     partial = r.json()["partialSuccess"]
     assert partial["rejectedSpans"] == 1
     assert "resourceSpans[0].scopeSpans[0].spans[1]: gen_ai.input.messages: not valid JSON" in partial["errorMessage"]
-    assert jsonschema_rs.Draft202012Validator({"components": doc["components"], "$ref":
-                                               "#/components/schemas/OtlpExportTraceServiceResponse"}).is_valid(r.json())
+    schema = {"components": doc["components"], "$ref": "#/components/schemas/OtlpExportTraceServiceResponse"}
+    assert jsonschema_rs.Draft202012Validator(schema).is_valid(r.json())
     (trace,) = store.iter_traces(tenant="alpha", source="otlp:json-agent")
     assert trace.messages == [{"role": "user", "content": "1+1?"}] and trace.response["content"] == "2"
     assert trace.latency_ms == 200.0 and trace.usage["total_tokens"] == 5

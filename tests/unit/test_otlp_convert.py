@@ -104,7 +104,8 @@ def test_new_style_messages_become_an_openai_chat_trace():
     assert record["source"] == "otlp:support-agent"
     assert record["idempotency_key"] == f"otlp:{T1}:b7ad6b7169203331"
     assert record["metadata"]["otel"] == {
-        "trace_id": T1, "span_id": "b7ad6b7169203331", "span_ids": ["b7ad6b7169203331"], "service_name": "support-agent",
+        "trace_id": T1, "span_id": "b7ad6b7169203331", "span_ids": ["b7ad6b7169203331"],
+        "service_name": "support-agent",
         "scope": "opentelemetry.instrumentation.openai_v2", "operation": "chat", "turns": 1, "provider": "openai",
         "response_id": "chatcmpl-1", "finish_reason": "stop"}
 
@@ -229,7 +230,8 @@ BAD_BODIES = [  # (body, the field named)
     (export({k: v for k, v in span("00000000000000e1").items() if k != "spanId"}),
      "resourceSpans[0].scopeSpans[0].spans[0].spanId"),
     (export(dict(span("00000000000000e1"), traceId="0" * 32)), "resourceSpans[0].scopeSpans[0].spans[0].traceId"),
-    (export(dict(span("00000000000000e1"), parentSpanId="xyz")), "resourceSpans[0].scopeSpans[0].spans[0].parentSpanId"),
+    (export(dict(span("00000000000000e1"), parentSpanId="xyz")),
+     "resourceSpans[0].scopeSpans[0].spans[0].parentSpanId"),
     (export(dict(span("00000000000000e1"), startTimeUnixNano="-5")),
      "resourceSpans[0].scopeSpans[0].spans[0].startTimeUnixNano"),
     (export(dict(span("00000000000000e1"), attributes=[{"key": "n", "value": {"intValue": "ten"}}])),

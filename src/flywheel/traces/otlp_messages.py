@@ -257,7 +257,8 @@ def _indexed(attrs: dict[str, Any], prefix: str) -> dict[int, dict[str, Any]]:
 
 
 def _flat_messages(attrs: dict[str, Any], events) -> SpanChat:
-    inputs = [_flat_message(f, f"gen_ai.prompt.{i}", "user") for i, f in sorted(_indexed(attrs, "gen_ai.prompt.").items())]
+    prompts = sorted(_indexed(attrs, "gen_ai.prompt.").items())
+    inputs = [_flat_message(fields, f"gen_ai.prompt.{i}", "user") for i, fields in prompts]
     outputs, reasons = [], []
     for i, fields in sorted(_indexed(attrs, "gen_ai.completion.").items()):
         where = f"gen_ai.completion.{i}"
