@@ -28,6 +28,7 @@ from flywheel.loop.curation_rules import CurationConfig
 from flywheel.loop.feedback_check import trusted_env
 from flywheel.serve.dashboard import schemas as dash
 from flywheel.serve import finetune_schemas as ft
+from flywheel.serve.otlp import schemas as otlp_schemas
 from flywheel.serve import response_schemas as out
 from flywheel.serve.schemas import ChatCompletionRequest, CompletionRequest
 from flywheel.traces.schema import FeedbackIn, TraceIn
@@ -56,6 +57,7 @@ COMPONENTS: dict[str, tuple[Any, Mode]] = {
         "JobCreateRequest", "GraderValidateRequest", "GraderRunRequest", "WebhookCreateRequest",
         "FlywheelRollbackRequest")},
     "FlywheelCreateRequest": (FlywheelRequest, "validation"),
+    **otlp_schemas.COMPONENTS,
     **{name: (getattr(ft, name), "serialization") for name in (
         "FileObject", "FileList", "FileDeleted", "FineTuningJob", "JobList", "JobEventList", "JobCheckpointList",
         "GraderValidated", "GraderRunResult", "ModelDeleted", "WebhookEndpoint", "WebhookList",
