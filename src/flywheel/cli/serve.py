@@ -39,6 +39,8 @@ def serve(model: Path = typer.Option(None, "--model", help="a local model folder
                                                              "(default: DATA_DIR/jobs.db)"),
           base_model: list[str] = typer.Option([], "--base-model", help="with --fine-tuning: NAME=FOLDER, another "
                                                                         "model jobs may start from (repeat)"),
+          hardware: str = typer.Option("cpu-2core", help="with --fine-tuning: the catalog entry (flywheel economics "
+                                                          "hardware) /dashboard prices serving at"),
           log_level: str = typer.Option("info")) -> None:
     """Serve a model over /v1/chat/completions, /v1/completions and /v1/models; record every response as a
     trace; take traces and feedback from other stacks on POST /v1/traces and /v1/traces/{id}/feedback."""
@@ -73,6 +75,12 @@ def serve(model: Path = typer.Option(None, "--model", help="a local model folder
             max_batch=max_batch, window_s=batch_window_ms / 1000, default_max_tokens=default_max_tokens,
             dtype=dtype, device=device, fine_tuning=fine_tuning, log_level=log_level,
             **({"tenant_of": tenant_of} if tenant_of else {})), log=typer.echo)
+        if fine_tuning is not None:
+            from flywheel.economics.catalog import load_catalog
+            from flywheel.serve.dashboard.data import DashboardConfig
+
+            server.app.state.dashboard = DashboardConfig(hardware=load_catalog().get(hardware).name)
+            typer.echo(f"dashboard: http://{host}:{port}/dashboard (docs/dashboard.md)")
     where = "traces off" if store is None else f"traces -> {store.url}"
     typer.echo(f"serving {name} ({server.version}) on http://{host}:{port}/v1 ({where})")
     typer.echo(server.service.template_note())

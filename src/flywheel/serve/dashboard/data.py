@@ -163,16 +163,16 @@ def metric_series(engine, job_id: str, most: int) -> dict[str, list[tuple[float,
 
 
 def live_jobs(engine, rows: list[dict[str, Any]], cfg: DashboardConfig) -> list[LiveJob]:
-    """The running jobs' series (newest first), else the newest job's that has any."""
-    out = []
+    """The series of the running jobs that reported metrics (newest first, at most
+    `cfg.live_jobs`), else of the newest job that did (a cycle's job reports stages, not steps)."""
+    out: list[LiveJob] = []
     running = [r for r in rows if r["status"] == "running"]
-    for row in running[:cfg.live_jobs]:
-        out.append(LiveJob(job_id=row["id"], status=row["status"], series=metric_series(engine, row["id"], cfg.points)))
-    if not running:
-        for row in rows:
-            series = metric_series(engine, row["id"], cfg.points)
-            if series and cfg.live_jobs:
-                return [LiveJob(job_id=row["id"], status=row["status"], series=series)]
+    for row in [*running, *(r for r in rows if r["status"] != "running")]:
+        if len(out) >= cfg.live_jobs or (out and row["status"] != "running"):
+            break
+        series = metric_series(engine, row["id"], cfg.points)
+        if series:
+            out.append(LiveJob(job_id=row["id"], status=row["status"], series=series))
     return out
 
 

@@ -32,6 +32,7 @@ function svg(tag, attrs, ...children) {
   return node;
 }
 
+const plural = (n, word) => fmt.int(n) + " " + word + (n === 1 ? "" : "s");
 const fmt = {
   int: (x) => (x === null || x === undefined ? "–" : Number(x).toLocaleString("en-US")),
   num: (x, d = 3) => (x === null || x === undefined ? "–" : Number(x).toPrecision(d).replace(/\.?0+(e|$)/, "$1")),
@@ -48,9 +49,9 @@ function table(headers, rows, attrs) {
     el("tbody", {}, rows));
 }
 
-function card(label, value, detail, testid) {
+function card(label, value, detail, testid, long) {  // long: a name rather than a number
   return el("div", { class: "card", "data-testid": testid },
-    el("div", { class: "label" }, label), el("div", { class: "value" }, value),
+    el("div", { class: "label" }, label), el("div", { class: long ? "value long" : "value" }, value),
     detail ? el("div", { class: "detail" }, detail) : null);
 }
 
@@ -156,14 +157,14 @@ function renderTraffic(t, cost) {
     card("Serving $/1M tokens", fmt.usd(t.cost.usd_per_million_tokens), "estimate · " + (t.cost.hardware || "no price"),
       "serving-cost"),
     card("Training $/1M tokens", fmt.usd(cost.usd_per_million_tokens), fmt.usd(cost.usd) + " over " +
-      fmt.int(cost.jobs) + " jobs", "training-cost"));
+      plural(cost.jobs, "job"), "training-cost"));
   $("per-minute").replaceChildren(barChart(t.per_minute, t.failures_per_minute));
   $("groups").replaceChildren(table(["group", "requests", "passes", "failures", "failure rate"], t.groups.map((g) =>
     el("tr", { "data-group": g.name },
       el("td", {}, g.name, " ", el("small", {}, g.kind)), el("td", { class: "n" }, fmt.int(g.requests)),
       el("td", { class: "n" }, fmt.int(g.passes)), el("td", { class: "n" }, fmt.int(g.failures)),
       el("td", {}, el("span", { class: "meter" }, el("span", { style: null, "data-w": g.failure_rate })),
-        " " + fmt.pct(g.failure_rate))))), { "data-testid": "groups" }));
+        " " + fmt.pct(g.failure_rate)))), { "data-testid": "groups" }));
   for (const m of $("groups").querySelectorAll("[data-w]")) {
     const w = Number(m.getAttribute("data-w"));
     m.style.width = (isFinite(w) ? Math.round(100 * w) : 0) + "%";  // CSSOM, allowed by the page's CSP
@@ -172,6 +173,7 @@ function renderTraffic(t, cost) {
     fmt.int(t.window) + " newest traces.";
 }
 
+const CYCLE_COLUMNS = ["cycle", "status", "gate", "reasons", "gain", "cost", "pts/$", "version", "job"];
 function renderCycle(c) {
   const decision = c.promote === null ? badge(c.status, "pending") : badge(c.promote ? "promote" : "reject");
   return el("tr", { "data-testid": "cycle", "data-cycle": c.number, "data-outcome": c.outcome || "" },
@@ -187,12 +189,12 @@ function renderFlywheels(list) {
   $("flywheels").replaceChildren(...list.map((f) => el("div", { class: "panel flywheel", "data-flywheel": f.id },
     el("h3", {}, f.alias, " ", badge(f.status)),
     el("div", { class: "cards small" },
-      card("Production", f.production_version, f.production_model),
+      card("Production", f.production_version, f.production_model, "production"),
       card("Promotions", fmt.int(f.promotions), "generation " + f.generation, "promotions"),
       card("Rollbacks", fmt.int(f.rollbacks), null, "rollbacks"),
       card("Spent", fmt.usd(f.usd), fmt.pts(f.points) + " realised"),
       card("Points per $", fmt.num(f.points_per_usd), null, "points-per-usd")),
-    table(["cycle", "job", "gate", "reasons", "gain", "cost", "pts/$", "version", "job id"],
+    table(CYCLE_COLUMNS,
       f.cycles.map(renderCycle), { class: "cycles" }))));
 }
 
@@ -207,7 +209,7 @@ function renderJobs(jobs) {
 
 function renderLive(live) {
   if (!live.length) return $("live").replaceChildren(el("p", { class: "empty" }, "no job has reported metrics yet"));
-  $("live").replaceChildren(...live.map((j) => el("div", { class: "live" },
+  $("live").replaceChildren(...live.map((j) => el("div", { class: "live", "data-live": j.job_id },
     el("h3", {}, jobLink(j.job_id), " ", badge(j.status)), el("div", { class: "charts" }, charts(j.series)))));
 }
 
@@ -225,17 +227,17 @@ function renderJob(d) {
   const j = d.job;
   $("tenant").textContent = "";
   $("job-title").textContent = "Job " + j.id;
-  $("job-facts").replaceChildren(card("Status", j.status, j.method, "job-status"), card("Model", j.model),
-    card("Fine-tuned model", j.fine_tuned_model || "–"), card("Trained tokens", fmt.int(j.trained_tokens)),
+  $("job-facts").replaceChildren(card("Status", j.status, j.method, "job-status"), card("Model", j.model, null, null, true),
+    card("Fine-tuned model", j.fine_tuned_model || "–", null, null, true), card("Trained tokens", fmt.int(j.trained_tokens)),
     card("Cost", fmt.usd(j.estimated_cost)));
   $("job-cycle").replaceChildren(d.cycle ? el("div", { class: "panel" }, el("h3", {}, "Flywheel " + j.flywheel_id),
-    table(["cycle", "job", "gate", "reasons", "gain", "cost", "pts/$", "version", "job id"], [renderCycle(d.cycle)],
+    table(CYCLE_COLUMNS, [renderCycle(d.cycle)],
       { class: "cycles" })) : "");
   const names = Object.keys(d.series);
   $("job-charts").replaceChildren(...(names.length ? charts(d.series) :
     [el("p", { class: "empty" }, "no metrics events yet")]));
   $("job-events").replaceChildren(table(["time", "level", "message"], d.events.slice().reverse().map((e) =>
-    el("tr", { "data-testid": "event", class: e.type }, el("td", {}, fmt.time(e.created_at)),
+    el("tr", { "data-testid": "event", class: e.type }, el("td", { class: "n" }, fmt.time(e.created_at)),
       el("td", {}, badge(e.level)), el("td", {}, e.message)))));
   $("job-checkpoints").replaceChildren(table(["step", "checkpoint", "metrics"], d.checkpoints.map((c) =>
     el("tr", {}, el("td", { class: "n" }, c.step), el("td", { class: "mono" }, c.fine_tuned_model_checkpoint),
