@@ -235,3 +235,21 @@ def test_a_store_before_feedback_sources_is_upgraded_with_its_feedback_as_user(d
     with TraceStore(db_url) as store:
         assert store.stats().schema_revision == TRACES.head() == "0003"
         assert [(f.id, f.source) for f in store.get("t-old").feedback] == [("f-old", "user")]
+
+
+def test_the_cli_reports_every_skip_and_fails_when_no_group_was_judged(tmp_path):
+    from typer.testing import CliRunner
+
+    from flywheel.cli.main import app
+
+    db = f"sqlite:///{tmp_path / 'traces.db'}"
+    with TraceStore(db) as store:
+        store.add_traces([{"messages": [user("q")], "response": said(a)} for a in ("a", "b")])
+    r = CliRunner().invoke(app, ["traces", "judge", "--judge-url", "http://127.0.0.1:9/v1", "--judge-model", "m",
+                                 "--db", db, "--mode", "rubric"])
+    assert r.exit_code == 1, r.output
+    report = json.loads(r.stdout[r.stdout.index("{"):])
+    assert (report["mode"], report["groups"], report["skipped"]) == ("rubric", 2, {"request failed": 2})
+    bad = CliRunner().invoke(app, ["traces", "judge", "--judge-url", "u", "--judge-model", "m", "--db", db,
+                                   "--mode", "vote"])
+    assert bad.exit_code == 2 and "judge.mode" in bad.output
