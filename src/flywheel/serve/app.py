@@ -40,6 +40,8 @@ from flywheel.errors import OpenAIError
 from flywheel.finetuning.fine_tuning import FineTuning
 from flywheel.jobs.webhooks import Webhooks
 from flywheel.serve import finetune_routes, flywheel_routes, ingest
+from flywheel.serve.otlp import routes as otlp_routes
+from flywheel.serve.dashboard import routes as dashboard_routes
 from flywheel.serve.aliases import ProductionAliases
 from flywheel.serve.deps import FineTuningDep, ServiceDep, Tenant
 from flywheel.finetuning.flywheel_trigger import FlywheelTrigger
@@ -162,9 +164,11 @@ def create_app(service: OpenAIService, *, close_service_on_shutdown: bool = Fals
     if trace_store is not None:
         app.state.intake = TraceIntake(trace_store, pool, getattr(service.trace_sink, "wait_written", None), curation)
         app.include_router(ingest.router)
+        app.include_router(otlp_routes.router)  # POST /otlp/v1/traces: OpenTelemetry GenAI spans
     if fine_tuning is not None:
         app.include_router(finetune_routes.router)
         app.include_router(fine_tuned_model_routes)
+        app.include_router(dashboard_routes.router)  # /dashboard: docs/dashboard.md
     if managed is not None:
         app.include_router(flywheel_routes.router)
     app.include_router(generation_routes)
