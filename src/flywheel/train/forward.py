@@ -56,9 +56,16 @@ def set_learner_mode(model, dropout: bool) -> None:
     every dropout (modules, and the functional dropout attention applies when
     `module.training`) is off and the learner's logprobs are the sampler's; gradients flow
     all the same. RL and DPO compare logprobs with a sampler's or a reference's, so they
-    always pass False; SFT follows `train.dropout`. (Hugging Face's gradient checkpointing
-    runs only in train mode; flywheel does not turn it on.)"""
+    always pass False; SFT follows `train.dropout`.
+
+    Hugging Face checkpoints a layer only when that layer is in train mode
+    (`GradientCheckpointingLayer`), so in eval mode `gradient_checkpointing_enable` alone would
+    keep every activation. A layer with checkpointing on is therefore set to train mode on its
+    own, not its children: its attention and MLP, where dropout lives, stay as `dropout` says."""
     model.train(dropout)
+    for module in model.modules():
+        if getattr(module, "gradient_checkpointing", False) is True:
+            module.training = True
 
 
 def sft_loss(model, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,

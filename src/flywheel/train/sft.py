@@ -169,9 +169,9 @@ def _load_model(cfg: SFTConfig, ckpt: Path | None, dist: Rank | None, log: Calla
     if cfg.train.lora is not None or is_adapter_folder(cfg.model):
         trained, total = trainable_count(model)
         log(f"LoRA: training {trained:,} of {total:,} parameters")
-    set_learner_mode(model, dropout=cfg.train.dropout)
     if cfg.train.activation_checkpointing:  # single-process only (SFTTrainConfig checks)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    set_learner_mode(model, dropout=cfg.train.dropout)  # after: it keeps checkpointed layers in train mode
     return model, tokenizer
 
 
