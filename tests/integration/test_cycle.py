@@ -115,13 +115,14 @@ def test_cycle_rejects_below_delta_and_records_why(tmp_path, untrained_tiny):
         assert v2.status == "rejected" and any("< delta 90.0 pts" in r for r in v2.reasons)
 
 
-_SLOW = pytest.mark.slow  # make test kills mid-training and after the promotion; make test-all at every point
+_SLOW = pytest.mark.slow  # make test kills mid-training; make test-all at every point
 
 
 @pytest.mark.parametrize("point", [pytest.param("stage:curated", marks=_SLOW), "train:rl",
                                    pytest.param("cost:c1/eval", marks=_SLOW),
                                    pytest.param("finish:registered", marks=_SLOW),
-                                   pytest.param("promote:logged", marks=_SLOW), "finish:promoted"])
+                                   pytest.param("promote:logged", marks=_SLOW),
+                                   pytest.param("finish:promoted", marks=_SLOW)])
 def test_sigkill_during_a_cycle_then_resume(world, tmp_path, point, forked_cli):
     path = tmp_path / "loop.yaml"
     path.write_text(yaml.safe_dump(world.model_dump(mode="json")))

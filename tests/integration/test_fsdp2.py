@@ -109,6 +109,7 @@ def groups_for(step: int, n_groups: int = 3, size: int = 3) -> list[TrajectoryGr
     return groups
 
 
+@pytest.mark.slow  # two ranks for 3 RL steps (~9 s): make test keeps the SFT two-rank equivalence
 def test_rl_update_two_gloo_ranks_match_the_single_process_step(setup, tmp_path):
     """3 steps of 3 groups x 3 trajectories, 2 minibatches per step (6 and 3 trajectories:
     the ranks get partial groups, 3 and 3, then 2 and 1)."""
@@ -132,7 +133,7 @@ def test_rl_update_two_gloo_ranks_match_the_single_process_step(setup, tmp_path)
         assert abs(m["loss"] - r["loss"]) < 1e-5 and abs(m["grad_norm"] - r["grad_norm"]) < 1e-5, (m, r)
 
 
-@pytest.mark.slow  # two more ranks started (~9 s): make test keeps the SFT and RL two-rank equivalences
+@pytest.mark.slow  # two more ranks started (~9 s): make test keeps the SFT two-rank equivalence
 def test_a_non_finite_loss_on_one_rank_skips_the_update_on_every_rank(setup, tmp_path):
     """A NaN behaviour logprob in the last trajectory (rank 1's share only): both ranks skip
     that update, as the single-process learner skips it, instead of rank 0 waiting forever in
