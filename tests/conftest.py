@@ -44,3 +44,14 @@ def db_url(request, tmp_path):
     from postgres_server import reset
 
     return reset(os.environ["FLYWHEEL_TEST_POSTGRES_URL"])
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for the module's servers and workers: the machine is shared, the tiny model needs no more."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

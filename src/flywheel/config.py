@@ -437,7 +437,7 @@ def overrides_of(cls: type[C], name: str, leave_out: tuple[str, ...] = (), why: 
         if isinstance(kind, type) and issubclass(kind, Config):
             kind = overrides_of(kind, f"{name}_{field_name}")
         elif info.metadata:  # its bounds (gt=0, ...) hold for a value given
-            kind = Annotated[kind, *info.metadata]
+            kind = Annotated[(kind, *info.metadata)]  # a tuple: Python 3.10 has no star in an index
         fields[field_name] = (kind | None, Field(None, description=info.description))
 
     def refuse_left_out(data: Any) -> Any:

@@ -7,18 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
 CHROMIUM = Path("/usr/bin/chromium")
-
-
-@pytest.fixture(scope="module")
-def one_thread():
-    """One torch thread for the module's server and worker: the machine is shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -37,16 +37,10 @@ from flywheel.serve.traces import TraceStoreSink
 from flywheel.traces import TraceStore
 from flywheel.worker.job_worker import JobWorker
 
+from reduced_loop import MACHINERY
+
 pytestmark = [pytest.mark.browser, pytest.mark.usefixtures("one_thread")]
 REPO = Path(__file__).resolve().parents[2]
-MACHINERY = {  # tests/service/test_flywheels.py's reduced loop
-    "training": {"order": ["sft"], "lora": {"rank": 4, "alpha": 8}, "sft": {"steps": 2, "batch_size": 4},
-                 "min_examples": 1},
-    "eval": {"suites": {"add": {"env": "arithmetic", "tasks": 4, "max_tokens": 8}}, "new_failures_max_tokens": 8},
-    "gate": {"delta": 0.0, "epsilon": 1.0, "min_new_failures": 1},
-    "trigger": {"min_new_failures": 10},
-    "curation": {"heldout_fraction": 0.5},
-}
 ROWS = [{"messages": [{"role": "user", "content": f"Say {i}"}, {"role": "assistant", "content": str(i)}]}
         for i in range(4)]
 CYCLE_S = 300_000  # ms: a cycle on a shared 2-core machine

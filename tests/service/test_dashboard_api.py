@@ -32,7 +32,7 @@ from flywheel.serve.traces import TraceStoreSink
 from flywheel.traces import TraceStore
 from flywheel.traces.results import StoredFeedback, StoredVerifier
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 T0 = datetime(2030, 1, 1, 12, 0, 0)  # naive UTC: the posted traces' times
 
 

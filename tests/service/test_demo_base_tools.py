@@ -23,7 +23,7 @@ from flywheel.serve import OpenAIService
 from flywheel.serve import responses as R
 from flywheel.train.sft_data import load_sft_examples
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

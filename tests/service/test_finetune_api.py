@@ -26,7 +26,7 @@ from flywheel.serve.core import OpenAIService
 from flywheel.finetuning.fine_tuning import FineTuning
 from flywheel.worker.job_worker import JobWorker
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 

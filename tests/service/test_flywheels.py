@@ -28,18 +28,10 @@ from flywheel.serve.background import BackgroundServer
 from flywheel.finetuning.fine_tuning import FineTuning
 from flywheel.worker.job_worker import JobWorker
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+from reduced_loop import MACHINERY
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 REPO = Path(__file__).resolve().parents[2]
-MACHINERY = {  # small stages, a gate that admits any candidate: the outcome does not depend on learning
-    "training": {"order": ["sft"], "lora": {"rank": 4, "alpha": 8}, "sft": {"steps": 2, "batch_size": 4},
-                 "min_examples": 1},
-    "eval": {"suites": {"add": {"env": "arithmetic", "tasks": 4, "max_tokens": 8}}, "new_failures_max_tokens": 8},
-    "gate": {"delta": 0.0, "epsilon": 1.0, "min_new_failures": 1},
-    "trigger": {"min_new_failures": 10},
-    # half the prompts held out: of the >= 10 failures a cycle starts on, one at least is a new
-    # held-out failure to gate on (at 0.25 none was, now and then)
-    "curation": {"heldout_fraction": 0.5},
-}
 
 
 @pytest.fixture(scope="module")

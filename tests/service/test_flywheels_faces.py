@@ -22,7 +22,7 @@ from flywheel.serve.app import create_app
 from flywheel.serve.background import BackgroundServer
 from flywheel.finetuning.fine_tuning import FineTuning
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 QUIET = {"trigger": {"min_new_failures": 10_000}}  # no trace arrives; the trigger never starts a cycle
 
 

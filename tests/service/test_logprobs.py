@@ -22,7 +22,7 @@ HELLO = [{"role": "user", "content": "Say café!"}]
 TEXT = "café!"  # what the scripted model writes (é is two byte tokens)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

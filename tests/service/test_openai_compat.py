@@ -28,7 +28,7 @@ CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluat
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "12+34="}]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from flywheel.serve.background import BackgroundServer
 from flywheel.serve.traces import TraceStoreSink
 from flywheel.traces import TraceStore
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 CURATION = CurationConfig(failure_labels=["bad", "Regression"], success_labels=["good"],
                           environments=["examples.custom_env:load"])

@@ -31,7 +31,7 @@ from flywheel.serve.auth import KeyAuth
 from flywheel.serve.background import BackgroundServer
 from flywheel.traces import TraceStore
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from flywheel.models import TinySpec, build_tiny_model
 from flywheel.registry.registry import Registry
 from flywheel.serve.builder import NothingToServe, ServerConfig, build_server
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 SPEC = TinySpec(hidden=32, layers=1, heads=2, ffn=64, max_positions=256)
 
 

@@ -34,7 +34,7 @@ HELLO = [{"role": "user", "content": "Say something."}]
 WAIT_S = 30  # liveness bound of the holds below (never reached when the behaviour is right)
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

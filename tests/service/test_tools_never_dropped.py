@@ -17,7 +17,7 @@ CALC = {"type": "function", "function": {"name": "calc", "description": "Evaluat
 NO_TOOLS = ("{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endfor %}"
             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/service/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_a_template_without_tools_refuses_tools_and_still_chats(tmp_path):

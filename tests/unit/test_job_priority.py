@@ -3,7 +3,6 @@ and SCHED_BATCH, so the server wins a contended core; a process already nicer st
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 

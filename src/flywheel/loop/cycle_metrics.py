@@ -14,7 +14,6 @@ Row keys (numbers only reach the sinks; `cycle` and `outcome` are JSONL only):
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from flywheel.loop.loop_config import LoopConfig

@@ -137,25 +137,29 @@ def judge_groups(client: JudgeClient, groups: Sequence[Group], cfg: JudgeConfig)
     results = [GroupResult(g, None) for g in groups]
     retry: list[tuple[int, list[dict]]] = []
     for i, reply in enumerate(client.chat(questions, cfg.max_tokens)):
-        results[i].asked = 1
-        if isinstance(reply, JudgeRequestError):
-            results[i].reason = f"request failed: {reply}"
-            continue
-        try:
-            results[i].answer = parse_answer(reply, len(groups[i].members))
-        except JudgeAnswerError as e:
-            retry.append((i, retry_messages(questions[i], reply, str(e), len(groups[i].members))))
+        error = _take_reply(results[i], reply, asked=1)
+        if error is not None:
+            retry.append((i, retry_messages(questions[i], reply, str(error), len(groups[i].members))))
     replies = client.chat([m for _, m in retry], cfg.max_tokens) if retry else []
     for (i, _), reply in zip(retry, replies):
-        results[i].asked = 2
-        if isinstance(reply, JudgeRequestError):
-            results[i].reason = f"request failed: {reply}"
-            continue
-        try:
-            results[i].answer = parse_answer(reply, len(groups[i].members))
-        except JudgeAnswerError as e:
-            results[i].reason = f"malformed twice: {e}"
+        error = _take_reply(results[i], reply, asked=2)
+        if error is not None:
+            results[i].reason = f"malformed twice: {error}"
     return results
+
+
+def _take_reply(result: GroupResult, reply: str | JudgeRequestError, asked: int) -> JudgeAnswerError | None:
+    """Record the judge's `asked`-th reply on `result`: its answer, or the failed request as the
+    reason; a malformed answer is returned for the caller to retry or give up on."""
+    result.asked = asked
+    if isinstance(reply, JudgeRequestError):
+        result.reason = f"request failed: {reply}"
+        return None
+    try:
+        result.answer = parse_answer(reply, len(result.group.members))
+    except JudgeAnswerError as e:
+        return e
+    return None
 
 
 @dataclass
