@@ -121,10 +121,19 @@ def _job_view(row: dict[str, Any], last: dict[str, float]) -> JobView:
                    trained_tokens=row["trained_tokens"], estimated_cost=row["estimated_cost"], last_metrics=last)
 
 
+# the numbers of a metrics event's `metrics` row (metrics.jsonl's, worker/job_worker.py) charted
+# beside its train_loss and train_reward_mean: KL and throughput
+CHARTED = ("kl_ref", "mismatch_kl", "tokens_per_s", "samples_per_s", "pairs_per_s")
+
+
 def numbers(data: dict[str, Any] | None) -> dict[str, float]:
-    """The charted numbers of a metrics event's data (booleans and NOT_METRICS left out)."""
-    return {k: float(v) for k, v in (data or {}).items()
-            if k not in NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """The charted numbers of a metrics event's data: its top-level numbers (booleans and
+    NOT_METRICS left out) and those of its `metrics` row named in CHARTED."""
+    data = data or {}
+    row = data.get("metrics") if isinstance(data.get("metrics"), dict) else {}
+    picked = {**{k: v for k, v in data.items() if k not in NOT_METRICS},
+              **{k: row[k] for k in CHARTED if k in row}}
+    return {k: float(v) for k, v in picked.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def job_views(jobs: JobStore, rows: list[dict[str, Any]]) -> list[JobView]:
