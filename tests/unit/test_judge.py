@@ -7,6 +7,7 @@ judge over HTTP is tests/service/test_judge_http.py."""
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -26,9 +27,12 @@ from flywheel.loop.judge import (
     group_attempts,
     judge_messages,
     parse_answer,
+    verdict_messages,
+    verdict_score,
+    verdict_side,
 )
 from flywheel.loop.judge_config import JudgeConfig
-from flywheel.loop.judging import JudgeRequestError, judge_groups, run_judge
+from flywheel.loop.judging import JudgeRequestError, SamplerJudge, judge_groups, run_judge
 from flywheel.traces import TraceStore
 from flywheel.traces.results import StoredFeedback, StoredTrace, StoredVerifier
 from flywheel.traces.tables import SCHEMA as TRACES
@@ -253,3 +257,97 @@ def test_the_cli_reports_every_skip_and_fails_when_no_group_was_judged(tmp_path)
     bad = CliRunner().invoke(app, ["traces", "judge", "--judge-url", "u", "--judge-model", "m", "--db", db,
                                    "--mode", "vote"])
     assert bad.exit_code == 2 and "judge.mode" in bad.output
+
+
+# ---------------------------------------------------------------- verdict mode
+
+
+def test_verdict_tokens_and_score_worked_by_hand():
+    assert [verdict_side(t) for t in (" yes", "Yes", "YES", "y", " Ye", "No", " no", "n", "N",
+                                      "not", "You", " ", "", "maybe")] == [
+        "yes", "yes", "yes", "yes", "yes", "no", "no", "no", "no", None, None, None, None, None]
+    # P(" yes") 0.5 + P("Yes") 0.1 = 0.6 against P("No") 0.2; "maybe" and "The" count for neither
+    got = verdict_score([(" yes", math.log(0.5)), ("Yes", math.log(0.1)), ("No", math.log(0.2)),
+                         ("maybe", math.log(0.1)), ("The", math.log(0.05))])
+    assert got is not None
+    assert (round(got.score, 12), round(got.p_yes, 12), round(got.p_no, 12)) == (0.75, 0.6, 0.2)
+    assert got.answer().scores == (got.score,) and got.answer().explanation == "P(yes)=0.6000 P(no)=0.2000"
+    assert verdict_score([("no", math.log(0.3)), (" n", math.log(0.1))]).score == 0.0
+    assert verdict_score([("Yes", 0.0)]).score == 1.0
+    assert verdict_score([("The", math.log(0.9))]) is None  # neither: no score is made up
+    assert verdict_score([("Yes", -math.inf), ("No", -math.inf)]) is None
+    assert verdict_score([]) is None
+
+
+def test_the_verdict_question_shows_one_answer_and_asks_yes_or_no():
+    groups, alone = group_attempts([Attempt("a", [user("2+2?")], [said("4")], seq=1),
+                                    Attempt("b", [user("2+2?")], [said("5")], seq=2)], JudgeConfig(mode="verdict"))
+    assert alone == [] and [(g.kind, [m.id for m in g.members]) for g in groups] == [("single", ["a"]),
+                                                                                   ("single", ["b"])]
+    system, question = verdict_messages(groups[1], JudgeConfig(mode="verdict", rubric="Be right."))
+    assert system["content"] == ("You judge the answers of an AI assistant.\nRubric: Be right.\n"
+                                 "You are shown one task and one answer to it. Reply with yes or no.")
+    assert question["content"] == ("# Task\n[user] 2+2?\n\n# Answer\n[assistant] 5\n\n"
+                                   "Does the answer correctly and fully solve the task? Answer yes or no.")
+    with pytest.raises(ValueError, match="one answer at a time"):
+        verdict_messages(group_attempts([attempt("a", [user("q")], seq=1), attempt("b", [user("q")], seq=2)],
+                                        JudgeConfig())[0][0], JudgeConfig())
+
+
+class ScriptedTokens(Scripted):
+    """A verdict-mode judge: replies are lists of (token, logprob) pairs (or a JudgeRequestError)."""
+
+    def next_tokens(self, conversations):
+        return self.chat(conversations, 1)
+
+
+def test_verdict_scores_are_stored_as_judge_feedback_and_a_reply_with_no_yes_or_no_is_skipped(tmp_path):
+    store = TraceStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    q = [user("Capital of France?")]
+    store.add_traces([{"id": i, "messages": q, "response": said(a)}
+                      for i, a in (("good", "Paris"), ("bad", "Lyon"), ("odd", "?"), ("down", "!"))])
+    judge = ScriptedTokens([("Yes", math.log(0.6)), ("No", math.log(0.2))], [(" no", math.log(0.9))],
+                           [("The", 0.0)], JudgeRequestError("HTTP 500"))
+    cfg = CurationConfig(judge={"mode": "verdict"})
+    report = run_judge(store, judge, cfg)
+    assert (report.mode, report.groups, report.groups_by_kind, report.judged_groups) == ("verdict", 4, {"single": 4}, 2)
+    assert report.retried_groups == 0 and report.skipped == {"no verdict": 1, "request failed": 1}
+    assert report.verdicts == {"pass": 1, "fail": 1, "neutral": 0}
+    assert judge.asked[0][1]["content"].endswith("Answer yes or no.")
+    (fb,) = store.get("good").feedback
+    assert (fb.source, round(fb.score, 12)) == ("judge", 0.75)
+    assert json.loads(fb.text) | {"group": None} == {"judge": "scripted-judge", "mode": "verdict", "group": None,
+                                                     "kind": "single", "size": 1,
+                                                     "explanation": "P(yes)=0.6000 P(no)=0.2000"}
+    assert [f.score for f in store.get("bad").feedback] == [0.0]
+    assert store.get("odd").feedback == [] and store.get("down").feedback == []
+    with pytest.raises(TypeError, match="verdict mode"):  # a client that cannot read token probabilities
+        judge_groups(Scripted(), [], JudgeConfig(mode="verdict"))
+    store.close()
+
+
+def test_the_in_process_verdict_judge_scores_every_answer_with_one_forward_pass(tmp_path, one_thread):
+    from flywheel.inference import LocalEngine
+    from flywheel.models import TinySpec, build_tiny_model
+
+    path = build_tiny_model(tmp_path / "m", TinySpec(hidden=32, layers=2, heads=4, ffn=64, max_positions=4096))
+    engine = LocalEngine.from_path(str(path))
+    store = TraceStore(f"sqlite:///{tmp_path / 'traces.db'}")
+    q = [user("What is 2+2?")]
+    store.add_traces([{"id": f"t{i}", "messages": q, "response": said(a)} for i, a in enumerate(("4", "5", "four"))])
+    judge = SamplerJudge(engine, engine.tokenizer, "tiny")
+    report = run_judge(store, judge, CurationConfig(judge={"mode": "verdict"}))
+    assert (report.groups, report.judged_groups, report.scores_written, report.skipped) == (3, 3, 3, {})
+    scores = [f.score for i in range(3) for f in store.get(f"t{i}").feedback if f.source == "judge"]
+    assert len(scores) == 3 and all(0 <= s <= 1 for s in scores)
+    # the forward pass's distribution is the engine's own: a yes/no token among the greedy token's top 20
+    # alternatives has the same logprob there, one not among them is no likelier than the 20th
+    groups, _ = group_attempts([Attempt("a", q, [said("4")])], JudgeConfig(mode="verdict"))
+    question = verdict_messages(groups[0], JudgeConfig(mode="verdict"))
+    (full,) = judge.next_tokens([question])
+    (top,) = judge._next_tokens_sampled([question])
+    top = dict(top)
+    assert len(top) == 20 and all(abs(lp - top[t]) < 1e-4 if t in top else lp <= min(top.values()) + 1e-4
+                                  for t, lp in full), (full, top)
+    assert {t for t, _ in full} >= {"y", "Y", "n", "N"}  # a byte-level vocabulary: one letter a token
+    store.close()

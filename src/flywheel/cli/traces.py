@@ -82,8 +82,11 @@ def judge(
     config: Path | None = typer.Option(None, "--config", exists=True, dir_okay=False,
                                        help="a loop config whose curation section (curation.judge: mode, rubric, "
                                             "thresholds) to use; the options below override it"),
-    mode: str | None = typer.Option(None, "--mode", help="ranking (a group side by side, RULER-style) or rubric "
-                                                         "(each answer alone); default: curation.judge.mode"),
+    mode: str | None = typer.Option(None, "--mode", help="ranking (a group side by side, RULER-style), rubric "
+                                                         "(each answer alone) or verdict (each answer alone, "
+                                                         "scored P(yes) / (P(yes) + P(no)) from the judge's "
+                                                         "top_logprobs: for judges too small to write JSON); "
+                                                         "default: curation.judge.mode"),
     rubric: str | None = typer.Option(None, "--rubric", help="what a good answer is, as the judge is told"),
     singletons: str | None = typer.Option(None, "--singletons", help="ranking mode, an answer no other shares a "
                                                                      "prompt with: rubric or skip"),

@@ -12,13 +12,20 @@ relative order):
   2. the attempts left alone group by their opening (the messages through the first user
      message): the opening is shown once and each answer is what followed it;
   3. an attempt still alone is scored against the rubric alone, or skipped (`singletons`).
-A group of more than `max_group` is split evenly in trace order. In rubric mode every attempt
-is its own group.
+A group of more than `max_group` is split evenly in trace order. In rubric and verdict modes
+every attempt is its own group.
 
 The judge answers with exactly one JSON object, `{"scores": {"1": 0.8, "2": 0.1},
 "explanation": "..."}`: one score in [0, 1] for every answer id and no other id (ids are "1" to
 "n"); a single ```json fence around it is allowed, anything else (prose, a missing or extra id,
 a score out of range, a duplicate key) is a JudgeAnswerError naming what is wrong.
+
+Verdict mode is for judges too small to write that JSON: each attempt alone, the judge asked a
+yes/no question (`VERDICT_QUESTION`), and its score read from the next-token distribution at
+the start of its reply, never from text: P(yes) / (P(yes) + P(no)) (`verdict_score`), where a
+token counts for "yes" when its text, whitespace stripped and case folded, is a non-empty
+prefix of "yes" ("Yes", " yes", "YES", "y"), likewise for "no" ("No", " no", "n"): a
+byte-level vocabulary spells the words one letter a token.
 """
 
 from __future__ import annotations
@@ -107,7 +114,7 @@ def attempt_of(trace: StoredTrace, cfg: CurationConfig) -> Attempt | str:
 def group_attempts(attempts: Iterable[Attempt], cfg: JudgeConfig) -> tuple[list[Group], list[Attempt]]:
     """(groups to judge, attempts left alone: singletons when `cfg.singletons == "skip"`)."""
     ordered = sorted(attempts, key=lambda a: (a.seq, a.id))
-    if cfg.mode == "rubric":
+    if cfg.mode in ("rubric", "verdict"):
         return [_group("single", [a]) for a in ordered], []
     groups: list[Group] = []
     alone: list[Attempt] = []
@@ -230,6 +237,25 @@ def retry_messages(messages: list[dict], reply: str, error: str, n: int) -> list
                                         f"object {_format(ids)}, one score from 0 to 1 for each answer."}]
 
 
+VERDICT_QUESTION = "Does the answer correctly and fully solve the task? Answer yes or no."
+
+
+def verdict_messages(group: Group, cfg: JudgeConfig) -> list[dict]:
+    """The chat messages that ask the judge verdict mode's yes/no question about the single
+    answer of `group` (system: the rubric; user: the task, the answer, then VERDICT_QUESTION)."""
+    if len(group.members) != 1:
+        raise ValueError(f"verdict mode judges one answer at a time, the group has {len(group.members)}")
+    system = (f"You judge the answers of an AI assistant.\nRubric: {cfg.rubric}\n"
+              "You are shown one task and one answer to it. Reply with yes or no.")
+    parts = [f"# Task\n{clip(render_messages(group.context), cfg.max_chars)}"]
+    if group.tools:
+        names = ", ".join(str((t.get("function") or {}).get("name")) for t in group.tools)
+        parts.append(f"Tools the assistant could call: {names}")
+    parts.append(f"# Answer\n{clip(render_messages(list(group.answers[0])), cfg.max_chars)}")
+    parts.append(VERDICT_QUESTION)
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+
+
 # ---------------------------------------------------------------- the answer
 
 
@@ -300,3 +326,47 @@ def feedback_bodies(group: Group, answer: JudgeAnswer, model: str, cfg: JudgeCon
     tag = judge_tag(model, cfg)
     return [(m.id, {"score": s, "source": "judge", "text": text, "idempotency_key": f"judge:{tag}:{group.id}:{m.id}"})
             for m, s in zip(group.members, answer.scores)]
+
+
+# ---------------------------------------------------------------- verdict mode's score
+
+
+def verdict_side(token: str) -> Literal["yes", "no"] | None:
+    """Which word a reply's first token starts: its text, whitespace stripped and case folded,
+    a non-empty prefix of "yes" or of "no" (" Yes", "yes", "Y"; "No", " no", "n"), else None."""
+    t = token.strip().casefold()
+    if not t:
+        return None
+    if "yes".startswith(t):
+        return "yes"
+    if "no".startswith(t):
+        return "no"
+    return None
+
+
+@dataclass(frozen=True)
+class VerdictScore:
+    score: float  # P(yes) / (P(yes) + P(no))
+    p_yes: float
+    p_no: float
+
+    def answer(self) -> JudgeAnswer:
+        """As a one-member JudgeAnswer; the explanation keeps both probabilities (their sum
+        says how much of the judge's next token was a yes or a no at all)."""
+        return JudgeAnswer((self.score,), f"P(yes)={self.p_yes:.4f} P(no)={self.p_no:.4f}")
+
+
+def verdict_score(candidates: Iterable[tuple[str, float]]) -> VerdictScore | None:
+    """Verdict mode's score from (token text, logprob) pairs of the judge's next-token
+    distribution (all of it, or the top k an API returns; each token once): the yes tokens'
+    probabilities summed, over the yes and no tokens' summed. None when neither appears (or
+    both underflow to 0)."""
+    p = {"yes": 0.0, "no": 0.0}
+    for token, logprob in candidates:
+        side = verdict_side(token)
+        if side is not None and logprob is not None and math.isfinite(logprob):
+            p[side] += math.exp(logprob)
+    total = p["yes"] + p["no"]
+    if not total > 0:
+        return None
+    return VerdictScore(p["yes"] / total, p["yes"], p["no"])

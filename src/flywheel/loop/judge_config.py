@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from flywheel.config import Config
 
-JudgeMode = Literal["ranking", "rubric"]
+JudgeMode = Literal["ranking", "rubric", "verdict"]
 
 DEFAULT_RUBRIC = (
     "A good answer does what the user asked: it is correct, complete and uses the tools it was given properly. "
@@ -24,7 +24,9 @@ DEFAULT_RUBRIC = (
 class JudgeConfig(Config):
     mode: JudgeMode = Field("ranking", description=(
         "ranking: the judge sees a group of answers to one prompt side by side and scores each relative to the "
-        "others (RULER-style); rubric: each answer is scored alone against the rubric"))
+        "others (RULER-style); rubric: each answer is scored alone against the rubric; verdict: each answer alone, "
+        "the judge asked a yes/no question and the score read from its next-token probabilities, "
+        "P(yes) / (P(yes) + P(no)), for judges too small to write JSON (no retry, `max_tokens` unused)"))
     rubric: str = Field(DEFAULT_RUBRIC, min_length=1, description="what a good answer is, as the judge is told")
     singletons: Literal["rubric", "skip"] = Field("rubric", description=(
         "in ranking mode, an answer that no other answer shares a prompt or opening with: scored alone "

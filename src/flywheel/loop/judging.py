@@ -7,6 +7,14 @@ runs a Sampler in this process (a LocalEngine: tests and benchmarks), all its qu
 once, shown its reply and what was wrong; a second malformed reply, or a failed request, skips
 the group and counts the reason. A skipped group writes nothing: no score is ever made up.
 
+Verdict mode (judge.py) reads no text: a client's `next_tokens` gives the judge's next-token
+(token, logprob) pairs at the start of its reply to the yes/no question. `SamplerJudge` runs
+one forward pass of its model over the rendered chat prompt (the whole vocabulary; a sampler
+without a torch model in this process: one greedy token with its top 20 alternatives);
+`HTTPJudge` asks the chat API for one token with `logprobs: true, top_logprobs: 20` (flywheel
+serve supports them; a server that returns none fails the question with that reason). A reply
+with neither a yes nor a no token among those skips the group; nothing is retried.
+
 `run_judge(store, client, cfg)` reads the store's traces (one tenant's, or all, each group
 within one tenant), judges the eligible ones and writes each score as feedback with
 `source="judge"` on the trace's own tenant (judge.feedback_bodies). Curation then reads those
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext as _nothing
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Protocol, Sequence
@@ -30,6 +39,9 @@ from flywheel.loop.judge import (
     JudgeAnswer,
     JudgeAnswerError,
     attempt_of,
+    verdict_messages,
+    verdict_score,
+    verdict_side,
     feedback_bodies,
     group_attempts,
     judge_messages,
@@ -40,6 +52,7 @@ from flywheel.loop.judge_config import JudgeConfig
 from flywheel.traces.results import IdempotencyConflict, StoredFeedback
 
 MAX_LISTED = 100  # skipped groups listed in a report (all are counted)
+VERDICT_TOP_LOGPROBS = 20  # alternatives asked for over HTTP (OpenAI's most)
 
 
 class JudgeRequestError(RuntimeError):
@@ -51,6 +64,11 @@ class JudgeClient(Protocol):
 
     def chat(self, conversations: Sequence[list[dict]], max_tokens: int) -> list[str | JudgeRequestError]:
         """One reply text per conversation, greedy; a question that failed is its JudgeRequestError."""
+        ...
+
+    def next_tokens(self, conversations: Sequence[list[dict]]) -> list[list[tuple[str, float]] | JudgeRequestError]:
+        """Verdict mode: per conversation, (token text, logprob) pairs of the judge's distribution
+        over the first token of its reply (all of it, or its most likely tokens)."""
         ...
 
 
@@ -91,6 +109,37 @@ class HTTPJudge:
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(lambda m: self._ask(m, max_tokens), conversations))
 
+    def _first_token(self, messages: list[dict]) -> list[tuple[str, float]] | JudgeRequestError:
+        body = {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": 1, "logprobs": True,
+                "top_logprobs": VERDICT_TOP_LOGPROBS, "metadata": JUDGE_METADATA}
+        try:
+            r = self._http.post("/chat/completions", json=body)
+        except self._errors as e:
+            return JudgeRequestError(f"{type(e).__name__}: {e}")
+        if r.status_code != 200:
+            return JudgeRequestError(f"HTTP {r.status_code}: {r.text[:300]}")
+        try:
+            content = (r.json()["choices"][0].get("logprobs") or {}).get("content")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            return JudgeRequestError(f"not a chat completion ({type(e).__name__}): {r.text[:300]}")
+        if content is None:
+            return JudgeRequestError("the judge server returned no logprobs: verdict mode needs a chat API that "
+                                     f"supports `logprobs: true, top_logprobs: {VERDICT_TOP_LOGPROBS}`")
+        if not content:  # a reply of only its end token has no token entry, so no alternatives
+            return JudgeRequestError("the judge's reply was empty (it ended at once): no first token to read")
+        top = content[0].get("top_logprobs") or []
+        if not top:
+            return JudgeRequestError("the judge server returned no top_logprobs: verdict mode needs "
+                                     f"`top_logprobs: {VERDICT_TOP_LOGPROBS}` on chat completions")
+        try:
+            return [(str(t["token"]), float(t["logprob"])) for t in top]
+        except (KeyError, TypeError, ValueError) as e:
+            return JudgeRequestError(f"unreadable top_logprobs ({type(e).__name__}): {str(top)[:300]}")
+
+    def next_tokens(self, conversations: Sequence[list[dict]]) -> list[list[tuple[str, float]] | JudgeRequestError]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(self._first_token, conversations))
+
 
 class SamplerJudge:
     """A Sampler in this process as the judge (inference/sampler.py: a LocalEngine, vLLM),
@@ -122,6 +171,61 @@ class SamplerJudge:
         return sample.text if sample.text is not None else self.tokenizer.decode(sample.token_ids,
                                                                                  skip_special_tokens=True)
 
+    def _yes_no_ids(self) -> tuple[list[int], list[str]]:
+        """The ids (and texts) of the vocabulary's tokens that start a yes or a no (judge.verdict_side),
+        named as an OpenAI API names them (models/token_bytes.py); computed once."""
+        if getattr(self, "_yes_no", None) is None:
+            from flywheel.models.token_bytes import token_table, token_text
+
+            table = token_table(self.tokenizer)
+            ids = [i for i, raw in enumerate(table.raw)
+                   if raw is not None and i not in table.special and verdict_side(token_text(raw)) is not None]
+            self._yes_no = (ids, [token_text(table.raw[i]) for i in ids])
+        return self._yes_no
+
+    def next_tokens(self, conversations: Sequence[list[dict]]) -> list[list[tuple[str, float]] | JudgeRequestError]:
+        """One forward pass of the model per question over its rendered prompt (chat template with
+        the generation prompt): the yes and no tokens' logprobs under the whole next-token
+        distribution (temperature 1). A sampler with no torch model here: one greedy token and its
+        VERDICT_TOP_LOGPROBS alternatives."""
+        model = getattr(self.sampler, "model", None)
+        if model is None or not hasattr(model, "forward"):
+            return self._next_tokens_sampled(conversations)
+        import torch
+
+        ids, texts = self._yes_no_ids()
+        most = getattr(self.sampler, "max_positions", None) or 1 << 30
+        device = next(model.parameters()).device
+        lock = getattr(self.sampler, "lock", None)
+        out: list[list[tuple[str, float]] | JudgeRequestError] = []
+        for messages in conversations:
+            prompt = self.renderer.prompt_ids(messages)
+            if len(prompt) > most:
+                out.append(JudgeRequestError(f"the question has {len(prompt)} tokens; the judge's context is {most}"))
+                continue
+            with (lock if lock is not None else _nothing()), torch.inference_mode():
+                logits_V = model(input_ids=torch.tensor([prompt], device=device)).logits[0, -1].float()
+            logprobs_V = torch.log_softmax(logits_V, dim=-1)
+            out.append(list(zip(texts, logprobs_V[ids].tolist())))
+        return out
+
+    def _next_tokens_sampled(self, conversations):
+        from flywheel.inference import SamplingParams
+        from flywheel.models.token_bytes import token_table, token_text
+
+        params = SamplingParams(temperature=0.0, max_tokens=1, top_logprobs=VERDICT_TOP_LOGPROBS)
+        table = token_table(self.tokenizer)
+        out: list[list[tuple[str, float]] | JudgeRequestError] = []
+        for messages in conversations:
+            try:
+                sample = self.sampler.generate([self.renderer.prompt_ids(messages)], params)[0][0]
+            except ValueError as e:
+                out.append(JudgeRequestError(str(e)))
+                continue
+            top = (sample.top_logprobs or [[]])[0]
+            out.append([(token_text(table.raw[i]), lp) for i, lp in top if table.bytes_of(i) is not None])
+        return out
+
 
 @dataclass
 class GroupResult:
@@ -133,6 +237,8 @@ class GroupResult:
 
 def judge_groups(client: JudgeClient, groups: Sequence[Group], cfg: JudgeConfig) -> list[GroupResult]:
     """Every group asked once, the malformed ones once more; in `groups`' order."""
+    if cfg.mode == "verdict":
+        return _verdict_groups(client, groups, cfg)
     questions = [judge_messages(g, cfg) for g in groups]
     results = [GroupResult(g, None) for g in groups]
     retry: list[tuple[int, list[dict]]] = []
@@ -145,6 +251,24 @@ def judge_groups(client: JudgeClient, groups: Sequence[Group], cfg: JudgeConfig)
         error = _take_reply(results[i], reply, asked=2)
         if error is not None:
             results[i].reason = f"malformed twice: {error}"
+    return results
+
+
+def _verdict_groups(client: JudgeClient, groups: Sequence[Group], cfg: JudgeConfig) -> list[GroupResult]:
+    """Verdict mode: each one-answer group's score from the judge's first-token distribution."""
+    if not callable(getattr(client, "next_tokens", None)):
+        raise TypeError(f"the judge client {type(client).__name__} has no next_tokens: it cannot judge in verdict mode")
+    results = [GroupResult(g, None, asked=1) for g in groups]
+    replies = client.next_tokens([verdict_messages(g, cfg) for g in groups]) if groups else []
+    for result, reply in zip(results, replies):
+        if isinstance(reply, JudgeRequestError):
+            result.reason = f"request failed: {reply}"
+            continue
+        got = verdict_score(reply)
+        if got is None:
+            result.reason = "no verdict: neither a yes nor a no token among the judge's next tokens"
+        else:
+            result.answer = got.answer()
     return results
 
 
