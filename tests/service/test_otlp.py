@@ -196,3 +196,38 @@ def test_a_malformed_body_is_a_400_naming_the_field(world, content, content_type
     error = r.json()["error"]
     assert error["param"] == param and set(error) == {"message", "type", "param", "code"}
     assert param == "body" or error["message"].startswith(param) or status == 415
+
+
+def test_an_evaluation_event_becomes_feedback_with_a_verifier_once_and_a_bad_verifier_refuses_the_run(world):
+    """The SDK exports an agent run whose agent span carries a gen_ai.evaluation.result event with
+    flywheel's verifier attributes: the trace gets one user feedback that curation makes an RL
+    task of; the same export again adds nothing; a verifier env curation does not trust refuses
+    the run with the attribute named, and nothing of it is stored."""
+    store = world["store"]
+    memory = InMemorySpanExporter()
+    tp = TracerProvider(resource=Resource.create({"service.name": "graded-agent"}))
+    tp.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = tp.get_tracer("graded-agent")
+    for env in ("calculator", "calculater"):
+        with tracer.start_as_current_span("invoke_agent calc", attributes={
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "calc"}) as agent:
+            chat_span(tracer, [part_text("user", f"What is 512 minus 38? ({env})")],
+                      part_text("assistant", "516", finish_reason="stop"), (9, 2))
+            agent.add_event("gen_ai.evaluation.result", {
+                "gen_ai.evaluation.name": "exact_answer", "gen_ai.evaluation.score.value": 0.0,
+                "gen_ai.evaluation.score.label": "wrong", "gen_ai.evaluation.explanation": "expected 474",
+                "flywheel.verifier.env": env, "flywheel.verifier.task": json.dumps({"answer": "474"})})
+    spans = memory.get_finished_spans()
+    body = encode_spans(spans).SerializeToString()
+    for attempt in range(2):
+        r = world["a"].post("/otlp/v1/traces", content=body, headers={"content-type": "application/x-protobuf"})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-flywheel-traces-added"] == ("1" if attempt == 0 else "0")
+        assert r.headers["x-flywheel-feedback-stored"] == "1" and r.headers["x-flywheel-spans-rejected"] == "2"
+        message = ExportTraceServiceResponse.FromString(r.content).partial_success.error_message
+        assert "events[0]: flywheel.verifier.env: 'calculater' is neither a built-in environment" in message, message
+    (trace,) = store.iter_traces(tenant="alpha", source="otlp:graded-agent")
+    assert trace.messages == [{"role": "user", "content": "What is 512 minus 38? (calculator)"}]
+    (fb,) = trace.feedback
+    assert (fb.score, fb.label, fb.text, fb.source) == (0.0, "wrong", "exact_answer: expected 474", "user")
+    assert (fb.verifier.env, fb.verifier.task) == ("calculator", {"answer": "474"})

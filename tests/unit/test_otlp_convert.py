@@ -264,3 +264,72 @@ def test_a_run_whose_content_cannot_be_read_is_rejected_whole_and_named():
                            "'robot' (valid: system, developer, user, assistant, tool)")
     usage = span("00000000000000f4", chat_attrs([text("user", "x")], [], **{"gen_ai.usage.input_tokens": -1}))
     assert "gen_ai.usage.input_tokens: expected a non-negative integer" in convert(export(usage)).errors[0].message
+
+
+# ---------------------------------------------------------------- evaluations -> feedback
+
+A1, C1, E1 = "a000000000000001", "c000000000000001", "e000000000000001"
+QUESTION = [text("user", "What is 512 minus 38?")]
+WRONG = [text("assistant", "The answer is 516.", finish_reason="stop")]
+EVAL = {"gen_ai.evaluation.name": "calculator_check", "gen_ai.evaluation.score.value": 0.0,
+        "gen_ai.evaluation.score.label": "wrong", "gen_ai.evaluation.explanation": "expected 474",
+        "flywheel.verifier.env": "calculator", "flywheel.verifier.task": '{"answer": "474"}'}
+
+
+def evaluated_run(agent_attrs: dict | None = None, agent_events=(), *extra: dict) -> dict:
+    agent = span(A1, {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "calc", **(agent_attrs or {})},
+                 end=3, events=agent_events)
+    return export(agent, span(C1, chat_attrs(QUESTION, WRONG), parent=A1, start=1), *extra)
+
+
+def test_an_evaluation_event_on_the_agent_span_is_the_trace_feedback_with_a_verifier():
+    out = convert(evaluated_run(None, [("gen_ai.evaluation.result", EVAL)]))
+    assert not out.errors and out.ignored == 0 and len(out.traces) == 1
+    (where, fb), = out.traces[0].feedback
+    assert where == "resourceSpans[0].scopeSpans[0].spans[0].events[0]"
+    assert fb == {"source": "user", "idempotency_key": f"otlp:{T1}:{A1}:0", "score": 0.0, "label": "wrong",
+                  "text": "calculator_check: expected 474", "created_at": "2023-11-14T22:13:20+00:00",
+                  "verifier": {"env": "calculator", "task": {"answer": "474"}}}
+    # a re-sent export gives the same keys: the store adds nothing
+    assert convert(evaluated_run(None, [("gen_ai.evaluation.result", EVAL)])).traces[0].feedback[0][1] == fb
+
+
+def test_an_evaluation_span_counts_as_genai_and_takes_the_agents_verifier():
+    verifier = {k: EVAL.pop(k) for k in ("flywheel.verifier.env", "flywheel.verifier.task")}
+    try:
+        evaluation = span(E1, {**EVAL, "gen_ai.evaluation.score.value": 1}, parent=C1, start=3, end=3)
+        other = span("f000000000000001", {"http.method": "GET"}, parent=A1)
+        out = convert(evaluated_run(verifier, (), evaluation, other))
+    finally:
+        EVAL.update(verifier)
+    assert not out.errors and out.ignored == 1 and out.no_content == 0 and len(out.traces) == 1
+    record, ((where, fb),) = out.traces[0].record, out.traces[0].feedback
+    assert where.endswith("spans[2]") and fb["idempotency_key"] == f"otlp:{T1}:{E1}:span"
+    assert fb["score"] == 1.0 and fb["verifier"] == {"env": "calculator", "task": {"answer": "474"}}
+    assert record["latency_ms"] == 3000.0  # the evaluation after the run is not part of its time
+
+
+def test_an_evaluation_in_another_trace_joins_the_run_by_response_id_else_is_an_orphan():
+    chat = span(C1, chat_attrs(QUESTION, WRONG, **{"gen_ai.response.id": "chatcmpl-9"}))
+    evaluation = span(E1, {**EVAL, "gen_ai.response.id": "chatcmpl-9"}, trace=T2)
+    out = convert(export(chat, evaluation))
+    assert len(out.traces) == 1 and len(out.traces[0].feedback) == 1 and out.orphan_evaluations == 0
+    alone = convert(export(span(E1, EVAL, trace=T2)))
+    assert alone.traces == [] and alone.orphan_evaluations == 1 and alone.no_content == 0 and alone.ignored == 0
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"gen_ai.evaluation.score.value": "high"}, "events[0]: gen_ai.evaluation.score.value: expected a finite number"),
+    ({"flywheel.verifier.task": "{answer: 474}"}, "events[0]: flywheel.verifier.task: not valid JSON"),
+    ({"flywheel.verifier.task": '["474"]'}, "events[0]: flywheel.verifier.task: expected a JSON object, got list"),
+    ({"flywheel.verifier.env": None}, "events[0]: flywheel.verifier.env: required with flywheel.verifier.task"),
+    ({"gen_ai.evaluation.name": ""}, "events[0]: gen_ai.evaluation.name: required"),
+])
+def test_a_malformed_evaluation_rejects_its_run_naming_the_attribute(change, message):
+    evaluation = {k: v for k, v in {**EVAL, **change}.items() if v is not None}
+    other_run = span("b000000000000001", chat_attrs(QUESTION, WRONG), trace=T2)
+    out = convert(export(*evaluated_run(None, [("gen_ai.evaluation.result", evaluation)])["resourceSpans"][0]
+                         ["scopeSpans"][0]["spans"], other_run))
+    assert len(out.traces) == 1 and len(out.errors) == 1 and out.rejected_spans == 2
+    assert out.errors[0].message.startswith("resourceSpans[0].scopeSpans[0].spans[0].") and message in \
+        out.errors[0].message, out.errors[0].message

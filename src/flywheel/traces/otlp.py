@@ -37,6 +37,16 @@ of the run's spans), `created_at` (the run's first start), `source` "otlp:<servi
 idempotency key `otlp:<traceId>:<spanId of the last call>`: re-sending an export stores
 nothing new. A run whose content cannot be read is rejected whole, its spans counted, with
 the reason naming the span and attribute.
+
+Outcomes. The run's `gen_ai.evaluation.result` evaluations (span events, or zero-length spans
+of their own under the evaluated span: otlp_evaluations.py) are its trace's `feedback`, each
+a FeedbackIn (score, label, text, a verifier from flywheel's `flywheel.verifier.env` /
+`flywheel.verifier.task` attributes) with an idempotency key of its trace, span and event
+index. An evaluation span is a GenAI span (never an ignored one) and belongs to the run of
+its parents; one whose parents are not in the export joins the run whose chat span has its
+`gen_ai.response.id`, else it is counted (`orphan_evaluations`): a run's evaluations must
+arrive in the run's export. A malformed evaluation (a score that is not a number, a task
+that is not a JSON object) rejects its run, as malformed content does.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from flywheel.traces.otlp_envelope import OtlpMalformed, Span, parse_request
+from flywheel.traces.otlp_evaluations import evaluations_in, run_feedback
 from flywheel.traces.otlp_messages import ContentError, Message, SpanChat, span_chat
 
 __all__ = ["Conversion", "OtlpMalformed", "OtlpTrace", "RunError", "Span", "convert"]
@@ -63,6 +74,7 @@ class OtlpTrace:
     record: dict[str, Any]  # a TraceIn
     span_paths: list[str]  # the run's GenAI spans
     last_call: str  # the path of the span whose output is the response
+    feedback: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (where, FeedbackIn) per evaluation
 
 
 @dataclass
@@ -70,6 +82,7 @@ class Conversion:
     spans: int = 0  # in the request
     ignored: int = 0  # without GenAI attributes
     no_content: int = 0  # GenAI spans of runs that carried no messages (content capture off?)
+    orphan_evaluations: int = 0  # evaluations with no run of the export to go to
     traces: list[OtlpTrace] = field(default_factory=list)
     errors: list[RunError] = field(default_factory=list)
 
@@ -85,16 +98,18 @@ def convert(body: Any) -> Conversion:
     out = Conversion(spans=len(spans))
     genai = [s for s in spans if s.genai]
     out.ignored = len(spans) - len(genai)
-    for run in group_runs(spans, genai):
+    for run in attach_by_response_id(group_runs(spans, genai)):
         try:
             built = build_trace(run)
+            feedback = run_feedback(run) if built is not None else []
         except ContentError as e:
             out.errors.append(RunError([s.path for s in run], str(e)))
             continue
         if built is None:
-            out.no_content += len(run)
+            out.no_content += sum(not s.evaluation for s in run)
+            out.orphan_evaluations += sum(evaluations_in(s) for s in run)
         else:
-            out.traces.append(OtlpTrace(built[0], [s.path for s in run], built[1]))
+            out.traces.append(OtlpTrace(built[0], [s.path for s in run], built[1], feedback))
     return out
 
 
@@ -107,6 +122,28 @@ def group_runs(spans: list[Span], genai: list[Span]) -> list[list[Span]]:
     for span in genai:
         runs.setdefault((span.trace_id, _agent_of(span, by_id)), []).append(span)
     return [sorted(run, key=lambda s: (s.start_ns, s.order)) for run in runs.values()]
+
+
+def attach_by_response_id(runs: list[list[Span]]) -> list[list[Span]]:
+    """Runs made only of evaluation spans (their evaluated span was not among their parents in
+    the export) join the run whose span answered with their `gen_ai.response.id`."""
+    by_response: dict[str, list[Span]] = {}
+    for run in runs:
+        for span in run:
+            rid = span.attributes.get("gen_ai.response.id")
+            if not span.evaluation and isinstance(rid, str) and rid:
+                by_response.setdefault(rid, run)
+    out = []
+    for run in runs:
+        target = None
+        if all(s.evaluation for s in run):
+            target = next((by_response[r] for s in run if isinstance(r := s.attributes.get("gen_ai.response.id"), str)
+                           and r in by_response), None)
+        if target is None:
+            out.append(run)
+        else:
+            target.extend(run)
+    return out
 
 
 def _agent_of(span: Span, by_id: dict[tuple[str, str], Span]) -> str:
@@ -141,7 +178,8 @@ def build_trace(run: list[Span]) -> tuple[dict[str, Any], str] | None:
         raise ContentError(f"{last.path}: the chat has no input messages (gen_ai.input.messages)")
     record: dict[str, Any] = {"idempotency_key": f"otlp:{last.trace_id}:{last.span_id}",
                               "source": f"otlp:{last.service}"[:200], "messages": messages}
-    starts = [s.start_ns for s in run if s.start_ns]
+    timed = [s for s in run if not s.evaluation]  # an evaluation comes after the run: not part of its time
+    starts = [s.start_ns for s in timed if s.start_ns]
     if starts:
         record["created_at"] = _iso(min(starts))
     if last_chat.outputs:
@@ -155,7 +193,7 @@ def build_trace(run: list[Span]) -> tuple[dict[str, Any], str] | None:
     usage = _usage([s for s, _ in chats])
     if usage:
         record["usage"] = usage
-    ends = [s.end_ns for s in run if s.start_ns and s.end_ns >= s.start_ns]
+    ends = [s.end_ns for s in timed if s.start_ns and s.end_ns >= s.start_ns]
     if starts and ends:
         record["latency_ms"] = (max(ends) - min(starts)) / 1e6
     record["metadata"] = {"otel": _provenance(run, last, last_chat, len(chats))}

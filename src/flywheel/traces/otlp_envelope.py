@@ -37,11 +37,18 @@ class Span:
     events: list[tuple[str, dict[str, Any]]]  # (name, attributes) in order
     service: str  # the resource's service.name
     scope: str  # the instrumentation scope's name
+    event_times: tuple[int, ...] = ()  # each event's timeUnixNano (0 when unset), as `events`
 
     @property
     def genai(self) -> bool:
         return any(k.startswith("gen_ai.") for k in self.attributes) or any(
             name.startswith("gen_ai.") for name, _ in self.events)
+
+    @property
+    def evaluation(self) -> bool:
+        """A span that is itself a `gen_ai.evaluation.result` (emitters that cannot add an
+        event write a zero-length span with the event's attributes under the evaluated span)."""
+        return "gen_ai.evaluation.name" in self.attributes and self.operation is None
 
     @property
     def operation(self) -> str | None:
@@ -74,13 +81,14 @@ def parse_request(body: Any) -> list[Span]:
 def _span(raw: Any, where: str, order: int, service: str, scope: str) -> Span:
     _object(raw, where)
     parent = raw.get("parentSpanId") or None
-    events = []
+    events, times = [], []
     for e, event in enumerate(_list(raw, "events", where)):
         _object(event, f"{where}.events[{e}]")
         name = event.get("name", "")
         if not isinstance(name, str):
             raise OtlpMalformed(f"{where}.events[{e}].name", "expected a string")
         events.append((name, attributes(event.get("attributes"), f"{where}.events[{e}].attributes")))
+        times.append(_uint64(event.get("timeUnixNano", 0), f"{where}.events[{e}].timeUnixNano"))
     name = raw.get("name", "")
     if not isinstance(name, str):
         raise OtlpMalformed(f"{where}.name", "expected a string")
@@ -91,7 +99,7 @@ def _span(raw: Any, where: str, order: int, service: str, scope: str) -> Span:
         name=name, start_ns=_uint64(raw.get("startTimeUnixNano", 0), f"{where}.startTimeUnixNano"),
         end_ns=_uint64(raw.get("endTimeUnixNano", 0), f"{where}.endTimeUnixNano"),
         attributes=attributes(raw.get("attributes"), f"{where}.attributes"), events=events,
-        service=service, scope=scope)
+        service=service, scope=scope, event_times=tuple(times))
 
 
 def _object(value: Any, where: str) -> None:

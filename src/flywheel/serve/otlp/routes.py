@@ -5,7 +5,12 @@ under the base URL). Body: an ExportTraceServiceRequest, `application/x-protobuf
 `application/json` (OTLP/JSON), gzip or deflate allowed. flywheel.traces.otlp turns the GenAI
 spans into traces, one per agent run, stored in the caller's tenant exactly as
 POST /v1/traces stores them (validated per record, idempotency key
-`otlp:<traceId>:<spanId>`: a re-sent export stores nothing new).
+`otlp:<traceId>:<spanId>`: a re-sent export stores nothing new). A run's
+`gen_ai.evaluation.result` evaluations (flywheel.traces.otlp_evaluations) are then stored as
+feedback on its trace (source "user", keyed by trace, span and event: nothing new on a
+re-send); a verifier (`flywheel.verifier.env` / `.task`) is checked as POST
+/v1/traces/{id}/feedback checks one, and a run with one curation could not use is refused
+before anything of it is stored.
 
 Answers, as the OTLP spec says, in the request's encoding:
 200 ExportTraceServiceResponse, with `partialSuccess {rejectedSpans, errorMessage}` when runs
@@ -13,7 +18,7 @@ Answers, as the OTLP spec says, in the request's encoding:
     each span's path and the reason) or GenAI spans carried no messages (a warning); spans
     without gen_ai attributes are counted (x-flywheel-spans-ignored) and never an error.
     Headers count what happened (x-flywheel-traces-added, -traces-duplicate, -spans-ignored,
-    -spans-rejected) and list the stored traces' ids (x-flywheel-trace-ids, up to 64 of them),
+    -spans-rejected, -feedback-stored) and list the stored traces' ids (x-flywheel-trace-ids, up to 64 of them),
     the ids their feedback goes to.
 400 a body that is not an ExportTraceServiceRequest, naming the field
     (`resourceSpans[0].scopeSpans[1].spans[3].traceId: expected 32 hex characters`); 413 past
@@ -42,13 +47,16 @@ from flywheel.serve.otlp.codec import (
     inflate,
     media_type,
 )
-from flywheel.traces import TraceStoreBusy
+from flywheel.loop.feedback_check import FeedbackRefused, check_feedback
+from flywheel.traces import TraceStoreBusy, TraceStoreError
 from flywheel.traces.batch import prepare_traces
-from flywheel.traces.otlp import OtlpMalformed, RunError, convert
+from flywheel.traces.otlp import Conversion, OtlpMalformed, OtlpTrace, RunError, convert
 
 MAX_INFLATED_BYTES = 64 * 2 ** 20  # app.py's MAX_BODY_BYTES: what a body may hold once inflated
 MAX_IDS_HEADER = 64  # stored ids listed in x-flywheel-trace-ids (~2.4 KB); past it the header is left out
 MAX_REASONS = 5  # rejected runs named in errorMessage; the rest counted
+ORPHAN_HINT = ("evaluations (gen_ai.evaluation.result) with no run in this export: send them with the "
+               "spans of the run they evaluate (add the event before the agent span ends)")
 NO_CONTENT_HINT = ("GenAI spans that carried no messages: turn content capture on "
                    "(OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true for the Python instrumentations)")
 
@@ -81,17 +89,28 @@ class Outcome:
     rejected_spans: int
     message: str  # errorMessage: reasons, or a warning
     trace_ids: list[str]  # the stored traces' ids (added or already there), in the export's order
+    feedback: int = 0  # evaluations stored as feedback (added, or already there)
 
 
 def export(intake: TraceIntake, body: object, tenant: str) -> Outcome:
-    """Convert and store one export for `tenant` (in a worker thread: pure Python, then SQL)."""
+    """Convert and store one export for `tenant` (in a worker thread: pure Python, then SQL):
+    the runs' traces, then their evaluations as feedback on them."""
     conversion = convert(body)
-    batch = prepare_traces([t.record for t in conversion.traces], intake.store.default_source)
-    result = intake.store.add_prepared(batch, tenant=tenant)
     errors = list(conversion.errors)
-    for trace, stored in zip(conversion.traces, result.results):
+    traces = _usable(conversion, intake, errors)
+    batch = prepare_traces([t.record for t in traces], intake.store.default_source)
+    result = intake.store.add_prepared(batch, tenant=tenant)
+    stored_feedback = 0
+    for trace, stored in zip(traces, result.results):
         if stored.status not in ("added", "duplicate"):  # invalid, conflict
             errors.append(RunError(trace.span_paths, f"{trace.last_call}: {stored.reason}"))
+            continue
+        for where, feedback in trace.feedback:
+            try:
+                intake.store.add_feedback(stored.id, feedback, tenant=tenant)
+                stored_feedback += 1
+            except TraceStoreError as e:  # an idempotency key reused with other content
+                errors.append(RunError([where.split(".events[")[0]], f"{where}: {e}"))
     rejected = sum(len(e.span_paths) for e in errors)
     notes = []
     if errors:
@@ -100,8 +119,33 @@ def export(intake: TraceIntake, body: object, tenant: str) -> Outcome:
         notes.append(f"{rejected} of {conversion.spans} spans rejected: {reasons}{more}")
     if conversion.no_content:
         notes.append(f"{conversion.no_content} {NO_CONTENT_HINT}")
+    if conversion.orphan_evaluations:
+        notes.append(f"{conversion.orphan_evaluations} {ORPHAN_HINT}")
     ids = [r.id for r in result.results if r.id is not None and r.status in ("added", "duplicate")]
-    return Outcome(result.added, result.duplicates, conversion.ignored, rejected, ". ".join(notes), ids)
+    return Outcome(result.added, result.duplicates, conversion.ignored, rejected, ". ".join(notes), ids,
+                   stored_feedback)
+
+
+def _usable(conversion: Conversion, intake: TraceIntake, errors: list[RunError]) -> list[OtlpTrace]:
+    """The runs whose evaluations curation can use as sent: a verifier's environment must be
+    trusted and its task must carry an answer (loop/feedback_check.py, as POST
+    /v1/traces/{id}/feedback checks). A run with one that is not is refused whole, before
+    anything is stored. An evaluator's own labels are kept as they are (a score, when there is
+    one, is what curation reads)."""
+    out = []
+    for trace in conversion.traces:
+        refused = None
+        for where, feedback in trace.feedback:
+            try:
+                check_feedback({k: v for k, v in feedback.items() if k != "label"}, intake.curation)
+            except FeedbackRefused as e:
+                refused = f"{where}: flywheel.{e}"  # verifier.env -> the attribute flywheel.verifier.env
+                break
+        if refused is not None:
+            errors.append(RunError(trace.span_paths, refused))
+            continue
+        out.append(trace)
+    return out
 
 
 @router.post("/otlp/v1/traces", **_otlp_doc())
@@ -123,7 +167,8 @@ async def otlp_traces(request: Request, tenant: Tenant, intake: IntakeDep) -> Re
         raise OpenAIError(str(e), status=503, type="server_busy") from None
     headers = {"x-flywheel-traces-added": str(outcome.added), "x-flywheel-traces-duplicate": str(outcome.duplicates),
                "x-flywheel-spans-ignored": str(outcome.ignored),
-               "x-flywheel-spans-rejected": str(outcome.rejected_spans)}
+               "x-flywheel-spans-rejected": str(outcome.rejected_spans),
+               "x-flywheel-feedback-stored": str(outcome.feedback)}
     if len(outcome.trace_ids) <= MAX_IDS_HEADER:  # where feedback goes (POST /v1/traces/{id}/feedback)
         headers["x-flywheel-trace-ids"] = ",".join(outcome.trace_ids)
     return Response(encode_response(kind, outcome.rejected_spans, outcome.message), media_type=kind,

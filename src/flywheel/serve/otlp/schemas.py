@@ -38,7 +38,8 @@ class OtlpSpanEvent(TypedDict):
 @with_config(_OPEN)
 class OtlpSpan(TypedDict):
     """One span. A span with an attribute or event named gen_ai.* is read as a chat call, an agent
-    run or a tool execution; other spans are counted and ignored."""
+    run, a tool execution or an evaluation (gen_ai.evaluation.result, as an event or a span: its
+    trace's feedback); other spans are counted and ignored."""
 
     traceId: TraceId
     spanId: SpanId
@@ -92,7 +93,8 @@ class OtlpPartialSuccess(TypedDict):
 class OtlpExportTraceServiceResponse(TypedDict):
     """The OTLP answer; `partialSuccess` only when spans were rejected or something is worth a warning.
     Headers: x-flywheel-traces-added, x-flywheel-traces-duplicate, x-flywheel-spans-ignored,
-    x-flywheel-spans-rejected, x-flywheel-trace-ids (the stored traces' ids, comma-separated, up to 64: feedback goes to
+    x-flywheel-spans-rejected, x-flywheel-feedback-stored (gen_ai.evaluation.result evaluations stored as the traces'
+    feedback), x-flywheel-trace-ids (the stored traces' ids, comma-separated, up to 64: feedback goes to
     POST /v1/traces/{id}/feedback)."""
 
     partialSuccess: NotRequired[OtlpPartialSuccess]
