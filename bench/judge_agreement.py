@@ -231,9 +231,10 @@ def main() -> None:
                  "only when no yes or no token has any). nan: nothing to measure. The scripted solver's answers "
                  "are templated: a judge may separate them by style, so agreement here is an upper bound on "
                  "separating right from wrong. A 135M judge is a floor, not a usable judge."]
-    keys = ("answered", "pairs", "pairwise", "accuracy", "kappa", "auroc")
-    line = " ".join(f"{e}_{m}_{k}={_f(v) if isinstance(v, float) else v}"
-                    for e, modes in last.items() for m, a in modes.items() for k, v in a.items() if k in keys)
+    keys = {"ranking": ("answered", "pairwise"), "rubric": ("answered", "kappa"),
+            "verdict": ("pairs", "pairwise", "accuracy", "kappa", "auroc")}
+    line = " ".join(f"{e}_{m}_{k}={_f(a[k]) if isinstance(a[k], float) else a[k]}"
+                    for e, modes in last.items() for m, a in modes.items() for k in keys[m])
     common.append_report("Judge agreement with the verifier (calculator, code_repair)", "\n".join(body),
                          f"judge_agreement: {line} judge={judges[0][0]}", write=not args.no_report)
 
