@@ -173,8 +173,12 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=0.5, help="a score counted as the judge's pass")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0, help="seeds the task choice and each group's order")
+    ap.add_argument("--modes", default=",".join(MODES), help="judge modes to measure, of " + ", ".join(MODES))
     ap.add_argument("--no-report", action="store_true", help="print only; leave docs/benchmarks.md alone")
     args = ap.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or set(modes) - set(MODES):
+        ap.error(f"--modes {args.modes!r}: each of {', '.join(MODES)}")
     if args.n < 2:
         ap.error("--n must be at least 2 (half scripted, half the model's)")
     threads = common.set_threads(args.threads)
@@ -198,7 +202,7 @@ def main() -> None:
         splits[env_name] = (verifier_split(played), time.perf_counter() - t0)
         for judge_name, engine in engines.items():
             judge = SamplerJudge(engine, engine.tokenizer, judge_name)
-            for mode in MODES:
+            for mode in modes:
                 t0 = time.perf_counter()
                 results = judge_mode(judge, played, jcfg, mode)
                 secs = time.perf_counter() - t0
