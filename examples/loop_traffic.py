@@ -34,17 +34,18 @@ CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 # op -> (calc symbol, its function, how users ask)
 OPS = {"plus": ("+", operator.add, "What is {a} + {b}?"), "minus": ("-", operator.sub, "What is {a} minus {b}?"),
        "times": ("*", operator.mul, "What is {a} times {b}?")}
-_AST_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+_AST_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+            ast.Mod: operator.mod}
 
 
 def calc(expression: str) -> str:
-    """The `calc` tool: + - * on integers."""
+    """The `calc` tool on integers: + - * // % and parentheses (examples/otel_agent.py's too)."""
     def ev(node):
         if isinstance(node, ast.BinOp) and type(node.op) in _AST_OPS:
             return _AST_OPS[type(node.op)](ev(node.left), ev(node.right))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -ev(node.operand)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
             return node.value
         raise ValueError(f"cannot evaluate {expression!r}")
     return str(ev(ast.parse(expression, mode="eval").body))

@@ -23,12 +23,12 @@ length): a timer firing mid-run would send the run in two parts.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import operator
 import random
 import re
 
+from loop_traffic import calc  # the sibling example's calc tool (examples/ is on the path when run)
 from openai import OpenAI
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -44,21 +44,6 @@ TOOLS = [{"type": "function", "function": {
         "additionalProperties": False, "required": ["expression"]}}}]
 OPS = {"plus": (operator.add, "What is {a} + {b}?"), "minus": (operator.sub, "What is {a} minus {b}?"),
        "times": (operator.mul, "What is {a} times {b}?")}
-_AST_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-            ast.Mod: operator.mod}
-
-
-def calc(expression: str) -> str:
-    """The `calc` tool on integers: + - * // % and parentheses."""
-    def ev(node):
-        if isinstance(node, ast.BinOp) and type(node.op) in _AST_OPS:
-            return _AST_OPS[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -ev(node.operand)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
-            return node.value
-        raise ValueError(f"cannot evaluate {expression!r}")
-    return str(ev(ast.parse(expression, mode="eval").body))
 
 
 # ---------------------------------------------------------------- the conventions' message format

@@ -91,37 +91,42 @@ class HTTPJudge:
     def close(self) -> None:
         self._http.close()
 
-    def _ask(self, messages: list[dict], max_tokens: int) -> str | JudgeRequestError:
-        body = {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": max_tokens,
-                "metadata": JUDGE_METADATA}  # a flywheel server that records traces marks them: never judged
+    def _post(self, body: dict) -> dict | JudgeRequestError:
+        """The chat completion the judge server answered, or why there is none."""
         try:
-            r = self._http.post("/chat/completions", json=body)
-        except self._errors as e:
+            r = self._http.post("/chat/completions", json={**body, "metadata": JUDGE_METADATA})
+        except self._errors as e:  # JUDGE_METADATA: a flywheel server that records traces marks them: never judged
             return JudgeRequestError(f"{type(e).__name__}: {e}")
         if r.status_code != 200:
             return JudgeRequestError(f"HTTP {r.status_code}: {r.text[:300]}")
         try:
-            return r.json()["choices"][0]["message"]["content"] or ""
+            choice = r.json()["choices"][0]
+            if not isinstance(choice, dict):
+                raise TypeError("a choice is not an object")
+            return choice
         except (ValueError, KeyError, IndexError, TypeError) as e:
             return JudgeRequestError(f"not a chat completion ({type(e).__name__}): {r.text[:300]}")
+
+    def _ask(self, messages: list[dict], max_tokens: int) -> str | JudgeRequestError:
+        choice = self._post({"model": self.model, "messages": messages, "temperature": 0, "max_tokens": max_tokens})
+        if isinstance(choice, JudgeRequestError):
+            return choice
+        try:
+            return choice["message"]["content"] or ""
+        except (KeyError, TypeError) as e:
+            return JudgeRequestError(f"not a chat completion ({type(e).__name__}): {str(choice)[:300]}")
 
     def chat(self, conversations: Sequence[list[dict]], max_tokens: int) -> list[str | JudgeRequestError]:
         with ThreadPoolExecutor(self.concurrency) as pool:
             return list(pool.map(lambda m: self._ask(m, max_tokens), conversations))
 
     def _first_token(self, messages: list[dict]) -> list[tuple[str, float]] | JudgeRequestError:
-        body = {"model": self.model, "messages": messages, "temperature": 0, "max_tokens": 1, "logprobs": True,
-                "top_logprobs": VERDICT_TOP_LOGPROBS, "metadata": JUDGE_METADATA}
-        try:
-            r = self._http.post("/chat/completions", json=body)
-        except self._errors as e:
-            return JudgeRequestError(f"{type(e).__name__}: {e}")
-        if r.status_code != 200:
-            return JudgeRequestError(f"HTTP {r.status_code}: {r.text[:300]}")
-        try:
-            content = (r.json()["choices"][0].get("logprobs") or {}).get("content")
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
-            return JudgeRequestError(f"not a chat completion ({type(e).__name__}): {r.text[:300]}")
+        choice = self._post({"model": self.model, "messages": messages, "temperature": 0, "max_tokens": 1,
+                             "logprobs": True, "top_logprobs": VERDICT_TOP_LOGPROBS})
+        if isinstance(choice, JudgeRequestError):
+            return choice
+        logprobs = choice.get("logprobs")
+        content = logprobs.get("content") if isinstance(logprobs, dict) else None
         if content is None:
             return JudgeRequestError("the judge server returned no logprobs: verdict mode needs a chat API that "
                                      f"supports `logprobs: true, top_logprobs: {VERDICT_TOP_LOGPROBS}`")
