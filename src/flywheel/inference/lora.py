@@ -16,12 +16,10 @@ leaves alone contributes rank 0.
 
 Per-row application (`RowGroups`): each token gets `delta = (x A^T) B^T` of its row's adapter
 added into the base output, rows without an adapter untouched: what vLLM's punica kernels
-compute. With several adapters in a decode step the tokens are grouped by adapter (S-LoRA's
-and Punica's batched gather-matmul-scatter, here as two batched matmuls): each adapter's
-tokens are gathered into one slot of a (n_adapters, G, in) batch, padded to the largest group
-with a zero row, multiplied by that adapter's A and B only, and added back at their rows. A
-token costs its own adapter's arithmetic, not every adapter's. Shapes: x (N, in) and out
-(N, out) with N = B * S tokens, row b's tokens at [b * S, (b + 1) * S).
+compute. With several adapters in a batch their A's and B's are stacked and a mask keeps each
+token to its own adapter's columns, so a projection costs two matmuls however many adapters
+the batch mixes. Shapes: x (N, in) and out (N, out) with N = B * S tokens, row b's tokens at
+[b * S, (b + 1) * S).
 """
 
 from __future__ import annotations
@@ -173,15 +171,15 @@ class Resident:
 class RowGroups:
     """Each row's adapter in one forward (None: the base model), ready to add the deltas.
 
-    One adapter for every row: out += (x A^T) B^T. Several, in a decode step (one token a
-    row): the tokens of adapter g sit at `gather[g]` (padded with N, the index of a zero row
-    appended to x), and with the adapters' A's and B's stacked and zero-padded to one rank R,
-        delta (n, G, out) = bmm(bmm(x_pad[gather], A_all (n, in, R)), B_all (n, R, out)),
-    added at `scatter` (the same tokens, padding sent to row 0 with a zero delta). The stacks of
-    a set of adapters are built once and kept for the next steps (`_STACKS`): a decode batch's
-    set changes only when a request joins or leaves. Several in a prefill (many tokens a row, a
-    set seen once): per adapter, its tokens' delta is added at their rows (`index_add_`), with
-    no stack to build."""
+    One adapter for every row: out += (x A^T) B^T. Several, in a decode step (one token a row):
+    the present adapters' A's are stacked, (C, in) with C the sum of their ranks, and their B's
+    side by side, (out, C); then
+        out += ((x A_all^T) * M) B_all^T,   M[n, c] = 1 if column c belongs to token n's adapter,
+    two matmuls whatever the number of adapters (a base row's mask is all zero). The stacks
+    of a set of adapters are built once and kept for the next steps (`_STACKS`): a decode
+    batch's set changes only when a request joins or leaves. Several in a prefill (many
+    tokens a row, a set seen once): per adapter, its tokens' delta is added at their rows
+    (`index_add_`), with no stack to build."""
 
     def __init__(self, row_adapters: Sequence[Resident | None], tokens_per_row: int, device: torch.device):
         present: dict[int, Resident] = {}
@@ -192,15 +190,14 @@ class RowGroups:
         self.single = self.adapters[0] if len(self.adapters) == 1 and all(row_adapters) else None
         self.stack = None
         self.groups: list[tuple[Resident, torch.Tensor]] = []  # prefill: (adapter, its tokens)
+        self._masks: dict[tuple, torch.Tensor] = {}
         if not self.adapters or self.single is not None:
             return
         if tokens_per_row == 1:
             self.stack = _stack(tuple(self.adapters))
-            members = [[n for n, a in enumerate(row_adapters) if a is adapter] for adapter in self.adapters]
-            size, pad = max(map(len, members)), len(row_adapters)
-            self.gather = torch.tensor([m + [pad] * (size - len(m)) for m in members], device=device)  # (n, G)
-            self.scatter = self.gather.masked_fill(self.gather == pad, 0).reshape(-1)  # (n * G,)
-            self.padded = any(len(m) < size for m in members)
+            index = {id(a): g for g, a in enumerate(self.adapters)}
+            self.owner_of_token = torch.tensor([-1 if a is None else index[id(a)] for a in row_adapters],
+                                               device=device)  # (N,)
             return
         S = tokens_per_row
         for adapter in self.adapters:
@@ -226,14 +223,16 @@ class RowGroups:
         stacked = self.stack[layer][part]
         if stacked is None:
             return
-        a_all, b_all = stacked
-        x = torch.cat([x_N_in, x_N_in.new_zeros(1, x_N_in.shape[1])]) if self.padded else x_N_in  # (N [+1], in)
-        delta = torch.bmm(torch.bmm(x[self.gather], a_all), b_all)  # (n, G, out)
-        out_N_out.index_add_(0, self.scatter, delta.reshape(-1, delta.shape[-1]))
+        a, b, owners = stacked
+        mask = self._masks.get(owners)
+        if mask is None:
+            columns = torch.tensor(owners, device=x_N_in.device)
+            mask = self._masks[owners] = (self.owner_of_token[:, None] == columns[None, :]).to(x_N_in.dtype)
+        out_N_out.addmm_((x_N_in @ a.T).mul_(mask), b.T)
 
 
-# the stacks of the adapter sets seen last: (A_all (n, in, R), B_all (n, R, out)) per layer and projection
-_STACKS: dict[tuple, list[dict[str, tuple[torch.Tensor, torch.Tensor] | None]]] = {}
+# the stacks of the adapter sets seen last: (A_all, B_all, column owners) per layer and projection
+_STACKS: dict[tuple, list[dict[str, tuple[torch.Tensor, torch.Tensor, tuple[int, ...]] | None]]] = {}
 _STACKS_KEPT = 2  # each holds a copy of its adapters' weights
 
 
@@ -246,21 +245,12 @@ def _stack(adapters: tuple[Resident, ...]):
     for layer in range(len(adapters[0].parts)):
         parts = {}
         for part in FUSED:
-            pairs = [a.parts[layer][part] for a in adapters]
-            present = [ab for ab in pairs if ab is not None]
-            if not present:
+            pairs = [(g, a.parts[layer][part]) for g, a in enumerate(adapters) if a.parts[layer][part] is not None]
+            if not pairs:
                 parts[part] = None
                 continue
-            rank = max(a.shape[0] for a, _ in present)
-            inp, out = present[0][0].shape[1], present[0][1].shape[0]
-            like = present[0][0]
-            a_all = like.new_zeros(len(adapters), inp, rank)
-            b_all = like.new_zeros(len(adapters), rank, out)
-            for g, ab in enumerate(pairs):
-                if ab is not None:  # an adapter without this projection keeps zeros: no delta
-                    a_all[g, :, :ab[0].shape[0]] = ab[0].T
-                    b_all[g, :ab[1].shape[1], :] = ab[1].T
-            parts[part] = (a_all, b_all)
+            owners = tuple(g for g, (a, _) in pairs for _ in range(a.shape[0]))
+            parts[part] = (torch.cat([a for _, (a, _) in pairs]), torch.cat([b for _, (_, b) in pairs], 1), owners)
         layers.append(parts)
     while len(_STACKS) >= _STACKS_KEPT:
         _STACKS.pop(next(iter(_STACKS)))
