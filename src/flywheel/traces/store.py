@@ -299,12 +299,7 @@ class TraceStore(Closing):
             )
 
     def _feedback_of(self, conn, trace_ids: list[str]) -> dict[str, list[StoredFeedback]]:
-        out: dict[str, list[StoredFeedback]] = {}
-        for chunk in _chunks(trace_ids):
-            for row in conn.execute(select(_FEEDBACK).where(_FEEDBACK.c.trace_id.in_(chunk))
-                                    .order_by(_FEEDBACK.c.seq)):
-                out.setdefault(row.trace_id, []).append(_stored_feedback(row))
-        return out
+        return feedback_of(conn, trace_ids)
 
 
 class _SqliteTraceSQL:
@@ -399,6 +394,16 @@ def _filters(since: datetime | None, source: str | None, with_feedback: bool | N
         has = exists().where(_FEEDBACK.c.trace_id == _TRACES.c.id)
         where.append(has if with_feedback else ~has)
     return where
+
+
+def feedback_of(conn, trace_ids: list[str]) -> dict[str, list[StoredFeedback]]:
+    """Trace id -> its feedback in stored order, on an open connection (the dashboard reads
+    with it too, so feedback is read one way wherever a verdict is taken from it)."""
+    out: dict[str, list[StoredFeedback]] = {}
+    for chunk in _chunks(trace_ids):
+        for row in conn.execute(select(_FEEDBACK).where(_FEEDBACK.c.trace_id.in_(chunk)).order_by(_FEEDBACK.c.seq)):
+            out.setdefault(row.trace_id, []).append(_stored_feedback(row))
+    return out
 
 
 def _stored_feedback(row) -> StoredFeedback:

@@ -28,11 +28,11 @@ from flywheel.economics.catalog import CatalogError, Hardware, load_catalog
 from flywheel.economics.reports import per_million
 from flywheel.loop.curation_rules import CurationConfig, outcome
 from flywheel.serve.dashboard.schemas import ServingCost, Traffic, TrafficGroup
-from flywheel.traces.results import StoredFeedback, StoredTrace, StoredVerifier
+from flywheel.traces.results import StoredFeedback, StoredTrace
+from flywheel.traces.store import feedback_of
 from flywheel.traces.tables import FeedbackRow, TraceRow
 
 MINUTES = 30  # of the per-minute series
-_CHUNK = 500  # ids per IN (...) list
 _GROUP_KEYS = (("family", "family"), ("env", "env"), ("environment", "env"))
 
 
@@ -56,7 +56,7 @@ def traffic(engine, tenant: str, curation: CurationConfig, *, hardware: str | No
         rows = conn.execute(select(t.c.id, t.c.seq, t.c.created_at, t.c.model, t.c.metadata, t.c.latency_ms,
                                    t.c.prompt_tokens, t.c.completion_tokens)
                             .where(t.c.tenant == tenant).order_by(t.c.seq.desc()).limit(window)).all()
-        feedback = _feedback(conn, [r.id for r in rows])
+        feedback = feedback_of(conn, [r.id for r in rows])
     verdicts = [(r, outcome(_judged(r, feedback.get(r.id, [])), curation)) for r in rows]
     return Traffic(available=True, requests=requests, with_feedback=judged, prompt_tokens=int(prompt),
                    completion_tokens=int(completion), window=len(rows),
@@ -65,19 +65,6 @@ def traffic(engine, tenant: str, curation: CurationConfig, *, hardware: str | No
                    per_minute=_per_minute([r.created_at for r, _ in verdicts], now),
                    failures_per_minute=_per_minute([r.created_at for r, v in verdicts if v == "fail"], now),
                    cost=serving_cost(rows, hardware))
-
-
-def _feedback(conn, ids: list[str]) -> dict[str, list[StoredFeedback]]:
-    f = FeedbackRow.__table__
-    out: dict[str, list[StoredFeedback]] = {}
-    for start in range(0, len(ids), _CHUNK):
-        for row in conn.execute(select(f.c.id, f.c.trace_id, f.c.created_at, f.c.score, f.c.label, f.c.verifier_env)
-                                .where(f.c.trace_id.in_(ids[start:start + _CHUNK])).order_by(f.c.seq)):
-            verifier = StoredVerifier(row.verifier_env, {}) if row.verifier_env is not None else None
-            out.setdefault(row.trace_id, []).append(StoredFeedback(
-                id=row.id, trace_id=row.trace_id, created_at=utc_aware(row.created_at), score=row.score,
-                label=row.label, verifier=verifier))
-    return out
 
 
 def _judged(row, feedback: list[StoredFeedback]) -> StoredTrace:
