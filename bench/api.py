@@ -11,6 +11,11 @@ each, after a warm-up; each round's p50 and p99 are over its requests, and each 
 median of the rounds with their range; an error is any non-2xx answer or a socket error. The
 goal is p99 <= 50 ms with no errors while a job trains.
 
+While a job trains, each busy round also counts its training steps in a window of the same
+length with no load just before the loaded one (the job's metrics.jsonl, step rows by their
+time): the loaded window's steps/s over the quiet one's is the training kept under the load
+(issue 40: no more than 15 % lost).
+
 Then job start: `--starts` short supervised jobs, one after another, for the worker already
 running (idle, its zygote warm). Each one's start is the time from the worker's claim (the
 job row's `started_at`, written by the claim) to the end of its first training step (step
@@ -86,6 +91,12 @@ def parse_wrk(out: str) -> dict[str, float]:
             "requests": requests, "errors": errors}
 
 
+def steps_between(root: Path, job_id: str, t0: float, t1: float) -> int:
+    """Training steps the job's metrics.jsonl (every attempt's lines) logged in [t0, t1) (unix s)."""
+    path = next(root.rglob(f"{job_id}/**/metrics.jsonl"))
+    return sum(1 for r in map(json.loads, path.read_text().splitlines()) if "loss" in r and t0 <= r["time"] < t1)
+
+
 def job_start_s(url: str, root: Path, file_id: str) -> float:
     """Submit one short supervised job, wait for it to succeed, and return the seconds from its
     claim to the end of its first training step (see the module's docstring)."""
@@ -148,6 +159,7 @@ def main() -> None:
         ).json()
         load(url, job["id"], args.clients, 3.0)  # warm-up
         rounds: dict[str, list[dict[str, float]]] = {"idle": [], "busy": []}
+        kept: list[float] = []  # per busy round: training steps/s under the load over steps/s just before
         for rnd in range(args.repeats):
             for phase in ("idle", "busy"):
                 if phase == "busy" and worker is None:
@@ -164,7 +176,16 @@ def main() -> None:
                     worker.wait(60)
                     worker = None
                     httpx.post(f"{url}/v1/fine_tuning/jobs/{job['id']}/resume")
+                if phase == "busy":
+                    t0 = time.time()
+                    time.sleep(args.seconds)
+                    t1 = time.time()
                 rounds[phase].append(load(url, job["id"], args.clients, args.seconds))
+                if phase == "busy":
+                    t2 = time.time()
+                    time.sleep(2)  # the worker writes metrics.jsonl as it goes; let the last lines land
+                    quiet, loaded = (steps_between(root, job["id"], a, b) for a, b in ((t0, t1), (t1, t2)))
+                    kept.append((loaded / (t2 - t1)) / (quiet / (t1 - t0)))
         httpx.post(f"{url}/v1/fine_tuning/jobs/{job['id']}/cancel")
         starts = [job_start_s(url, root, f["id"]) for _ in range(args.starts)]
     finally:
@@ -191,6 +212,8 @@ def main() -> None:
              "", f"Job start, claim to the end of the first training step, {args.starts} short supervised jobs "
              f"in turn for the running worker: {common.median_range(starts)} s (per job: "
              f"{', '.join(f'{x:.2f}' for x in starts)}).",
+             "", f"Training under the load: the job's steps/s while wrk ran over its steps/s in the {args.seconds:.0f} s "
+             f"before, per busy round: {', '.join(f'{x:.2f}' for x in kept)}; median {statistics.median(kept):.2f}.",
              "", "| phase | requests | requests/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|---|"]
     for phase in ("idle", "busy"):
         lines.append(f"| {phase} | {sum(r['requests'] for r in rounds[phase]):.0f} | {fig(phase, 'rps', 0)} "
@@ -200,7 +223,7 @@ def main() -> None:
     last = (f"api: p50_ms={med('busy', 'p50_ms'):.1f} p99_ms={med('busy', 'p99_ms'):.1f} errors={errors:.0f} "
             f"clients={args.clients} idle_p50_ms={med('idle', 'p50_ms'):.1f} idle_p99_ms={med('idle', 'p99_ms'):.1f} "
             f"busy_rps={med('busy', 'rps'):.0f} idle_rps={med('idle', 'rps'):.0f} "
-            f"job_start_s={statistics.median(starts):.2f}")
+            f"job_start_s={statistics.median(starts):.2f} train_kept={statistics.median(kept):.2f}")
     common.append_report("bench/api.py: the fine-tuning API under 50 concurrent clients, idle and while a job trains",
                          "\n".join(lines), last, write=not args.no_write)
 

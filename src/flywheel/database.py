@@ -116,7 +116,9 @@ def _set_wal(cursor) -> None:
 
 
 def _sqlite_on_begin(conn: Connection) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
+    """BEGIN (IMMEDIATE for a write) on the DBAPI connection itself: through SQLAlchemy's
+    execute this statement cost a read more than its SELECT did (docs/benchmarks.md, bench/api.py)."""
+    conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
 
 
 @contextlib.contextmanager

@@ -6,6 +6,12 @@ import socket
 import threading
 import time
 
+# asyncio's own loop, not uvloop (uvicorn's "auto" picks uvloop when it is installed): under 50
+# clients that keep a saturated server busy, uvloop answered a few connections 5-10x later than
+# the rest (p99 150-370 ms against a p50 of 30 ms, GET /v1/fine_tuning/jobs) where asyncio's loop
+# kept p99 at 44-48 ms for the same throughput (docs/benchmarks.md, bench/api.py, 2026-12-07).
+EVENT_LOOP = "asyncio"
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
@@ -21,7 +27,7 @@ class BackgroundServer:
 
         self.host, self.port = host, port or free_port(host)
         self.server = uvicorn.Server(uvicorn.Config(app, host=self.host, port=self.port, log_level=log_level,
-                                                    lifespan="on"))
+                                                    lifespan="on", loop=EVENT_LOOP))
         self.thread = threading.Thread(target=self.server.run, name="flywheel-uvicorn", daemon=True)
 
     @property

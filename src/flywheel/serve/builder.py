@@ -20,7 +20,7 @@ from typing import Any, Callable
 from flywheel.finetuning.fine_tuning import FineTuning
 from flywheel.loop.curation_rules import CurationConfig
 from flywheel.serve.app import create_app, single_tenant
-from flywheel.serve.background import BackgroundServer
+from flywheel.serve.background import EVENT_LOOP, BackgroundServer
 from flywheel.serve.core import OpenAIService
 from flywheel.serve.ingest_pool import IngestPool
 from flywheel.serve.production import ProductionFollower, registry_lookup
@@ -81,7 +81,7 @@ class Server:
         import uvicorn
 
         try:
-            uvicorn.run(self.app, host=self.cfg.host, port=self.cfg.port, log_level=self.cfg.log_level)
+            uvicorn.run(self.app, host=self.cfg.host, port=self.cfg.port, log_level=self.cfg.log_level, loop=EVENT_LOOP)
         finally:
             self.close()
 

@@ -1,6 +1,11 @@
 """What routes take from the app that serves them, as FastAPI dependencies: create_app (app.py)
 puts each on `app.state`; a route names what it needs (`tenant: Tenant`, `ft: FineTuningDep`)
-and the routers stay plain module-level `APIRouter`s."""
+and the routers stay plain module-level `APIRouter`s.
+
+They are `async def`: FastAPI runs a plain `def` dependency in its thread pool, and two such
+hops a request cost the GET routes of the fine-tuning API a third of their throughput
+(docs/benchmarks.md, bench/api.py). None of them waits: KeyAuth answers from its cache and reads
+the key store once per key per `cache_s`."""
 
 from __future__ import annotations
 
@@ -14,25 +19,25 @@ from flywheel.jobs.webhooks import Webhooks
 from flywheel.serve.core import OpenAIService
 
 
-def tenant_of_request(request: Request) -> str:
+async def tenant_of_request(request: Request) -> str:
     """The caller's tenant (`app.state.tenant_of`: serve/auth.py's KeyAuth, or the one tenant of a
     server without keys), or the refusal it raises (401, 429)."""
     return request.app.state.tenant_of(request)
 
 
-def service_of_app(request: Request) -> OpenAIService:
+async def service_of_app(request: Request) -> OpenAIService:
     return request.app.state.service
 
 
-def fine_tuning_of_app(request: Request) -> FineTuning:
+async def fine_tuning_of_app(request: Request) -> FineTuning:
     return request.app.state.fine_tuning
 
 
-def webhooks_of_app(request: Request) -> Webhooks:
+async def webhooks_of_app(request: Request) -> Webhooks:
     return request.app.state.webhooks
 
 
-def flywheels_of_app(request: Request) -> ManagedFlywheels:
+async def flywheels_of_app(request: Request) -> ManagedFlywheels:
     return request.app.state.flywheels
 
 

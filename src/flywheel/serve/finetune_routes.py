@@ -14,7 +14,9 @@ POST   /v1/webhooks {url, events?}   GET /v1/webhooks   DELETE /v1/webhooks/{id}
 Every object belongs to the caller's tenant (serve/deps.py `Tenant`); another tenant's id is a
 404. The routes read the fine-tuning core and the webhooks from the app (serve/deps.py). POST /v1/files and POST /v1/fine_tuning/jobs honour an `Idempotency-Key` header: a retry
 gets the object the first request made (a 409 when the key came with another request). Store
-calls are synchronous and run in a thread.
+writes are synchronous and run in a thread; reads run on the event loop where the store says
+they are brief (`JobStore.reads_inline`: SQLite), saving a thread hop and the GIL hand-offs of
+a thread pool, which cost the GET routes a third of their throughput (docs/benchmarks.md, bench/api.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from flywheel.jobs import JobStoreError
 from flywheel.jobs.objects import checkpoint_object, event_object, file_object, job_object, list_object, unix
 from flywheel.errors import OpenAIError
-from flywheel.finetuning.fine_tuning import check_grader, run_checked, store_error
+from flywheel.finetuning.fine_tuning import FineTuning, check_grader, run_checked, store_error
 from flywheel.serve.deps import FineTuningDep, Tenant, WebhooksDep
 from flywheel.serve.ingest import read_json
 from flywheel.serve.openapi import route_doc
@@ -53,6 +55,17 @@ def _metadata_filter(request: Request) -> dict[str, str]:
 
 
 router = APIRouter()
+
+
+async def read(ft: FineTuning, fn, *args, **kwargs) -> Any:
+    """The store read fn(*args, **kwargs) of at most a page (100 rows), on the event loop where
+    the store reads inline (SQLite), else in a thread; the store's refusals as the API answers them."""
+    if not ft.jobs.reads_inline:
+        return await call(fn, *args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    except JobStoreError as exc:
+        raise store_error(exc) from None
 
 
 async def call(fn, *args, **kwargs) -> Any:
@@ -100,7 +113,7 @@ async def list_files(tenant: Tenant, ft: FineTuningDep, after: After = None, lim
 
 @router.get("/v1/files/{file_id}", **route_doc(ok="FileObject", errors=NOT_FOUND))
 async def get_file(file_id: str, tenant: Tenant, ft: FineTuningDep) -> JSONResponse:
-    return JSONResponse(file_object(await call(ft.jobs.get_file, tenant, file_id)))
+    return JSONResponse(file_object(await read(ft, ft.jobs.get_file, tenant, file_id)))
 
 
 @router.get("/v1/files/{file_id}/content", responses={200: {"description": "the file's bytes",
@@ -136,14 +149,15 @@ async def create_job(request: Request, tenant: Tenant, ft: FineTuningDep) -> JSO
 async def list_jobs(request: Request, tenant: Tenant, ft: FineTuningDep, after: After = None,
                     limit: limit_of(100) = 20) -> JSONResponse:
     """Your jobs, newest first; `metadata[k]=v` keeps the jobs whose metadata has k = v."""
-    rows, more = await call(ft.jobs.list_jobs, tenant, after=after, limit=limit,
-                            metadata=_metadata_filter(request))
+    metadata = _metadata_filter(request)  # a filtered listing reads up to 1,000 rows: not on the loop
+    rows, more = await (call(ft.jobs.list_jobs, tenant, after=after, limit=limit, metadata=metadata) if metadata
+                        else read(ft, ft.jobs.list_jobs, tenant, after=after, limit=limit))
     return JSONResponse(list_object([job_object(r) for r in rows], more))
 
 
 @router.get("/v1/fine_tuning/jobs/{job_id}", **route_doc(ok="FineTuningJob", errors=NOT_FOUND))
 async def get_job(job_id: str, tenant: Tenant, ft: FineTuningDep) -> JSONResponse:
-    return JSONResponse(job_object(await call(ft.jobs.get_job, tenant, job_id)))
+    return JSONResponse(job_object(await read(ft, ft.jobs.get_job, tenant, job_id)))
 
 
 def _control(verb: str, text: str) -> None:
@@ -164,7 +178,7 @@ _control("resume", "Queue a paused job again; it continues from its last checkpo
 async def events(job_id: str, tenant: Tenant, ft: FineTuningDep, after: After = None,
                  limit: limit_of(100) = 20) -> JSONResponse:
     """The job's events, newest first: messages, and `metrics` events with step and loss."""
-    rows, more = await call(ft.jobs.list_events, tenant, job_id, after=after, limit=limit)
+    rows, more = await read(ft, ft.jobs.list_events, tenant, job_id, after=after, limit=limit)
     return JSONResponse(list_object([event_object(r) for r in rows], more))
 
 
@@ -172,7 +186,7 @@ async def events(job_id: str, tenant: Tenant, ft: FineTuningDep, after: After = 
 async def checkpoints(job_id: str, tenant: Tenant, ft: FineTuningDep, after: After = None,
                       limit: limit_of(100) = 10) -> JSONResponse:
     """The job's checkpoints, newest first (one per epoch); each is a model usable at once."""
-    rows, more = await call(ft.jobs.list_checkpoints, tenant, job_id, after=after, limit=limit)
+    rows, more = await read(ft, ft.jobs.list_checkpoints, tenant, job_id, after=after, limit=limit)
     return JSONResponse(list_object([checkpoint_object(r) for r in rows], more))
 
 
