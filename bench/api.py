@@ -11,10 +11,11 @@ each, after a warm-up; each round's p50 and p99 are over its requests, and each 
 median of the rounds with their range; an error is any non-2xx answer or a socket error. The
 goal is p99 <= 50 ms with no errors while a job trains.
 
-While a job trains, each busy round also counts its training steps in a window of the same
-length with no load just before the loaded one (the job's metrics.jsonl, step rows by their
-time): the loaded window's steps/s over the quiet one's is the training kept under the load
-(issue 40: no more than 15 % lost).
+While a job trains, each busy round also counts its training steps in windows of the same
+length with no load just before and just after the loaded one (the job's metrics.jsonl, step
+rows by their time): the loaded window's steps/s over the quiet windows' mean is the training
+kept under the load (issue 40: no more than 15 % lost). Two quiet windows, because a job's
+steps/s drifts as it runs and after its worker restarts.
 
 Then job start: `--starts` short supervised jobs, one after another, for the worker already
 running (idle, its zygote warm). Each one's start is the time from the worker's claim (the
@@ -183,9 +184,11 @@ def main() -> None:
                 rounds[phase].append(load(url, job["id"], args.clients, args.seconds))
                 if phase == "busy":
                     t2 = time.time()
+                    time.sleep(args.seconds)
+                    t3 = time.time()
                     time.sleep(2)  # the worker writes metrics.jsonl as it goes; let the last lines land
-                    quiet, loaded = (steps_between(root, job["id"], a, b) for a, b in ((t0, t1), (t1, t2)))
-                    kept.append((loaded / (t2 - t1)) / (quiet / (t1 - t0)))
+                    rate = [steps_between(root, job["id"], a, b) / (b - a) for a, b in ((t0, t1), (t1, t2), (t2, t3))]
+                    kept.append(rate[1] / ((rate[0] + rate[2]) / 2))
         httpx.post(f"{url}/v1/fine_tuning/jobs/{job['id']}/cancel")
         starts = [job_start_s(url, root, f["id"]) for _ in range(args.starts)]
     finally:
@@ -212,8 +215,8 @@ def main() -> None:
              "", f"Job start, claim to the end of the first training step, {args.starts} short supervised jobs "
              f"in turn for the running worker: {common.median_range(starts)} s (per job: "
              f"{', '.join(f'{x:.2f}' for x in starts)}).",
-             "", f"Training under the load: the job's steps/s while wrk ran over its steps/s in the {args.seconds:.0f} s "
-             f"before, per busy round: {', '.join(f'{x:.2f}' for x in kept)}; median {statistics.median(kept):.2f}.",
+             "", f"Training under the load: the job's steps/s while wrk ran over its mean steps/s in the "
+             f"{args.seconds:.0f} s before and after, per busy round: {', '.join(f'{x:.2f}' for x in kept)}; median {statistics.median(kept):.2f}.",
              "", "| phase | requests | requests/s | p50 ms | p99 ms | errors |", "|---|---|---|---|---|---|"]
     for phase in ("idle", "busy"):
         lines.append(f"| {phase} | {sum(r['requests'] for r in rounds[phase]):.0f} | {fig(phase, 'rps', 0)} "
