@@ -188,8 +188,8 @@ def test_under_concurrent_load_the_resident_bound_holds_and_every_row_is_right(w
         assert (torch.tensor(sample.logprobs) - want).abs().max() < 1e-4, (k, name)
 
 
-@pytest.mark.parametrize("rows", [[None, 0, 1, 0, None, 5, 7, 7, 7], [0, 1, 2, 3, 4, 5, 6, 7]],
-                         ids=["uneven groups, base rows", "one token per adapter"])
+@pytest.mark.parametrize("rows", [[None, 0, 1, 0, None, 5, 7, 7, 7], [0, 1, 2, 3, 4, 5, 6, 7], [7, 0, 7, 1, 7, 0]],
+                         ids=["uneven groups, base rows", "one token per adapter", "uneven groups, no base row"])
 def test_a_decode_step_adds_each_token_its_own_adapters_delta(world, rows):
     _, folders = world
     decoder = LeanDecoder(AutoModelForCausalLM.from_pretrained(world[0]), packed=False)
@@ -208,3 +208,14 @@ def test_a_decode_step_adds_each_token_its_own_adapters_delta(world, rows):
                 ab = None if adapter is None else adapter.parts[layer][part]
                 want = base[n] if ab is None else base[n] + (x[n] @ ab[0].T) @ ab[1].T
                 assert torch.allclose(got[n], want, atol=1e-5), (layer, part, n)
+
+
+def test_a_decode_batch_reuses_its_adapters_stack_whatever_the_rows_order(world):
+    """Continuous batching reorders rows as requests join and leave: the same set of adapters
+    keeps its stacked weights instead of copying them again."""
+    _, folders = world
+    decoder = LeanDecoder(AutoModelForCausalLM.from_pretrained(world[0]), packed=False)
+    resident = [Resident(read_adapter(f), decoder.layout(), torch.float32, torch.device("cpu")) for f in folders[:3]]
+    first = RowGroups([resident[0], resident[1], None, resident[2]], 1, torch.device("cpu"))
+    again = RowGroups([resident[2], None, resident[1], resident[0], resident[0]], 1, torch.device("cpu"))
+    assert again.stack is first.stack

@@ -16,9 +16,8 @@ leaves alone contributes rank 0.
 
 Per-row application (`RowGroups`): each token gets `delta = (x A^T) B^T` of its row's adapter
 added into the base output, rows without an adapter untouched: what vLLM's punica kernels
-compute. With several adapters in a batch their A's and B's are stacked and a mask keeps each
-token to its own adapter's columns, so a projection costs two matmuls however many adapters
-the batch mixes. Shapes: x (N, in) and out (N, out) with N = B * S tokens, row b's tokens at
+compute. With several adapters in a decode step the tokens are grouped by adapter and each
+group multiplied by its own adapter's A and B, all groups in two batched matmuls. Shapes: x (N, in) and out (N, out) with N = B * S tokens, row b's tokens at
 [b * S, (b + 1) * S).
 """
 
@@ -172,14 +171,17 @@ class RowGroups:
     """Each row's adapter in one forward (None: the base model), ready to add the deltas.
 
     One adapter for every row: out += (x A^T) B^T. Several, in a decode step (one token a row):
-    the present adapters' A's are stacked, (C, in) with C the sum of their ranks, and their B's
-    side by side, (out, C); then
-        out += ((x A_all^T) * M) B_all^T,   M[n, c] = 1 if column c belongs to token n's adapter,
-    two matmuls whatever the number of adapters (a base row's mask is all zero). The stacks
-    of a set of adapters are built once and kept for the next steps (`_STACKS`): a decode
-    batch's set changes only when a request joins or leaves. Several in a prefill (many
-    tokens a row, a set seen once): per adapter, its tokens' delta is added at their rows
-    (`index_add_`), with no stack to build."""
+    the tokens are laid out on a grid of n adapters x G slots (G the largest group), adapter
+    g's tokens in row g; with the adapters' A's and B's stacked and zero-padded to one rank R,
+        delta (n * G, out) = bmm(bmm(x[grid] (n, G, in), A_all (n, in, R)), B_all (n, R, out)),
+    and each token takes its own cell: out += delta[cell] (`index_add_` at the adapter rows
+    when base rows are mixed in). A token costs its own adapter's arithmetic, not every
+    adapter's (S-LoRA's and Punica's gather-matmul-scatter); an empty slot points at token 0
+    and its result is never read. The stacks of a set of adapters are built once and kept
+    (`_STACKS`), keyed by the set whatever the rows' order: in continuous batching a request
+    joins or leaves almost every step. Several in a prefill (many tokens a row, a set seen
+    once): per adapter, its tokens' delta is added at their rows (`index_add_`), with no stack
+    to build."""
 
     def __init__(self, row_adapters: Sequence[Resident | None], tokens_per_row: int, device: torch.device):
         present: dict[int, Resident] = {}
@@ -190,14 +192,31 @@ class RowGroups:
         self.single = self.adapters[0] if len(self.adapters) == 1 and all(row_adapters) else None
         self.stack = None
         self.groups: list[tuple[Resident, torch.Tensor]] = []  # prefill: (adapter, its tokens)
-        self._masks: dict[tuple, torch.Tensor] = {}
         if not self.adapters or self.single is not None:
             return
         if tokens_per_row == 1:
+            self.adapters.sort(key=id)  # the stack of a set, whatever the rows' order
             self.stack = _stack(tuple(self.adapters))
-            index = {id(a): g for g, a in enumerate(self.adapters)}
-            self.owner_of_token = torch.tensor([-1 if a is None else index[id(a)] for a in row_adapters],
-                                               device=device)  # (N,)
+            group = {id(a): g for g, a in enumerate(self.adapters)}
+            filled = [0] * len(self.adapters)
+            cells = []  # token n's cell in the flattened grid, before G is known: (group, slot)
+            for adapter in row_adapters:
+                if adapter is None:
+                    cells.append(None)
+                    continue
+                g = group[id(adapter)]
+                cells.append((g, filled[g]))
+                filled[g] += 1
+            G = max(filled)
+            grid = [0] * (len(self.adapters) * G)  # empty slots: token 0, never read
+            for n, cell in enumerate(cells):
+                if cell is not None:
+                    grid[cell[0] * G + cell[1]] = n
+            self.grid = torch.tensor(grid, device=device)  # (n * G,)
+            self.slots = G
+            self.adapter_rows = None if all(c is not None for c in cells) else \
+                torch.tensor([n for n, c in enumerate(cells) if c is not None], device=device)
+            self.cell = torch.tensor([c[0] * G + c[1] for c in cells if c is not None], device=device)
             return
         S = tokens_per_row
         for adapter in self.adapters:
@@ -223,16 +242,17 @@ class RowGroups:
         stacked = self.stack[layer][part]
         if stacked is None:
             return
-        a, b, owners = stacked
-        mask = self._masks.get(owners)
-        if mask is None:
-            columns = torch.tensor(owners, device=x_N_in.device)
-            mask = self._masks[owners] = (self.owner_of_token[:, None] == columns[None, :]).to(x_N_in.dtype)
-        out_N_out.addmm_((x_N_in @ a.T).mul_(mask), b.T)
+        a_all, b_all = stacked  # (n, in, R), (n, R, out)
+        x = x_N_in.index_select(0, self.grid).view(len(self.adapters), self.slots, -1)  # (n, G, in)
+        delta = torch.bmm(torch.bmm(x, a_all), b_all).view(-1, out_N_out.shape[1])  # (n * G, out)
+        if self.adapter_rows is None:
+            out_N_out.add_(delta.index_select(0, self.cell))
+        else:
+            out_N_out.index_add_(0, self.adapter_rows, delta.index_select(0, self.cell))
 
 
-# the stacks of the adapter sets seen last: (A_all, B_all, column owners) per layer and projection
-_STACKS: dict[tuple, list[dict[str, tuple[torch.Tensor, torch.Tensor, tuple[int, ...]] | None]]] = {}
+# the stacks of the adapter sets seen last: (A_all (n, in, R), B_all (n, R, out)) per layer and projection
+_STACKS: dict[tuple, tuple[tuple, list[dict[str, tuple[torch.Tensor, torch.Tensor] | None]]]] = {}
 _STACKS_KEPT = 2  # each holds a copy of its adapters' weights
 
 
@@ -245,12 +265,20 @@ def _stack(adapters: tuple[Resident, ...]):
     for layer in range(len(adapters[0].parts)):
         parts = {}
         for part in FUSED:
-            pairs = [(g, a.parts[layer][part]) for g, a in enumerate(adapters) if a.parts[layer][part] is not None]
-            if not pairs:
+            pairs = [a.parts[layer][part] for a in adapters]
+            present = [ab for ab in pairs if ab is not None]
+            if not present:
                 parts[part] = None
                 continue
-            owners = tuple(g for g, (a, _) in pairs for _ in range(a.shape[0]))
-            parts[part] = (torch.cat([a for _, (a, _) in pairs]), torch.cat([b for _, (_, b) in pairs], 1), owners)
+            rank = max(a.shape[0] for a, _ in present)
+            inp, out = present[0][0].shape[1], present[0][1].shape[0]
+            a_all = present[0][0].new_zeros(len(adapters), inp, rank)
+            b_all = present[0][0].new_zeros(len(adapters), rank, out)
+            for g, ab in enumerate(pairs):
+                if ab is not None:  # an adapter without this projection keeps zeros: no delta
+                    a_all[g, :, :ab[0].shape[0]] = ab[0].T
+                    b_all[g, :ab[1].shape[1], :] = ab[1].T
+            parts[part] = (a_all, b_all)
         layers.append(parts)
     while len(_STACKS) >= _STACKS_KEPT:
         _STACKS.pop(next(iter(_STACKS)))
