@@ -33,12 +33,12 @@ def cycle(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HEL
           threads: int = threads_option()) -> None:
     """Run one cycle now (or finish the unfinished one): curate, train, gate, promote or reject.
     Extra arguments are dotted overrides of the config, e.g. train.order=[sft]."""
-    from flywheel.cli.train import stop_on_signals
-    from flywheel.loop.cycle import CycleError, LoopStores, run_cycle
-    from flywheel.loop.store_lock import StoreLocked, hold_store
-
     with user_errors():
-        cfg = _load(config, ctx.args)
+        cfg = _load(config, ctx.args)  # a bad config is refused before torch and the loop are imported
+        from flywheel.cli.train import stop_on_signals
+        from flywheel.loop.cycle import CycleError, LoopStores, run_cycle
+        from flywheel.loop.store_lock import StoreLocked, hold_store
+
         set_threads(threads)
         stop_on_signals()
         try:
@@ -59,12 +59,12 @@ def run(ctx: typer.Context, config: Path = typer.Argument(..., help=CONFIG_HELP)
     """Serve the production model, take traces and feedback, and run cycles when triggered,
     until SIGTERM / Ctrl-C (a cycle in progress stops after its current step and resumes next time).
     Extra arguments are dotted overrides of the config, e.g. trigger.min_new_failures=50."""
-    from flywheel.loop.cycle import CycleError
-    from flywheel.loop.store_lock import StoreLocked
-    from flywheel.daemon.loop_daemon import LoopDaemon
-
     with user_errors():
-        cfg = _load(config, ctx.args)
+        cfg = _load(config, ctx.args)  # a bad config is refused before torch and the loop are imported
+        from flywheel.daemon.loop_daemon import LoopDaemon
+        from flywheel.loop.cycle import CycleError
+        from flywheel.loop.store_lock import StoreLocked
+
         set_threads(threads)
         daemon = LoopDaemon(cfg, log=lambda m: typer.echo(f"{time.strftime('%H:%M:%S')} {m}"))
 
