@@ -17,8 +17,8 @@ leaves alone contributes rank 0.
 Per-row application (`RowGroups`): each token gets `delta = (x A^T) B^T` of its row's adapter
 added into the base output, rows without an adapter untouched: what vLLM's punica kernels
 compute. With several adapters in a decode step the tokens are grouped by adapter and each
-group multiplied by its own adapter's A and B, all groups in two batched matmuls. Shapes: x (N, in) and out (N, out) with N = B * S tokens, row b's tokens at
-[b * S, (b + 1) * S).
+group multiplied by its own adapter's A and B, all groups in two batched matmuls. Shapes:
+x (N, in) and out (N, out) with N = B * S tokens, row b's tokens at [b * S, (b + 1) * S).
 """
 
 from __future__ import annotations
