@@ -208,7 +208,7 @@ class TraceStore(Closing):
             row = conn.execute(select(_TRACES).where(*where)).first()
             if row is None:
                 raise TraceNotFound(f"no trace with id {trace_id!r}")
-            return _stored_trace(row, self._feedback_of(conn, [trace_id]).get(trace_id, []))
+            return _stored_trace(row, feedback_of(conn, [trace_id]).get(trace_id, []))
 
     def iter_traces(self, since: datetime | None = None, source: str | None = None,
                     with_feedback: bool | None = None, batch_size: int = 1000,
@@ -231,7 +231,7 @@ class TraceStore(Closing):
             with self.engine.connect() as conn:
                 rows = conn.execute(select(_TRACES).where(_TRACES.c.seq > last, *where)
                                     .order_by(_TRACES.c.seq).limit(batch_size)).all()
-                feedback = self._feedback_of(conn, [r.id for r in rows]) if include_feedback and rows else {}
+                feedback = feedback_of(conn, [r.id for r in rows]) if include_feedback and rows else {}
             for row in rows:
                 yield _stored_trace(row, feedback.get(row.id, []))
             if len(rows) < batch_size:
@@ -297,9 +297,6 @@ class TraceStore(Closing):
                 first=utc_aware(first) if first else None,
                 last=utc_aware(last) if last else None,
             )
-
-    def _feedback_of(self, conn, trace_ids: list[str]) -> dict[str, list[StoredFeedback]]:
-        return feedback_of(conn, trace_ids)
 
 
 class _SqliteTraceSQL:
