@@ -116,8 +116,8 @@ def _set_wal(cursor) -> None:
 
 
 def _sqlite_on_begin(conn: Connection) -> None:
-    """BEGIN (IMMEDIATE for a write) on the DBAPI connection itself: through SQLAlchemy's
-    execute this statement cost a read more than its SELECT did (docs/benchmarks.md, bench/api.py)."""
+    """BEGIN (IMMEDIATE for a write) on the DBAPI connection itself, without the overhead of
+    SQLAlchemy's execute, which is larger than a short read's SELECT (bench/api.py)."""
     conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
 
 

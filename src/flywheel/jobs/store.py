@@ -79,8 +79,8 @@ class JobStore:
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self.max_attempts = max_attempts
         self.postgres = self.engine.dialect.name == "postgresql"
-        # A read of a WAL-mode SQLite file takes tens of microseconds and never waits for a writer,
-        # so the API may run it on its event loop; a PostgreSQL read is a network round trip.
+        # A page read of a WAL-mode SQLite file is brief and never waits for a writer, so the API
+        # may run it on its event loop; a PostgreSQL read is a network round trip.
         self.reads_inline = not self.postgres
         SCHEMA.upgrade(self.engine)
 

@@ -6,10 +6,10 @@ import socket
 import threading
 import time
 
-# asyncio's own loop, not uvloop (uvicorn's "auto" picks uvloop when it is installed): under 50
-# clients that keep a saturated server busy, uvloop answered a few connections 5-10x later than
-# the rest (p99 150-370 ms against a p50 of 30 ms, GET /v1/fine_tuning/jobs) where asyncio's loop
-# kept p99 at 44-48 ms for the same throughput (docs/benchmarks.md, bench/api.py, 2026-12-07).
+# asyncio's own loop, not uvloop (uvicorn's "auto" picks uvloop when it is installed): on a
+# saturated server uvloop answered a few connections many times later than the rest, where
+# asyncio's loop kept the tail close to the median at the same throughput (docs/benchmarks.md,
+# bench/api.py).
 EVENT_LOOP = "asyncio"
 
 

@@ -2,9 +2,8 @@
 puts each on `app.state`; a route names what it needs (`tenant: Tenant`, `ft: FineTuningDep`)
 and the routers stay plain module-level `APIRouter`s.
 
-They are `async def`: FastAPI runs a plain `def` dependency in its thread pool, and two such
-hops a request cost the GET routes of the fine-tuning API a third of their throughput
-(docs/benchmarks.md, bench/api.py). None of them waits: KeyAuth answers from its cache and reads
+They are `async def`: FastAPI runs a plain `def` dependency in its thread pool, a thread hop
+and a GIL hand-off per dependency and request (docs/benchmarks.md, bench/api.py). None of them waits: KeyAuth answers from its cache and reads
 the key store once per key per `cache_s`."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Every object belongs to the caller's tenant (serve/deps.py `Tenant`); another te
 gets the object the first request made (a 409 when the key came with another request). Store
 writes are synchronous and run in a thread; reads run on the event loop where the store says
 they are brief (`JobStore.reads_inline`: SQLite), saving a thread hop and the GIL hand-offs of
-a thread pool, which cost the GET routes a third of their throughput (docs/benchmarks.md, bench/api.py).
+a thread pool (docs/benchmarks.md, bench/api.py).
 """
 
 from __future__ import annotations
