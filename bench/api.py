@@ -92,10 +92,10 @@ def parse_wrk(out: str) -> dict[str, float]:
             "requests": requests, "errors": errors}
 
 
-def steps_between(root: Path, job_id: str, t0: float, t1: float) -> int:
-    """Training steps the job's metrics.jsonl (every attempt's lines) logged in [t0, t1) (unix s)."""
+def step_times(root: Path, job_id: str) -> list[float]:
+    """The unix times of the training steps in the job's metrics.jsonl (every attempt's lines)."""
     path = next(root.rglob(f"{job_id}/**/metrics.jsonl"))
-    return sum(1 for r in map(json.loads, path.read_text().splitlines()) if "loss" in r and t0 <= r["time"] < t1)
+    return [r["time"] for r in map(json.loads, path.read_text().splitlines()) if "loss" in r]
 
 
 def job_start_s(url: str, root: Path, file_id: str) -> float:
@@ -160,7 +160,7 @@ def main() -> None:
         ).json()
         load(url, job["id"], args.clients, 3.0)  # warm-up
         rounds: dict[str, list[dict[str, float]]] = {"idle": [], "busy": []}
-        kept: list[float] = []  # per busy round: training steps/s under the load over steps/s just before
+        kept: list[float] = []  # per busy round: training steps/s under the load over the quiet windows' mean
         for rnd in range(args.repeats):
             for phase in ("idle", "busy"):
                 if phase == "busy" and worker is None:
@@ -187,7 +187,8 @@ def main() -> None:
                     time.sleep(args.seconds)
                     t3 = time.time()
                     time.sleep(2)  # the worker writes metrics.jsonl as it goes; let the last lines land
-                    rate = [steps_between(root, job["id"], a, b) / (b - a) for a, b in ((t0, t1), (t1, t2), (t2, t3))]
+                    times = step_times(root, job["id"])
+                    rate = [sum(a <= t < b for t in times) / (b - a) for a, b in ((t0, t1), (t1, t2), (t2, t3))]
                     kept.append(rate[1] / ((rate[0] + rate[2]) / 2))
         httpx.post(f"{url}/v1/fine_tuning/jobs/{job['id']}/cancel")
         starts = [job_start_s(url, root, f["id"]) for _ in range(args.starts)]
@@ -199,6 +200,13 @@ def main() -> None:
                     p.wait(30)
                 except subprocess.TimeoutExpired:
                     p.kill()
+
+    report(args, rounds, kept, starts)
+
+
+def report(args: argparse.Namespace, rounds: dict[str, list[dict[str, float]]], kept: list[float],
+           starts: list[float]) -> None:
+    """The table and the last line, appended to docs/benchmarks.md unless --no-write."""
 
     def fig(phase: str, key: str, digits: int = 1) -> str:
         values = [r[key] for r in rounds[phase]]
