@@ -52,16 +52,18 @@ system-deps:
 demo: setup
 	OMP_NUM_THREADS=$(THREADS) $(PY) -m flywheel.demo --threads $(THREADS)
 
-# Two pytest workers, a test file each at a time (a module's fixtures are built once).
+# Two pytest workers, a test file each at a time (a module's fixtures are built once). Bytecode
+# is cached for the run even where the shell sets PYTHONDONTWRITEBYTECODE: otherwise each worker,
+# and each server and worker process a test starts, compiles flywheel and the tests anew.
 TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Everything, the learning tests and the browser tests (Debian's chromium) included, and the database tests against a PostgreSQL server
 # the test session starts (tests/conftest.py) as well as against SQLite; extra ray: the Ray backend.
 test-all:
 	@$(MAKE) --no-print-directory setup EXTRAS=dev,postgres,ray,browser SYSTEM_PACKAGES="bubblewrap postgresql chromium"
-	FLYWHEEL_TEST_POSTGRES=1 $(PY) -m pytest -q -m ''
+	PYTHONDONTWRITEBYTECODE= FLYWHEEL_TEST_POSTGRES=1 $(PY) -m pytest -q -m ''
 
 # Every benchmark, each printing its last line `name: key=value ...` and appending its table to
 # docs/benchmarks.md. They also need the peers (extra `bench`: trl, datasets, accelerate, pinned).
