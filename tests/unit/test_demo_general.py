@@ -9,10 +9,19 @@ from typer.testing import CliRunner
 from flywheel.demo.general import SIMPLE_QUESTIONS, Probe, answered_right
 
 
-def test_an_answer_is_right_when_it_contains_an_accepted_answer():
+def test_an_answer_is_right_when_its_first_sentence_holds_an_accepted_answer_as_a_word():
     assert answered_right("The capital of France is Paris.", ("paris",))
     assert answered_right("A spider has 8 legs", ("eight", "8"))
+    assert answered_right("It boils at approximately 100.0 degrees Celsius. Then", ("100",))
+    assert answered_right("It boils at 100 degrees. Then", ("100",))
+    assert answered_right("Carbon dioxide, mostly!", ("carbon dioxide", "co2"))
     assert not answered_right("I am not sure.", ("paris",))
+    # the base's two lucky hits of 2026-12-07: wrong first sentences, the word only later or inside another
+    assert not answered_right("A year is approximately 365 days. So, 1 year is 365 * 12 = 312 months.", ("twelve", "12"))
+    assert not answered_right("The planet we live on is called Kepler-41B. It's a terrestrial planet, similar to Earth",
+                              ("earth",))
+    assert not answered_right("It has 312 months", ("12",)) and not answered_right("Parisian food", ("paris",))
+    assert answered_right("The answer:\nParis", ("answer",)) and not answered_right("The answer:\nParis", ("paris",))
 
 
 def test_every_simple_question_has_an_accepted_answer_in_lower_case():
@@ -39,19 +48,28 @@ def test_the_demo_refuses_an_unknown_base_by_name(tmp_path):
 
 
 def test_the_anchor_prompts_are_none_of_the_measured_ones():
-    from flywheel.demo.general import ANCHOR_PROMPTS, GENERAL_PROMPTS
+    from flywheel.demo.general import ANCHOR_PROMPTS, ANCHOR_QUESTIONS, GENERAL_PROMPTS
 
-    measured = set(GENERAL_PROMPTS) | {q for q, _ in SIMPLE_QUESTIONS}
-    assert len(set(ANCHOR_PROMPTS)) == len(ANCHOR_PROMPTS) == 96 and not measured & set(ANCHOR_PROMPTS)
+    def norm(text: str) -> str:
+        return " ".join(text.lower().replace("?", " ").replace(".", " ").split())
+
+    measured = {norm(p) for p in GENERAL_PROMPTS} | {norm(q) for q, _ in SIMPLE_QUESTIONS}
+    anchor = [norm(p) for p in ANCHOR_PROMPTS + ANCHOR_QUESTIONS]
+    assert len(ANCHOR_PROMPTS) == 96 and len(ANCHOR_QUESTIONS) == 48 and len(set(anchor)) == len(anchor)
+    assert not measured & set(anchor)
 
 
 def test_the_self_anchor_is_the_bases_own_answers(tmp_path):
     import json
 
-    from flywheel.demo.general import ANCHOR_PROMPTS, CHAT_TOKENS, _greedy, self_anchor
+    from flywheel.demo import general
     from flywheel.models import TinySpec, build_tiny_model
 
     base = build_tiny_model(tmp_path / "m", TinySpec(hidden=32, layers=1, heads=2, ffn=64))
-    rows = [json.loads(line) for line in self_anchor(base, tmp_path / "a" / "rows.jsonl").read_text().splitlines()]
-    assert [r["messages"][0]["content"] for r in rows] == list(ANCHOR_PROMPTS)
-    assert [r["messages"][1]["content"] for r in rows] == _greedy(base, list(ANCHOR_PROMPTS), CHAT_TOKENS)
+    prompts = [*general.ANCHOR_PROMPTS, *general.ANCHOR_QUESTIONS]
+    replies = general._greedy_finished(base, prompts, general.ANCHOR_TOKENS)
+    # a tiny random model rarely ends an answer: the rows are exactly its finished ones, in order
+    rows = [json.loads(line) for line in general.self_anchor(base, tmp_path / "a" / "rows.jsonl").read_text().splitlines()]
+    assert [(r["messages"][0]["content"], r["messages"][1]["content"]) for r in rows] == \
+        [(p, text) for p, (text, finished) in zip(prompts, replies) if finished]
+    assert all(len(text) > 0 for _, (text, finished) in zip(prompts, replies) if not finished)

@@ -8,17 +8,21 @@ forgets). Measured for a pretrained base only (a tiny model has no general abili
 - SIMPLE_QUESTIONS the base answered right at the start, asked again at the end: the points
   lost are the share of them production no longer answers right.
 
-Against that loss, `self_anchor` writes the base's own answers to other everyday prompts
-(ANCHOR_PROMPTS, none of them measured) for the cycles to rehearse.
+Against that loss, `self_anchor` writes the base's own answers to other everyday prompts and
+short questions (ANCHOR_PROMPTS, ANCHOR_QUESTIONS, none of them measured) for the cycles to
+rehearse.
 
-A question counts as answered right when its reply contains one of its accepted answers
-(case-insensitive). Only questions the base got right are asked again, so the figure is a
-loss against the base by construction, never a gain from luck.
+A question counts as answered right when the first sentence of its reply holds one of its
+accepted answers as a whole word (case-insensitive): "1 year is 365 * 12 = 312 months" after
+"A year is approximately 365 days." is wrong, as is "called Kepler-41B. It's ... similar to
+Earth". Only questions the base got right are asked again, so the figure is a loss against the
+base by construction, never a gain from luck.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,17 +87,50 @@ ANCHOR_TOPICS = ("gardening", "the moon", "bicycles", "bread", "mountains", "lib
                  "the weather", "painting", "honeybees", "the internet", "running shoes", "volcanoes", "coffee",
                  "friendship")
 ANCHOR_PROMPTS = tuple(t.format(topic) for topic in ANCHOR_TOPICS for t in ANCHOR_TEMPLATES)
+# Short questions of plain knowledge, other facts than SIMPLE_QUESTIONS asks (a test holds them
+# apart): everyday traffic holds short questions as well as requests for prose, and the
+# cycles' narrow corrections made the base's short answers wordy (docs/benchmarks.md)
+ANCHOR_QUESTIONS = (
+    "What is the capital of Canada?", "What is the capital of Egypt?", "What is the capital of Greece?",
+    "What is the capital of Norway?", "What is the capital of Russia?", "What is the capital of Kenya?",
+    "What is the capital of Peru?", "What is the capital of China?", "What color is snow?",
+    "What color is a ripe tomato?", "What color are most leaves in summer?", "What color is coal?",
+    "What is the opposite of wet?", "What is the opposite of big?", "What is the opposite of left?",
+    "What is the opposite of open?", "How many wheels does a bicycle have?", "How many hours are in a day?",
+    "How many sides does a triangle have?", "How many legs does a cat have?", "How many minutes are in an hour?",
+    "How many fingers are on one hand?", "What animal says meow?", "What animal has a trunk?",
+    "What animal lives in a hive?", "What bird is a symbol of peace?", "What do cows drink?",
+    "What do caterpillars turn into?", "What is the smallest planet in our solar system?",
+    "Which planet is called the red planet?", "What is the hottest planet in our solar system?",
+    "What is the tallest mountain on Earth?", "What is the longest river in Africa?",
+    "Who painted the Mona Lisa?", "Who wrote Pride and Prejudice?", "What language is spoken in Mexico?",
+    "What language is spoken in Austria?", "What is the freezing point of water in Fahrenheit?",
+    "What gas do humans breathe out?", "In which season is it usually hottest?",
+    "What do you call a baby sheep?", "What do you call a baby cow?", "What do you call a young frog?",
+    "What is the main ingredient of bread?", "What fruit are raisins made from?",
+    "What instrument has black and white keys?", "How many continents are there?",
+    "What shape has four equal sides?",
+)
 CHAT_TOKENS = 64  # per answer to a general prompt
 QUESTION_TOKENS = 32  # per answer to a simple question
+ANCHOR_TOKENS = 192  # per anchor answer: only answers the base finished are rehearsed
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)|\n")
 
 
 def answered_right(reply: str, accepted: tuple[str, ...]) -> bool:
-    text = reply.lower()
-    return any(a in text for a in accepted)
+    """Whether the reply's first sentence holds an accepted answer as a whole word."""
+    end = _SENTENCE_END.search(reply)
+    first = (reply[:end.start()] if end else reply).lower()
+    return any(re.search(rf"(?<!\w){re.escape(a)}(?!\w)", first) for a in accepted)
 
 
 def _greedy(model_dir: str | Path, questions: list[str], max_tokens: int) -> list[str]:
     """The model's greedy reply to each question, asked alone in a chat."""
+    return [text for text, _ in _greedy_finished(model_dir, questions, max_tokens)]
+
+
+def _greedy_finished(model_dir: str | Path, questions: list[str], max_tokens: int) -> list[tuple[str, bool]]:
+    """(reply, whether the model ended it before max_tokens) per question, greedy, each alone in a chat."""
     from flywheel.inference import LocalEngine, SamplingParams
     from flywheel.models import ChatRenderer
     from flywheel.train.lora import whole_model
@@ -102,7 +139,7 @@ def _greedy(model_dir: str | Path, questions: list[str], max_tokens: int) -> lis
     renderer = ChatRenderer(engine.tokenizer)
     prompts = [renderer.prompt_ids([{"role": "user", "content": q}]) for q in questions]
     samples = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
-    return [s[0].text for s in samples]
+    return [(s[0].text, s[0].finish_reason == "stop") for s in samples]
 
 
 @dataclass(frozen=True)
@@ -141,13 +178,15 @@ class Probe:
 
 
 def self_anchor(base: str | Path, out: Path) -> Path:
-    """The base's own greedy answers to ANCHOR_PROMPTS as chat rows (JSONL at `out`): rehearsed
-    beside the corrections (the loop's `train.anchor_data`), they pull each candidate's
-    everyday replies back to the base's (self-distillation), as the tiny base's own SFT data
-    does for it."""
+    """The base's own greedy answers to ANCHOR_PROMPTS and ANCHOR_QUESTIONS as chat rows (JSONL
+    at `out`, in that order), those it finished within ANCHOR_TOKENS only: a row trains the end
+    of its answer, and an answer cut by a budget would teach stopping mid-sentence. Rehearsed
+    beside the corrections (the loop's `train.anchor_data`), they pull each candidate's everyday
+    replies back to the base's (self-distillation), as the tiny base's own SFT data does for it."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    replies = _greedy(base, list(ANCHOR_PROMPTS), CHAT_TOKENS)
+    prompts = [*ANCHOR_PROMPTS, *ANCHOR_QUESTIONS]
+    replies = _greedy_finished(base, prompts, ANCHOR_TOKENS)
     out.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p},
                                                     {"role": "assistant", "content": r}]}) + "\n"
-                           for p, r in zip(ANCHOR_PROMPTS, replies)), encoding="utf-8")
+                           for p, (r, finished) in zip(prompts, replies) if finished), encoding="utf-8")
     return out
