@@ -12,9 +12,9 @@
   dozen corrections, where the tiny one needs hundreds of steps. Its traffic is 200 episodes a
   day, its suites 60 tasks a family, its final test 100: a forward pass costs ~35x the tiny
   model's. RL is off: each RL step plays 64 episodes of up to 120 tokens, minutes a cycle on
-  2 cores. Its anchor rows (64 per SFT stage) are its own answers to 96 everyday prompts,
-  against the forgetting the first run showed; its general ability is measured apart
-  (demo/general.py). Its figures: docs/benchmarks.md (`python bench/demo.py -- --base
+  2 cores. Its anchor rows (64 per SFT stage) are its own finished answers to 96 everyday prompts
+  and 48 short questions, against the forgetting the first run showed; its general ability
+  is measured apart (demo/general.py). Its figures: docs/benchmarks.md (`python bench/demo.py -- --base
   smollm2-135m-instruct`).
 """
 
