@@ -152,61 +152,19 @@ class Resident:
                 raise AdapterError(f"adapter {adapter.name!r}: layer {layer} {module} has A {tuple(a.shape)}, "
                                    f"B {tuple(b.shape)}; the model's {module} is {layout.inp[module]} -> "
                                    f"{layout.out[module]} in {layout.layers} layers")
-        self.parts: list[dict[str, Pair | None]] = []
+        self.parts: list[dict[str, tuple[torch.Tensor, torch.Tensor] | None]] = []
         for layer in range(layout.layers):
-            parts: dict[str, Pair | None] = {}
+            parts = {}
             for part, modules in FUSED.items():
                 got = [adapter.pairs.get((layer, m)) for m in modules]
-                parts[part] = None if all(g is None for g in got) else \
-                    Pair.fuse([(g, layout.inp[m], layout.out[m]) for g, m in zip(got, modules)], dtype, device)
+                if all(g is None for g in got):
+                    parts[part] = None
+                    continue
+                a = torch.cat([g[0] if g else torch.zeros(0, layout.inp[m]) for g, m in zip(got, modules)])
+                b = torch.block_diag(*[g[1] if g else torch.zeros(layout.out[m], 0) for g, m in zip(got, modules)])
+                parts[part] = (a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous())
             self.parts.append(parts)
-        self.nbytes = sum(p.nbytes for parts in self.parts for p in parts.values() if p)
-
-
-@dataclass(frozen=True)
-class Pair:
-    """An adapter's (A, B) for one fused projection of R = r_1 + ... ranks and `out` columns:
-    `a` (R, in), the modules' A's stacked; `b` (out, R), their B's set block-diagonally (what the
-    decode stacks multiply); `pieces`, per module present, (its ranks, its columns, B_m (out_m,
-    r_m)): the blocks alone, so a delta costs each module's own r_m x out_m, not R x out."""
-
-    a: torch.Tensor
-    b: torch.Tensor
-    pieces: tuple[tuple[slice, slice, torch.Tensor], ...]
-
-    @classmethod
-    def fuse(cls, modules: list[tuple[tuple[torch.Tensor, torch.Tensor] | None, int, int]],
-             dtype: torch.dtype, device: torch.device) -> Pair:
-        """modules: per module in the fused order, ((A, B) or None, in, out)."""
-        a = torch.cat([ab[0] if ab else torch.zeros(0, inp) for ab, inp, _ in modules]).to(device, dtype).contiguous()
-        b = torch.block_diag(*[ab[1] if ab else torch.zeros(out, 0) for ab, _, out in modules]).to(device, dtype).contiguous()
-        pieces, rank, col = [], 0, 0
-        for ab, _, out in modules:
-            if ab is not None:
-                ranks, cols = slice(rank, rank + ab[0].shape[0]), slice(col, col + out)
-                pieces.append((ranks, cols, b[cols, ranks]))  # a view of b's block
-                rank = ranks.stop
-            col += out
-        return cls(a, b, tuple(pieces))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.a, self.b))
-
-    def add_to(self, x_N_in: torch.Tensor, out_N_out: torch.Tensor) -> None:
-        """out += (x A^T) B^T, in place, one block of B per module."""
-        xa = x_N_in @ self.a.T  # (N, R)
-        if len(self.pieces) == 1 and self.pieces[0][2].shape == self.b.shape:
-            out_N_out.addmm_(xa, self.b.T)
-            return
-        for ranks, cols, b_m in self.pieces:
-            out_N_out[:, cols].addmm_(xa[:, ranks], b_m.T)
-
-    def delta(self, x_N_in: torch.Tensor) -> torch.Tensor:
-        """(x A^T) B^T, (N, out)."""
-        out = x_N_in.new_zeros(x_N_in.shape[0], self.b.shape[0])
-        self.add_to(x_N_in, out)
-        return out
+        self.nbytes = sum(t.numel() * t.element_size() for p in self.parts for ab in p.values() if ab for t in ab)
 
 
 class RowGroups:
@@ -271,15 +229,15 @@ class RowGroups:
     def add(self, layer: int, part: str, x_N_in: torch.Tensor, out_N_out: torch.Tensor) -> None:
         """out += each token's adapter delta (x A^T) B^T, in place."""
         if self.single is not None:
-            pair = self.single.parts[layer][part]
-            if pair is not None:
-                pair.add_to(x_N_in, out_N_out)
+            ab = self.single.parts[layer][part]
+            if ab is not None:
+                out_N_out.addmm_(x_N_in @ ab[0].T, ab[1].T)
             return
         if self.stack is None:
             for adapter, tokens in self.groups:
-                pair = adapter.parts[layer][part]
-                if pair is not None:
-                    out_N_out.index_add_(0, tokens, pair.delta(x_N_in.index_select(0, tokens)))
+                ab = adapter.parts[layer][part]
+                if ab is not None:
+                    out_N_out.index_add_(0, tokens, (x_N_in.index_select(0, tokens) @ ab[0].T) @ ab[1].T)
             return
         stacked = self.stack[layer][part]
         if stacked is None:
@@ -308,18 +266,18 @@ def _stack(adapters: tuple[Resident, ...]):
         parts = {}
         for part in FUSED:
             pairs = [a.parts[layer][part] for a in adapters]
-            present = [p for p in pairs if p is not None]
+            present = [ab for ab in pairs if ab is not None]
             if not present:
                 parts[part] = None
                 continue
-            rank = max(p.a.shape[0] for p in present)
-            inp, out = present[0].a.shape[1], present[0].b.shape[0]
-            a_all = present[0].a.new_zeros(len(adapters), inp, rank)
-            b_all = present[0].a.new_zeros(len(adapters), rank, out)
-            for g, p in enumerate(pairs):
-                if p is not None:  # an adapter without this projection keeps zeros: no delta
-                    a_all[g, :, :p.a.shape[0]] = p.a.T
-                    b_all[g, :p.b.shape[1], :] = p.b.T
+            rank = max(a.shape[0] for a, _ in present)
+            inp, out = present[0][0].shape[1], present[0][1].shape[0]
+            a_all = present[0][0].new_zeros(len(adapters), inp, rank)
+            b_all = present[0][0].new_zeros(len(adapters), rank, out)
+            for g, ab in enumerate(pairs):
+                if ab is not None:  # an adapter without this projection keeps zeros: no delta
+                    a_all[g, :, :ab[0].shape[0]] = ab[0].T
+                    b_all[g, :ab[1].shape[1], :] = ab[1].T
             parts[part] = (a_all, b_all)
         layers.append(parts)
     while len(_STACKS) >= _STACKS_KEPT:
