@@ -119,3 +119,41 @@ def test_activation_checkpointing_gives_the_same_steps(setup, tmp_path, lora):
     assert runs[True].keys() == runs[False].keys() == {1, 2, 3}
     for step in runs[False]:
         assert abs(runs[True][step] - runs[False][step]) < 1e-5, (step, runs)
+
+
+def test_distilled_rows_train_toward_the_model_with_its_adapter_off(setup, tmp_path):
+    """peft starts B at zero, so the adapted model is its reference: distilled rows start at KL 0
+    and stay near it, where the same rows imitated train the adapter; the KL at a moved adapter
+    is the one computed by hand from the bare base model's logits."""
+    from peft import PeftModel
+
+    from flywheel.train.forward import distill_loss
+    from flywheel.train.losses import token_kl
+    from flywheel.errors import TrainError
+
+    root, model, _ = setup
+    data = tmp_path / "distill.jsonl"
+    data.write_text("".join(json.dumps({**r, "distill": True}) + "\n" for r in ROWS))
+    run_sft(config(model, data, tmp_path / "distilled", steps=3))
+    distilled = losses(tmp_path / "distilled")
+    # step 1 is exact; after it Adam scales float noise (gradients ~1e-9 against eps 1e-8) into small moves
+    assert abs(distilled[1]) < 1e-6 and all(abs(v) < 1e-2 for v in distilled.values())
+    imitated = run_sft(config(model, root / "digits.jsonl", tmp_path / "imitated", steps=3))
+    assert all(v > 0.5 for v in losses(tmp_path / "imitated").values())
+
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model),
+                                        str(imitated.final_model))  # B moved: a different model
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]])
+    attn, target = torch.ones_like(ids), torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1]])
+    loss, m = distill_loss(adapted, adapted.disable_adapter, ids, attn, target, normalizer=4.0)
+    base = AutoModelForCausalLM.from_pretrained(model)
+    keep = target[:, 1:].bool()
+    with torch.no_grad():
+        want = token_kl(base(input_ids=ids).logits[:, :-1][keep], adapted(input_ids=ids).logits[:, :-1][keep]).sum()
+    assert m["tokens"] == 3 + 5 and float(want) > 1e-4
+    assert m["kl_sum"] == pytest.approx(float(want), rel=1e-4) and float(loss) == pytest.approx(float(want) / 4, rel=1e-4)
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for n, p in adapted.named_parameters() if "lora_" in n)
+
+    with pytest.raises(TrainError, match=r"distill.jsonl:1 and 99 more rows ask 'distill': true.*train.lora"):
+        run_sft(config(model, data, tmp_path / "full", lora=None))

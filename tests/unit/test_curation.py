@@ -384,7 +384,7 @@ def test_an_sft_stage_mixes_corrections_replay_and_anchor_rows(tmp_path):
         return str(path)
 
     files = {"sft_train": jsonl("sft", 3), "replay_train": jsonl("replay", 50)}
-    mix = SimpleNamespace(replay_ratio=2.0, min_replay=10, anchor_rows=5)
+    mix = SimpleNamespace(replay_ratio=2.0, min_replay=10, anchor_rows=5, anchor_loss="imitate")
     anchor = read_anchor_rows([jsonl("a1", 4), jsonl("a2", 4)])
     path, parts = _sft_mix(files, 3, mix, anchor, tmp_path / "mix.jsonl", "c1")
     assert parts == {"sft": 3, "replay": 10, "anchor": 5}
@@ -392,6 +392,12 @@ def test_an_sft_stage_mixes_corrections_replay_and_anchor_rows(tmp_path):
     assert sorted(set(kinds)) == ["a1", "a2", "replay", "sft"] and len(kinds) == 18
     again, _ = _sft_mix(files, 3, mix, anchor, tmp_path / "again.jsonl", "c1")
     assert open(again).read() == open(path).read()  # seeded by the cycle: a resumed cycle mixes the same rows
+    assert not any("distill" in json.loads(line) for line in open(path, encoding="utf-8"))
+    distilled, _ = _sft_mix(files, 3, SimpleNamespace(**{**vars(mix), "anchor_loss": "distill"}), anchor,
+                            tmp_path / "distilled.jsonl", "c1")
+    marked = {json.loads(line)["messages"][0]["content"].split()[0]: json.loads(line).get("distill")
+              for line in open(distilled, encoding="utf-8")}
+    assert marked == {"a1": True, "a2": True, "replay": None, "sft": None}  # the anchor rows alone
     for bad in ("[1, 2]", '{"prompt": "x"}', "{not json"):
         (tmp_path / "bad.jsonl").write_text('{"messages": []}\n\n' + bad + "\n", encoding="utf-8")
         with pytest.raises(CycleError, match=r"bad.jsonl:3 is not an SFT row"):

@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from flywheel.demo.forgetting import forward_kl, token_kl
+from flywheel.demo.forgetting import forward_kl
+from flywheel.train.losses import token_kl
 from flywheel.models import TinySpec, build_tiny_model
 
 

@@ -133,6 +133,9 @@ BAD = [  # (line, message fragment, DataReport counter)
     ({"prompt": 1, "completion": "x"}, "'prompt' must be a string, got number", "skipped_invalid"),
     ({"prompt": "x"}, "missing 'completion'", "skipped_invalid"),
     ({"prompt": "x", "completion": ""}, "empty 'completion'", "skipped_invalid"),
+    ({**_chat(U, A), "distill": "yes"}, "'distill' must be true or false, got string 'yes'", "skipped_invalid"),
+    ({"prompt": "x", "completion": "y", "distill": 1}, "'distill' must be true or false, got number 1",
+     "skipped_invalid"),
 ]
 
 
@@ -216,3 +219,11 @@ def test_readme_states_the_overlong_default():
     assert SFTDataConfig.model_fields["overlong"].default == "truncate"
     assert "is cut to it by default" in readme and "`data.overlong=skip` drops it instead" in readme
     assert "over-long conversations — are an" not in readme
+
+
+def test_a_row_marked_distill_is_an_example_marked_distill_with_the_same_tokens(tok, tmp_path):
+    rows = [GOOD, {**GOOD, "distill": True}, {"prompt": "1+1=", "completion": "2", "distill": True},
+            {**GOOD, "distill": False}]
+    examples, _ = load_sft_examples([write(tmp_path, *rows)], tok, cfg())
+    assert [e.distill for e in examples] == [False, True, True, False]
+    assert examples[0].ids == examples[1].ids and examples[0].loss_mask == examples[1].loss_mask

@@ -34,6 +34,9 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
          anchor_rows: Optional[int] = typer.Option(None, min=0, help="anchor rows rehearsed per SFT stage: the tiny "
                                                                      "base's SFT data, a pretrained base's own answers "
                                                                      f"to everyday prompts [tiny: {_TINY.recipe.anchor_rows}]"),
+         anchor_loss: Optional[str] = typer.Option(None, help="imitate: anchor rows train on their text; distill: "
+                                                              "toward the base's distribution at their tokens "
+                                                              "(LoRA bases only) [tiny: imitate]"),
          dpo_steps: Optional[int] = typer.Option(None, min=0, help="DPO steps on correction vs failed-answer pairs; "
                                                                    "0 = off [tiny: 0]"),
          min_new_failures: Optional[int] = typer.Option(None, min=1, help="held-out new failures a cycle needs to "
@@ -48,9 +51,11 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
     failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""
     if base not in PRESETS:
         raise typer.BadParameter(f"{base!r} is not a demo base; choose one of {', '.join(PRESETS)}", param_hint="--base")
+    if anchor_loss not in (None, "imitate", "distill"):
+        raise typer.BadParameter(f"{anchor_loss!r}: choose imitate or distill", param_hint="--anchor-loss")
     preset = PRESETS[base]
     given = dict(sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks, replay_ratio=replay_ratio,
-                 min_replay=min_replay, anchor_rows=anchor_rows, dpo_steps=dpo_steps,
+                 min_replay=min_replay, anchor_rows=anchor_rows, anchor_loss=anchor_loss, dpo_steps=dpo_steps,
                  min_new_failures=min_new_failures, final_tasks=final_tasks)
     recipe = dataclasses.replace(preset.recipe, **{k: v for k, v in given.items() if v is not None})
     world = dataclasses.replace(preset.world, weeks=weeks, days_per_week=days, correction_rate=correction_rate,

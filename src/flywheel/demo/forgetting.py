@@ -16,14 +16,8 @@ from pathlib import Path
 import torch
 
 from flywheel.config import SFTDataConfig
+from flywheel.train.losses import token_kl
 from flywheel.train.sft_data import load_sft_examples
-
-
-def token_kl(base_logits_N_V: torch.Tensor, model_logits_N_V: torch.Tensor) -> torch.Tensor:
-    """KL(softmax(base) || softmax(model)) at each of N positions, (N,), in fp32."""
-    base = torch.log_softmax(base_logits_N_V.float(), -1)
-    model = torch.log_softmax(model_logits_N_V.float(), -1)
-    return (base.exp() * (base - model)).sum(-1)
 
 
 @torch.no_grad()

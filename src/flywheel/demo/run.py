@@ -63,6 +63,7 @@ class DemoRecipe:
     replay_ratio: float = 2.0  # verified answers rehearsed per SFT example (0.5 let subtract regress add: see README)
     min_replay: int = 256  # ... and at least this many (13 corrections + 26 replays cost add 5 points: see README)
     anchor_rows: int = 256  # rows of the base model's own SFT data rehearsed per SFT stage (see README)
+    anchor_loss: str = "imitate"  # or "distill" (LoRA only): loop/loop_config.py CycleTrainConfig.anchor_loss
     dpo_steps: int = 0  # DPO on (correction, failed answer) pairs after SFT; 0 = off
     # held-out new failures a cycle needs to decide (gate.min_new_failures); with fewer the day's
     # cycle waits and the next day's traffic adds to them
@@ -112,7 +113,7 @@ def loop_config(out: Path, world: WorldConfig, recipe: DemoRecipe, threads: int,
         "train": {
             "order": ["sft"] + (["dpo"] if dpo_steps else []) + (["rl"] if rl_steps else []), "min_examples": 8,
             "replay_ratio": recipe.replay_ratio, "min_replay": recipe.min_replay,
-            "anchor_data": anchor_data, "anchor_rows": recipe.anchor_rows,
+            "anchor_data": anchor_data, "anchor_rows": recipe.anchor_rows, "anchor_loss": recipe.anchor_loss,
             "sft": {"train": {"steps": sft_steps, "batch_size": recipe.sft_batch, "micro_batch_size": recipe.sft_batch,
                               "lora": lora},
                     "optim": {"lr": recipe.sft_lr, "warmup_steps": min(10, sft_steps // 5), "min_lr_ratio": 0.1},

@@ -269,13 +269,16 @@ def replay_count(n_sft: int, available: int, ratio: float, minimum: int = 0) -> 
 def _sft_mix(files: dict[str, str], n_sft: int, mix, anchor: list[str], out: Path,
              seed: str) -> tuple[str, dict[str, int]]:
     """sft_train.jsonl plus replay rows (replay_count of them) and `mix.anchor_rows` of the
-    `anchor` rows (seeded samples), shuffled together. Returns (path, rows per part)."""
+    `anchor` rows (seeded samples; each marked `"distill": true` when mix.anchor_loss is
+    "distill"), shuffled together. Returns (path, rows per part)."""
 
     rows = [r for r in Path(files["sft_train"]).read_text(encoding="utf-8").splitlines() if r.strip()]
     replay = [r for r in Path(files["replay_train"]).read_text(encoding="utf-8").splitlines() if r.strip()]
     rng = random.Random(seed)
     replayed = rng.sample(replay, replay_count(n_sft, len(replay), mix.replay_ratio, mix.min_replay))
     anchored = rng.sample(anchor, min(len(anchor), mix.anchor_rows))
+    if mix.anchor_loss == "distill":
+        anchored = [json.dumps({**json.loads(r), "distill": True}) for r in anchored]
     parts = {"sft": len(rows), "replay": len(replayed), "anchor": len(anchored)}
     rows += replayed + anchored
     rng.shuffle(rows)

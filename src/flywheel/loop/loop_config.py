@@ -45,6 +45,9 @@ class CycleTrainConfig(Config):
         "SFT files (JSONL, chat or prompt/completion rows) every SFT stage rehearses: skills production "
         "traffic may not exercise, e.g. the base model's own SFT data"))
     anchor_rows: int = Field(256, ge=0, description="rows sampled from anchor_data per SFT stage")
+    anchor_loss: Literal["imitate", "distill"] = Field("imitate", description=(
+        "imitate: anchor rows train on their text (cross-entropy); distill: toward the distribution of "
+        "the model with the stage's LoRA adapter off at their tokens (forward KL; needs sft.train.lora)"))
     rl_keep: Literal["if_better", "always"] = Field("if_better", description=(
         "if_better: the rl stage trains on a hash-split part of the curated RL tasks and is evaluated "
         "before and after on the rest (rl_check_fraction, at most rl_check_max, never the gate's new "

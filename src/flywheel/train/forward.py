@@ -13,11 +13,13 @@ projected and the kept ones are selected, with the same numbers.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from typing import Callable
 
 import torch
 
-from flywheel.train.losses import token_nll_sum
+from flywheel.train.losses import token_kl, token_nll_sum
 
 _LOGITS_TO_KEEP_MASK: dict[type, bool] = {}  # model class -> takes a boolean logits_to_keep
 
@@ -84,3 +86,19 @@ def sft_loss(model, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tenso
     nll = token_nll_sum(logits_N_V, targets_N)
     n = int(targets_N.numel())
     return nll / normalizer, {"nll_sum": float(nll.detach()), "tokens": n}
+
+
+def distill_loss(model, reference: Callable[[], contextlib.AbstractContextManager], input_ids_B_T: torch.Tensor,
+                 attention_mask_B_T: torch.Tensor, target_mask_B_T: torch.Tensor,
+                 normalizer: float) -> tuple[torch.Tensor, dict]:
+    """The forward KL from the reference to the model at the trained positions, summed and
+    divided by `normalizer`, as sft_loss's NLL: the soft-label version of imitating the
+    reference's own text. The reference is `model` inside `reference()` (peft's
+    `disable_adapter`: the model before its adapter), run without gradients."""
+    predict_B_Tm1 = target_mask_B_T[:, 1:].bool()
+    keep_B_T = torch.cat([predict_B_Tm1, predict_B_Tm1.new_zeros(len(predict_B_Tm1), 1)], dim=1)
+    inputs = {"input_ids": input_ids_B_T, "attention_mask": attention_mask_B_T, "use_cache": False}
+    with torch.no_grad(), reference():
+        ref_N_V = logits_at(model, keep_B_T, **inputs)
+    kl = token_kl(ref_N_V, logits_at(model, keep_B_T, **inputs)).sum()
+    return kl / normalizer, {"kl_sum": float(kl.detach()), "tokens": int(predict_B_Tm1.sum())}

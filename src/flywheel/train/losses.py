@@ -1,4 +1,5 @@
-"""The losses, pure: token NLL (SFT), the clipped policy-gradient surrogate (RL) and DPO / IPO
+"""The losses, pure: token NLL (SFT), the forward KL to a reference (SFT's distilled rows),
+the clipped policy-gradient surrogate (RL) and DPO / IPO
 (preference). Each takes tensors and returns a tensor or (loss, metrics).
 
 Shapes: B sequences, T completion positions (right-padded); `mask_B_T` is 1 on tokens the
@@ -34,6 +35,14 @@ import torch.nn.functional as F
 
 Aggregation = Literal["sequence", "token", "constant"]
 Objective = Literal["ppo", "cispo"]
+
+
+def token_kl(ref_logits_N_V: torch.Tensor, logits_N_V: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(ref) || softmax(logits)) at each of N positions, (N,), in fp32: the forward
+    (mass-covering) KL, large where the model loses probability the reference gives."""
+    ref = torch.log_softmax(ref_logits_N_V.float(), -1)
+    model = torch.log_softmax(logits_N_V.float(), -1)
+    return (ref.exp() * (ref - model)).sum(-1)
 
 
 def token_nll_sum(logits_N_V: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:

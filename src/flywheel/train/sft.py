@@ -3,7 +3,8 @@
 Reads top to bottom: load the model and data -> AdamW with linear warm-up and cosine decay
 -> for each optimizer step, `batch_size` examples in micro-batches of `micro_batch_size`
 (gradient accumulation), loss = mean negative log-likelihood over the *trained* tokens of
-the whole step (assistant turns / completions; see sft_data.py) -> clip -> step.
+the whole step (assistant turns / completions; see sft_data.py), the forward KL to the model
+with its adapter off at a distilled row's tokens (`"distill": true`) -> clip -> step.
 
 Departures from a textbook loop, all for continuous post-training:
 - the loss is a token mean over the step, not a mean of micro-batch means, so accumulation
@@ -31,7 +32,7 @@ from flywheel.config import SFTConfig
 from flywheel.train.lora import is_adapter_folder, load_trainable, trainable_count
 from flywheel.rollout.data_order import DataOrder
 from flywheel.train.checkpoint import save_checkpoint, save_model_folder
-from flywheel.train.forward import set_learner_mode, sft_loss
+from flywheel.train.forward import distill_loss, set_learner_mode, sft_loss
 from flywheel.train.metrics import MetricsWriter
 from flywheel.train.padding import pad_batch
 from flywheel.train.progress import StepProgress
@@ -79,6 +80,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     evaluator = evaluator or _import_evaluator(cfg.eval.evaluator)
 
     examples, val_examples = _load_data(cfg, tokenizer, log)
+    reference = _reference(model, examples, dist)
     tc = cfg.train
     total_steps = tc.steps or max(1, math.ceil(tc.epochs * len(examples) / tc.batch_size))
 
@@ -127,7 +129,7 @@ def run_sft(cfg: SFTConfig, evaluator: Evaluator | None = None, log: Callable[[s
     with StepProgress(total_steps, start=step, enabled=cfg.log.progress) as progress:
         while step < total_steps and not should_stop():
             batch = [examples[i] for i in order.take(tc.batch_size)]
-            record = _train_step(model, optimizer, scheduler, batch, cfg, pad_id, dist, step)
+            record = _train_step(model, optimizer, scheduler, batch, cfg, pad_id, dist, step, reference)
             record["epoch"] = order.epoch + order.cursor / order.size
             step += 1
             tokens_trained += record["trained_tokens"]
@@ -205,8 +207,23 @@ def _load_data(cfg: SFTConfig, tokenizer, log: Callable[[str], None]) -> tuple[l
     return examples, val_examples
 
 
+def _reference(model, examples: list[Example], dist: Rank | None) -> Callable | None:
+    """What distilled rows are trained toward: peft's `disable_adapter` (the model before its
+    adapter), or None when no row is distilled. TrainError where there is none to take."""
+    distilled = [e for e in examples if e.distill]
+    if not distilled:
+        return None
+    from peft import PeftModel
+
+    if dist is not None or not isinstance(model, PeftModel):
+        raise TrainError(f"{distilled[0].source} and {len(distilled) - 1} more rows ask 'distill': true, whose "
+                         "reference is the model with its LoRA adapter off; set train.lora (single process), "
+                         "or drop 'distill' from the rows")
+    return model.disable_adapter
+
+
 def _train_step(model, optimizer, scheduler, batch: list[Example], cfg: SFTConfig, pad_id: int,
-                dist: Rank | None, step: int) -> dict:
+                dist: Rank | None, step: int, reference: Callable | None = None) -> dict:
     """One optimizer step on `batch` (an FSDP2 rank: on its share, normalised by the whole
     batch's trained tokens), micro-batch by micro-batch; a non-finite gradient norm skips the
     update (the schedule still advances). Its metrics row: loss (mean over trained tokens), lr,
@@ -220,7 +237,8 @@ def _train_step(model, optimizer, scheduler, batch: list[Example], cfg: SFTConfi
         micro = mine[i:i + tc.micro_batch_size]
         if dist is not None:  # reduce-scatter once per step, after its last micro-batch
             dist.grad_sync(model, i + tc.micro_batch_size >= len(mine))
-        nll_sum += _backward(model, micro, pad_id, cfg.device, max(1, n_trained), shareable=dist is None)
+        nll_sum += _backward(model, micro, pad_id, cfg.device, max(1, n_trained), shareable=dist is None,
+                             reference=reference)
         n_tokens += sum(len(e.ids) for e in micro)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
     if dist is not None:  # a replicated DTensor: the global norm; the step's numbers, all ranks'
@@ -241,10 +259,28 @@ def _train_step(model, optimizer, scheduler, batch: list[Example], cfg: SFTConfi
     return record
 
 
-def _backward(model, micro: list[Example], pad_id: int, device, normalizer: int, shareable: bool) -> float:
+def _backward(model, micro: list[Example], pad_id: int, device, normalizer: int, shareable: bool,
+              reference: Callable | None = None) -> float:
     """Backward of a micro-batch's summed next-token loss / `normalizer` (the step's trained
-    tokens); returns the sum. The rows' shared prefixes run once where that halves the work
-    (`shareable`: not on FSDP2 ranks, which must all make the same calls)."""
+    tokens); returns the sum. Distilled rows take the forward KL to `reference` instead
+    (distill_loss, one more forward without gradients). The rows' shared prefixes run once
+    where that halves the work (`shareable`: not on FSDP2 ranks, which must all make the same
+    calls)."""
+    distilled = [e for e in micro if e.distill]
+    total = 0.0
+    if distilled:
+        ids_B_T, attn, tmask = (t.to(device) for t in pad_batch([e.ids for e in distilled],
+                                                                 [e.loss_mask for e in distilled], pad_id))
+        loss, m = distill_loss(model, reference, ids_B_T, attn, tmask, normalizer=normalizer)
+        loss.backward()
+        total = m["kl_sum"]
+        micro = [e for e in micro if not e.distill]
+        if not micro:
+            return total
+    return total + _nll_backward(model, micro, pad_id, device, normalizer, shareable)
+
+
+def _nll_backward(model, micro: list[Example], pad_id: int, device, normalizer: int, shareable: bool) -> float:
     ids, masks = [e.ids for e in micro], [e.loss_mask for e in micro]
     shared = shared_nll_sum(model, ids, masks, pad_id, device) if shareable else None
     if shared is not None:

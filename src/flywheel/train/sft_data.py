@@ -13,6 +13,10 @@ One example per non-blank line (blank lines are ignored). Two formats, chosen by
 - prompt_completion: `{"prompt": str, "completion": str}`, raw text with no chat template:
   ids = encode(prompt) + encode(completion) [+ eos if `add_eos`], loss on completion (+ eos).
 
+Either row may carry `"distill": true`: its trained tokens are then trained toward the
+reference's distribution at each position (the forward KL, train/forward.py `distill_loss`)
+instead of toward the tokens themselves; the reference is the model with its LoRA adapter off.
+
 A bad line raises `DataError` naming file:line (`on_error="raise"`), or is skipped with a
 warning and counted in the `DataReport` (`on_error="skip"`). Lines over `max_length` are
 truncated or skipped (`overlong`), also with a warning each. Nothing is dropped silently.
@@ -45,6 +49,7 @@ class Example:
     ids: list[int]
     loss_mask: list[int]  # 1 where the token is trained; same length as ids
     source: str  # "path:line"
+    distill: bool = False  # trained toward the reference's distribution, not the tokens
 
 
 @dataclass
@@ -106,7 +111,7 @@ def load_sft_examples(paths: list[str], tokenizer, cfg: SFTDataConfig,
                 try:
                     if line.too_long:
                         raise _BadLine(f"the line is {too_long_reason(line, MAX_LINE_BYTES)}")
-                    ids, mask = encoder.encode_line(line.data)
+                    ids, mask, distill = encoder.encode_line(line.data)
                 except _BadLine as bad:
                     if cfg.on_error == "raise":
                         raise DataError(f"{source}: {bad.reason}") from None
@@ -124,7 +129,7 @@ def load_sft_examples(paths: list[str], tokenizer, cfg: SFTDataConfig,
                         why = "" if cfg.overlong == "skip" else " and truncating would leave no trained token"
                         warn(f"{too_long}{why}; line skipped")
                         continue
-                examples.append(Example(ids, mask, source))
+                examples.append(Example(ids, mask, source, distill))
         if len(examples) == first_example:
             n_lines = report.lines - first_line
             raise DataError(f"{path}: no usable examples ({n_lines} non-blank lines"
@@ -150,7 +155,8 @@ class _LineEncoder:
             self._renderer = ChatRenderer(self.tokenizer)
         return self._renderer
 
-    def encode_line(self, raw: bytes) -> tuple[list[int], list[int]]:
+    def encode_line(self, raw: bytes) -> tuple[list[int], list[int], bool]:
+        """(ids, loss mask, distill) of one line."""
         try:
             row = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -159,6 +165,9 @@ class _LineEncoder:
             raise _BadLine(f"invalid JSON: {e.msg} (column {e.colno})") from None
         if not isinstance(row, dict):
             raise _BadLine(f"expected a JSON object, got {_json_type(row)}")
+        distill = row.get("distill", False)
+        if not isinstance(distill, bool):
+            raise _BadLine(f"'distill' must be true or false, got {_json_type(distill)} {distill!r}")
         fmt = self.cfg.format
         if fmt == "auto":
             if "messages" in row:
@@ -167,7 +176,7 @@ class _LineEncoder:
                 fmt = "prompt_completion"
             else:
                 raise _BadLine(f"neither 'messages' nor 'prompt'/'completion' (keys: {sorted(row)})")
-        return self._chat(row) if fmt == "chat" else self._prompt_completion(row)
+        return (*(self._chat(row) if fmt == "chat" else self._prompt_completion(row)), distill)
 
     def _prompt_completion(self, row: dict) -> tuple[list[int], list[int]]:
         for key in ("prompt", "completion"):
