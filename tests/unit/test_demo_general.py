@@ -73,3 +73,13 @@ def test_the_self_anchor_is_the_bases_own_answers(tmp_path):
     assert [(r["messages"][0]["content"], r["messages"][1]["content"]) for r in rows] == \
         [(p, text) for p, (text, finished) in zip(prompts, replies) if finished]
     assert all(len(text) > 0 for _, (text, finished) in zip(prompts, replies) if not finished)
+
+
+def test_the_demo_refuses_distilled_anchors_on_a_base_that_trains_every_weight(tmp_path):
+    from flywheel.cli.main import app
+
+    for value, fragment in (("distill", "needs a LoRA base"), ("soft", "choose imitate or distill")):
+        result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "d"), "--anchor-loss", value],
+                                    env={"COLUMNS": "200"})
+        assert result.exit_code == 2 and "--anchor-loss" in result.output and fragment in result.output
+    assert not (tmp_path / "d").exists()

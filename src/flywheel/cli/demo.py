@@ -58,6 +58,9 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
                  min_replay=min_replay, anchor_rows=anchor_rows, anchor_loss=anchor_loss, dpo_steps=dpo_steps,
                  min_new_failures=min_new_failures, final_tasks=final_tasks)
     recipe = dataclasses.replace(preset.recipe, **{k: v for k, v in given.items() if v is not None})
+    if recipe.anchor_loss == "distill" and not recipe.lora_rank:
+        raise typer.BadParameter(f"distill needs a LoRA base (its reference is the model with the adapter off); "
+                                 f"the {base} base trains every weight", param_hint="--anchor-loss")
     world = dataclasses.replace(preset.world, weeks=weeks, days_per_week=days, correction_rate=correction_rate,
                                 seed=seed, **({"episodes_per_day": episodes} if episodes is not None else {}))
     folder = None
