@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import json
 import math
 import operator
@@ -56,18 +57,33 @@ def evaluate(expression: str) -> int | float:
     if len(expression) > 500:
         raise ValueError("expression longer than 500 characters")
     try:
-        with warnings.catch_warnings():  # "1a" warns (invalid decimal literal) before it fails
-            warnings.simplefilter("ignore", SyntaxWarning)
-            tree = ast.parse(expression, mode="eval")
-    except SyntaxError as e:
-        raise ValueError(f"not an arithmetic expression: {e.msg}") from None
-    try:
-        value = _eval(tree.body)
+        value = _eval(_parse(expression))
     except (ZeroDivisionError, OverflowError) as e:
         raise ValueError(str(e)) from None
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError("result is not a finite number")
     return value
+
+
+def _parse(expression: str) -> ast.expr:
+    """The expression's syntax tree, never mutated; ValueError if it is not Python syntax.
+    Short ones (a task's, read by `canonical_expression` and `evaluate` moments apart) are
+    kept: 16,384 trees of <= 64 characters, a few MB."""
+    return _parse_short(expression) if len(expression) <= 64 else _parse_text(expression)
+
+
+@functools.lru_cache(maxsize=16_384)
+def _parse_short(expression: str) -> ast.expr:
+    return _parse_text(expression)
+
+
+def _parse_text(expression: str) -> ast.expr:
+    try:
+        with warnings.catch_warnings():  # "1a" warns (invalid decimal literal) before it fails
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.parse(expression, mode="eval").body
+    except SyntaxError as e:
+        raise ValueError(f"not an arithmetic expression: {e.msg}") from None
 
 
 def _eval(node):
@@ -119,13 +135,7 @@ def canonical_expression(expression: str) -> str:
     """One text per problem: fully parenthesised, the two operands of every + and * in text
     order ("57 * 12" and "12 * 57" both give "(12 * 57)"). ValueError for what `evaluate`
     would not read."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SyntaxWarning)
-            tree = ast.parse(expression, mode="eval")
-    except SyntaxError as e:
-        raise ValueError(f"not an arithmetic expression: {e.msg}") from None
-    return _canon(tree.body)
+    return _canon(_parse(expression))
 
 
 def _canon(node) -> str:
