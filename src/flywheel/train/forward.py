@@ -70,6 +70,13 @@ def set_learner_mode(model, dropout: bool) -> None:
             module.training = True
 
 
+def _predicting(target_mask_B_T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(predict (B, T - 1), keep (B, T)): position t predicts token t + 1, so the positions kept
+    are those whose next token is trained, target_mask[:, 1:], and never the last."""
+    predict_B_Tm1 = target_mask_B_T[:, 1:].bool()
+    return predict_B_Tm1, torch.cat([predict_B_Tm1, predict_B_Tm1.new_zeros(len(predict_B_Tm1), 1)], dim=1)
+
+
 def sft_loss(model, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tensor,
              target_mask_B_T: torch.Tensor, normalizer: float) -> tuple[torch.Tensor, dict]:
     """Next-token loss on trained tokens only, divided by `normalizer` (the number of trained
@@ -78,8 +85,7 @@ def sft_loss(model, input_ids_B_T: torch.Tensor, attention_mask_B_T: torch.Tenso
     Position t predicts token t + 1, so the kept positions are keep[:, :-1] = target_mask[:, 1:];
     the model's own forward projects only those where it can (train/forward.py).
     """
-    predict_B_Tm1 = target_mask_B_T[:, 1:].bool()
-    keep_B_T = torch.cat([predict_B_Tm1, predict_B_Tm1.new_zeros(len(predict_B_Tm1), 1)], dim=1)
+    predict_B_Tm1, keep_B_T = _predicting(target_mask_B_T)
     targets_N = input_ids_B_T[:, 1:][predict_B_Tm1]
     logits_N_V = logits_at(model, keep_B_T, input_ids=input_ids_B_T, attention_mask=attention_mask_B_T,
                            use_cache=False)
@@ -95,8 +101,7 @@ def distill_loss(model, reference: Callable[[], contextlib.AbstractContextManage
     divided by `normalizer`, as sft_loss's NLL: the soft-label version of imitating the
     reference's own text. The reference is `model` inside `reference()` (peft's
     `disable_adapter`: the model before its adapter), run without gradients."""
-    predict_B_Tm1 = target_mask_B_T[:, 1:].bool()
-    keep_B_T = torch.cat([predict_B_Tm1, predict_B_Tm1.new_zeros(len(predict_B_Tm1), 1)], dim=1)
+    predict_B_Tm1, keep_B_T = _predicting(target_mask_B_T)
     inputs = {"input_ids": input_ids_B_T, "attention_mask": attention_mask_B_T, "use_cache": False}
     with torch.no_grad(), reference():
         ref_N_V = logits_at(model, keep_B_T, **inputs)

@@ -266,18 +266,17 @@ def _backward(model, micro: list[Example], pad_id: int, device, normalizer: int,
     (distill_loss, one more forward without gradients). The rows' shared prefixes run once
     where that halves the work (`shareable`: not on FSDP2 ranks, which must all make the same
     calls)."""
-    distilled = [e for e in micro if e.distill]
+    distilled, plain = [e for e in micro if e.distill], [e for e in micro if not e.distill]
     total = 0.0
     if distilled:
         ids_B_T, attn, tmask = (t.to(device) for t in pad_batch([e.ids for e in distilled],
                                                                  [e.loss_mask for e in distilled], pad_id))
         loss, m = distill_loss(model, reference, ids_B_T, attn, tmask, normalizer=normalizer)
         loss.backward()
-        total = m["kl_sum"]
-        micro = [e for e in micro if not e.distill]
-        if not micro:
-            return total
-    return total + _nll_backward(model, micro, pad_id, device, normalizer, shareable)
+        total += m["kl_sum"]
+    if plain:
+        total += _nll_backward(model, plain, pad_id, device, normalizer, shareable)
+    return total
 
 
 def _nll_backward(model, micro: list[Example], pad_id: int, device, normalizer: int, shareable: bool) -> float:
