@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
+from typing import Optional, get_args
 
 import typer
 
@@ -51,8 +51,11 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
     failures, trains, gates and promotes. Ends with a table, plots and the `demo:` line."""
     if base not in PRESETS:
         raise typer.BadParameter(f"{base!r} is not a demo base; choose one of {', '.join(PRESETS)}", param_hint="--base")
-    if anchor_loss not in (None, "imitate", "distill"):
-        raise typer.BadParameter(f"{anchor_loss!r}: choose imitate or distill", param_hint="--anchor-loss")
+    from flywheel.loop.loop_config import AnchorLoss
+
+    if anchor_loss is not None and anchor_loss not in get_args(AnchorLoss):
+        raise typer.BadParameter(f"{anchor_loss!r}: choose {' or '.join(get_args(AnchorLoss))}",
+                                 param_hint="--anchor-loss")
     preset = PRESETS[base]
     given = dict(sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks, replay_ratio=replay_ratio,
                  min_replay=min_replay, anchor_rows=anchor_rows, anchor_loss=anchor_loss, dpo_steps=dpo_steps,

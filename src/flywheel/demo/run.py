@@ -44,13 +44,16 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flywheel.demo.base import BaseRecipe, base_demos, base_model
 from flywheel.demo.cycle_log import CycleLog, gate_line
 from flywheel.demo.report import pct
 from flywheel.demo.summary import summarize, summary_lines  # noqa: F401  (summary_lines: cli/demo.py's)
 from flywheel.demo.world import ENV, WorldConfig, day_plan
+
+if TYPE_CHECKING:
+    from flywheel.loop.loop_config import AnchorLoss
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class DemoRecipe:
     replay_ratio: float = 2.0  # verified answers rehearsed per SFT example (0.5 let subtract regress add: see README)
     min_replay: int = 256  # ... and at least this many (13 corrections + 26 replays cost add 5 points: see README)
     anchor_rows: int = 256  # rows of the base model's own SFT data rehearsed per SFT stage (see README)
-    anchor_loss: str = "imitate"  # or "distill" (LoRA only): loop/loop_config.py CycleTrainConfig.anchor_loss
+    anchor_loss: AnchorLoss = "imitate"  # or "distill" (LoRA only): loop/loop_config.py CycleTrainConfig
     dpo_steps: int = 0  # DPO on (correction, failed answer) pairs after SFT; 0 = off
     # held-out new failures a cycle needs to decide (gate.min_new_failures); with fewer the day's
     # cycle waits and the next day's traffic adds to them

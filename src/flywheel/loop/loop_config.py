@@ -33,6 +33,9 @@ RLStage = overrides_of(RLConfig, "RLStage", _FILLED["rl"], _BY_CYCLE)
 DPOStage = overrides_of(DPOConfig, "DPOStage", _FILLED["dpo"], _BY_CYCLE)
 
 
+AnchorLoss = Literal["imitate", "distill"]  # how an SFT stage trains its anchor rows
+
+
 class CycleTrainConfig(Config):
     order: list[Stage] = Field(default_factory=lambda: ["sft", "rl", "dpo"],
                                description="stages in the order they run; each starts from the previous one's model")
@@ -45,7 +48,7 @@ class CycleTrainConfig(Config):
         "SFT files (JSONL, chat or prompt/completion rows) every SFT stage rehearses: skills production "
         "traffic may not exercise, e.g. the base model's own SFT data"))
     anchor_rows: int = Field(256, ge=0, description="rows sampled from anchor_data per SFT stage")
-    anchor_loss: Literal["imitate", "distill"] = Field("imitate", description=(
+    anchor_loss: AnchorLoss = Field("imitate", description=(
         "imitate: anchor rows train on their text (cross-entropy); distill: toward the distribution of "
         "the model with the stage's LoRA adapter off at their tokens (forward KL; needs sft.train.lora)"))
     rl_keep: Literal["if_better", "always"] = Field("if_better", description=(
