@@ -94,3 +94,36 @@ def test_prompts_alike_for_fewer_tokens_than_the_minimum_prefill_whole(engine):
     shapes = spy_forwards(engine)
     engine.generate(prompts, SAMPLE)
     assert shapes[0] == (len(prompts), max(len(p) for p in prompts))
+
+
+def test_a_later_prefill_reuses_the_cached_prefix_with_the_same_logprobs(engine, reference):
+    engine.generate([engine.encode(SYSTEM + q) for q in QUESTIONS[:2]], SAMPLE)  # computes and keeps the prefix
+    shared = len(engine.encode(SYSTEM))
+    assert len(engine.prefixes) == 1
+    later = [engine.encode(SYSTEM + "What is 9 * 9?")]
+    shapes = spy_forwards(engine)
+    out = engine.generate(later, SAMPLE)
+    assert shapes[0] == (1, len(later[0]) - shared)  # only the prompt's own tokens: the prefix came from the cache
+    assert engine.prefixes.hits == 1 and engine.prefixes.tokens_reused == shared
+    assert worst_logprob_error(reference, later, out) < 1e-4
+
+
+def test_new_weights_empty_the_prefix_cache(engine):
+    engine.generate([engine.encode(SYSTEM + q) for q in QUESTIONS[:2]], SAMPLE)
+    assert len(engine.prefixes) == 1
+    name = engine.state_names()[0]
+    engine.update_weights({name: engine._params[name].detach() * 1.01}, version=1)
+    assert len(engine.prefixes) == 0
+    shapes = spy_forwards(engine)
+    engine.generate([engine.encode(SYSTEM + "What is 9 * 9?")], SAMPLE)
+    assert shapes[0][0] == 1 and shapes[0][1] == len(engine.encode(SYSTEM + "What is 9 * 9?"))  # whole, no stale keys
+
+
+def test_a_cached_prefix_is_not_taken_when_computing_a_longer_one_saves_more(engine):
+    engine.generate([engine.encode(SYSTEM + q) for q in QUESTIONS[:2]], SAMPLE)  # caches SYSTEM's prefix
+    longer = SYSTEM + "Reply with the number only, and check the sum twice before answering. "
+    prompts = [engine.encode(longer + q) for q in QUESTIONS]
+    shapes = spy_forwards(engine)
+    engine.generate(prompts, SAMPLE)
+    assert shapes[0] == (1, len(engine.encode(longer)))  # a fresh, longer prefix ...
+    assert len(engine.prefixes) == 2  # ... kept beside the first

@@ -3,7 +3,9 @@ and serving (the scheduler) both run it.
 
 A batch holds sample rows decoded together, one token per live row per `step()`:
 - `admit(requests)` prefills the requests' distinct prompts in one forward and fans each
-  out to its `n` rows. On the lean decoder a batch that is already decoding takes them
+  out to its `n` rows. A prefix they share (a system prompt, tool schemas) is computed once,
+  or taken from the engine's prefix cache when an earlier prefill on the same weights
+  computed it (inference/prefix_cache.py). On the lean decoder a batch that is already decoding takes them
   (they join at the current cache column); on the HF fallback only an empty one does
   (`can_join`).
 - `step()` samples a token for every live row from the last forward's logits, records
@@ -245,9 +247,9 @@ class DecodeBatch:
                 if c > P:
                     self.buf[:, :, B:B + R, :, :c - P].zero_()
                 target = KVCache(self.buf[:, :, B:B + R, :, c - P:], 0)
-            L = self._shared_prefix_len(uniq, uniq_lora)
-            if L:  # the prompts' common prefix once, then each prompt's rest on it
-                logits = self._prefill_on_prefix(uniq, L, P, pad, target, row_uniq).index_select(0, row_uniq)
+            prefix = self._prefix(uniq, uniq_lora)
+            if prefix is not None:  # the prompts' common prefix once (or cached), then each prompt's rest on it
+                logits = self._prefill_on_prefix(uniq, prefix, P, pad, target, row_uniq).index_select(0, row_uniq)
             else:
                 logits = self.runner.forward(tokens_U_P, positions_U_P, target, key_valid_U_P, causal=True,
                                              cache_rows=row_uniq, **_lora(RowGroups(uniq_lora, P, dev))
@@ -282,29 +284,46 @@ class DecodeBatch:
             self.requests.setdefault(row.request.key, row.request)
         self._settings_changed()
 
-    def _shared_prefix_len(self, uniq: list[tuple[int, ...]], uniq_lora: list) -> int:
-        """L, the tokens every distinct prompt starts with, when computing them once saves
-        work (>= SHARED_PREFIX_MIN tokens, >= 2 prompts, each keeping >= 1 token of its own);
-        0 otherwise, and always on the HF fallback, with LoRA rows or a sliding window."""
-        if (len(uniq) < 2 or not self.engine.share_prefix or not self.can_join_running or any(uniq_lora)
+    def _prefix(self, uniq: list[tuple[int, ...]], uniq_lora: list) -> KVCache | None:
+        """The keys and values of a prefix all distinct prompts share (each keeping >= 1 token
+        of its own), when using it saves work; None to prefill every prompt whole (always on
+        the HF fallback, with LoRA rows or a sliding window).
+        - An entry of the engine's prefix cache (inference/prefix_cache.py) of >= SHARED_PREFIX_MIN
+          tokens is used when recomputing the rest of the prompts' common prefix per prompt costs
+          no more than computing that prefix once (a single prompt takes any such entry).
+        - Else >= 2 prompts sharing >= SHARED_PREFIX_MIN tokens compute that prefix in one row of
+          its own, and the cache keeps it for later prefills on the same weights."""
+        engine = self.engine
+        if (not engine.share_prefix or not self.can_join_running or any(uniq_lora)
                 or self.runner.sliding_window is not None):
-            return 0
-        first, L = uniq[0], min(len(u) for u in uniq) - 1
+            return None
+        first, common = uniq[0], min(len(u) for u in uniq) - 1
         for u in uniq[1:]:
-            L = next((i for i in range(L) if u[i] != first[i]), L)
-        return L if L >= SHARED_PREFIX_MIN else 0
+            common = next((i for i in range(common) if u[i] != first[i]), common)
+        cached = engine.prefixes.longest(uniq)
+        if cached is not None and cached.length >= SHARED_PREFIX_MIN and (
+                len(uniq) == 1 or len(uniq) * (common - cached.length) <= common):
+            engine.prefixes.hits += 1
+            engine.prefixes.tokens_reused += cached.length * len(uniq)
+            return cached
+        if len(uniq) < 2 or common < SHARED_PREFIX_MIN:
+            return None
+        prefix = self.runner.new_cache(1, common)
+        self.runner.forward(torch.tensor([list(first[:common])], device=self.dev),
+                            torch.arange(common, device=self.dev)[None], prefix, None, causal=True)
+        engine.prefixes.put(first[:common], prefix)
+        return prefix
 
-    def _prefill_on_prefix(self, uniq: list[tuple[int, ...]], L: int, P: int, pad: int, target: KVCache,
+    def _prefill_on_prefix(self, uniq: list[tuple[int, ...]], prefix: KVCache, P: int, pad: int, target: KVCache,
                            row_uniq: torch.Tensor) -> torch.Tensor:
-        """Prefill the U distinct prompts, which share their first L tokens, into `target` (R
-        rows fanned out by row_uniq) exactly as one forward of them left-padded to P would:
-        the prefix in one row of its own, then the U rests (S = P - L columns, left-padded)
-        attending to it. A row's cache columns are [padding, prefix, its rest], the same layout
-        as the plain prefill's, so decoding goes on unchanged. Returns the U last logits."""
+        """Prefill the U distinct prompts, which all start with the L tokens whose keys and
+        values `prefix` holds (a 1-row cache of length L), into `target` (R rows fanned out by
+        row_uniq) exactly as one forward of them left-padded to P would: the U rests (S = P - L
+        columns, left-padded) attending to the prefix. A row's cache columns are [padding,
+        prefix, its rest], the same layout as the plain prefill's, so decoding goes on
+        unchanged. Returns the U last logits."""
+        L = prefix.length
         dev, U, S = self.dev, len(uniq), P - L
-        prefix = self.runner.new_cache(1, L)
-        self.runner.forward(torch.tensor([list(uniq[0][:L])], device=dev), torch.arange(L, device=dev)[None],
-                            prefix, None, causal=True)
         rest_U = torch.tensor([len(u) - L for u in uniq], device=dev)
         pad_U = S - rest_U  # left padding of each rest, and of each whole prompt in the cache
         tokens_U_S = torch.tensor([[pad] * (S - len(u) + L) + list(u[L:]) for u in uniq], device=dev)

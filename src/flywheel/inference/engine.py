@@ -22,6 +22,7 @@ from flywheel.inference.adapters import AdapterPool
 from flywheel.inference.decode import DecodeBatch, DecodeRequest
 from flywheel.inference.decoder import LeanDecoder, unsupported_reason
 from flywheel.inference.hf_runner import HFRunner
+from flywheel.inference.prefix_cache import PrefixCache
 from flywheel.inference.sampler import Sample, SamplingParams
 from flywheel.models import load
 
@@ -31,7 +32,7 @@ class LocalEngine:
 
     def __init__(self, model, tokenizer, version: int = 0, lean: bool | None = None,
                  seed: int | None = None, packed: bool | None = None, max_adapters: int = 8,
-                 share_prefix: bool = True):
+                 share_prefix: bool = True, prefix_cache_mb: int = 256):
         """model: a loaded HF causal LM (the engine takes it over: it is put in eval mode and
         its q/k/v and gate/up weights become views of fused tensors). lean: force (True) or
         forbid (False) the lean forward; None picks it when the architecture allows.
@@ -39,8 +40,11 @@ class LocalEngine:
         max_adapters: LoRA adapters kept in memory (`adapters`, inference/adapters.py); they
         run on the lean decoder's dense kernels, so an engine with packed kernels has none.
         share_prefix: a prefill of prompts that start alike computes their common prefix once
-        (a system prompt, tool schemas; decode.py); False: every prompt whole (for comparison)."""
+        (a system prompt, tool schemas; decode.py); False: every prompt whole (for comparison).
+        prefix_cache_mb: the keys and values of such prefixes kept for later prefills on the
+        same weights (inference/prefix_cache.py), at most this many MiB; 0 keeps none."""
         self.share_prefix = share_prefix
+        self.prefixes = PrefixCache(prefix_cache_mb << 20)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.version = version
@@ -242,6 +246,7 @@ class LocalEngine:
                 while self._pins:
                     self._pins_changed.wait()
                 with self.lock, torch.no_grad():
+                    self.prefixes.clear()  # computed from the weights about to change
                     yield
             finally:
                 self._updates_waiting -= 1
