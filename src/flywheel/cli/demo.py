@@ -25,6 +25,7 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
          correction_rate: float = typer.Option(_TINY.world.correction_rate, min=0.0, max=1.0,
                                                help="share of failures users correct"),
          sft_steps: Optional[int] = typer.Option(None, min=1, help=f"[tiny: {_TINY.recipe.sft_steps}]"),
+         sft_lr: Optional[float] = typer.Option(None, min=1e-8, help=f"SFT learning rate [tiny: {_TINY.recipe.sft_lr}]"),
          rl_steps: Optional[int] = typer.Option(None, min=0, help=f"[tiny: {_TINY.recipe.rl_steps}]"),
          eval_tasks: Optional[int] = typer.Option(None, min=1, help=f"tasks per family suite [tiny: {_TINY.recipe.eval_tasks}]"),
          replay_ratio: Optional[float] = typer.Option(None, min=0.0, help="verified answers rehearsed per SFT example "
@@ -57,7 +58,7 @@ def demo(out: Path = typer.Option(Path("flywheel-data/demo"), help="the demo's d
         raise typer.BadParameter(f"{anchor_loss!r}: choose {' or '.join(get_args(AnchorLoss))}",
                                  param_hint="--anchor-loss")
     preset = PRESETS[base]
-    given = dict(sft_steps=sft_steps, rl_steps=rl_steps, eval_tasks=eval_tasks, replay_ratio=replay_ratio,
+    given = dict(sft_steps=sft_steps, sft_lr=sft_lr, rl_steps=rl_steps, eval_tasks=eval_tasks, replay_ratio=replay_ratio,
                  min_replay=min_replay, anchor_rows=anchor_rows, anchor_loss=anchor_loss, dpo_steps=dpo_steps,
                  min_new_failures=min_new_failures, final_tasks=final_tasks)
     recipe = dataclasses.replace(preset.recipe, **{k: v for k, v in given.items() if v is not None})
