@@ -3,6 +3,8 @@ choice of base (demo/presets.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -37,6 +39,11 @@ def test_the_base_against_itself_has_zero_kl_and_loses_nothing(tmp_path):
     same = probe.compare(base)
     assert same["general_kl"] == pytest.approx(0.0, abs=1e-6)
     assert same["simple_kept"] == same["simple_right_before"] == len(probe.right)
+    before = [json.loads(line) for line in (tmp_path / "general" / "simple-before.jsonl").read_text().splitlines()]
+    after = [json.loads(line) for line in (tmp_path / "general" / "simple-after.jsonl").read_text().splitlines()]
+    assert [b["question"] for b in before] == [q for q, _ in SIMPLE_QUESTIONS]
+    assert [i for i, b in enumerate(before) if b["right"]] == list(probe.right)
+    assert [a["question"] for a in after] == [SIMPLE_QUESTIONS[i][0] for i in probe.right]
 
 
 def test_the_demo_refuses_an_unknown_base_by_name(tmp_path):

@@ -111,6 +111,7 @@ ANCHOR_QUESTIONS = (
     "What instrument has black and white keys?", "How many continents are there?",
     "What shape has four equal sides?",
 )
+SIMPLE_BEFORE, SIMPLE_AFTER = "simple-before.jsonl", "simple-after.jsonl"  # the replies, in the probe's folder
 CHAT_TOKENS = 64  # per answer to a general prompt
 QUESTION_TOKENS = 32  # per answer to a simple question
 ANCHOR_TOKENS = 192  # per anchor answer: only answers the base finished are rehearsed
@@ -161,6 +162,7 @@ class Probe:
         answers = _greedy(base, [q for q, _ in SIMPLE_QUESTIONS], QUESTION_TOKENS)
         right = tuple(i for i, (a, (_, accepted)) in enumerate(zip(answers, SIMPLE_QUESTIONS))
                       if answered_right(a, accepted))
+        _write_replies(folder / SIMPLE_BEFORE, list(SIMPLE_QUESTIONS), answers)
         return cls(Path(base), rows, right)
 
     def compare(self, model_dir: str | Path) -> dict[str, float]:
@@ -172,9 +174,16 @@ class Probe:
         asked = [SIMPLE_QUESTIONS[i] for i in self.right]
         answers = _greedy(model_dir, [q for q, _ in asked], QUESTION_TOKENS) if asked else []
         kept = sum(answered_right(a, accepted) for a, (_, accepted) in zip(answers, asked))
+        _write_replies(self.rows.parent / SIMPLE_AFTER, asked, answers)
         lost = 100 * (len(asked) - kept) / len(asked) if asked else float("nan")
         return {"general_kl": kl, "simple_right_before": float(len(asked)), "simple_kept": float(kept),
                 "simple_points_lost": lost}
+
+
+def _write_replies(path: Path, asked: list[tuple[str, tuple[str, ...]]], replies: list[str]) -> None:
+    """One JSON line per question: {question, reply, right} (what a reader checks the figure by)."""
+    path.write_text("".join(json.dumps({"question": q, "reply": r, "right": answered_right(r, accepted)}) + "\n"
+                            for (q, accepted), r in zip(asked, replies)), encoding="utf-8")
 
 
 def self_anchor(base: str | Path, out: Path) -> Path:

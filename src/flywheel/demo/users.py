@@ -91,7 +91,7 @@ def feedback_for(ep: Episode, rng: random.Random, correction_rate: float) -> lis
     out = [(ep.trace_ids[-1], {"score": 1.0 if ep.success else 0.0, "idempotency_key": f"{ep.trace_ids[-1]}/outcome",
                                "verifier": {"env": ENV, "task": dataclasses.asdict(ep.task)}})]
     if not ep.success and rng.random() < correction_rate:
-        turn, message = correction_for(ep.task.metadata["expression"], ep.task.answer, ep.called)
+        turn, message = correction_for(ep.task.metadata["expression"], ep.task.answer, ep.called, bool(ep.task.tools))
         trace_id = ep.trace_ids[turn]
         out.append((trace_id, {"correction": message, "idempotency_key": f"{trace_id}/correction"}))
     return out

@@ -112,9 +112,17 @@ def call_expression(text: str) -> str | None:
     return None
 
 
-def correct_call(expression: str) -> dict[str, Any]:
-    """The assistant turn a user would have wanted first: call calc on the question's expression."""
-    return {"role": "assistant", "content": "Let me compute that.", "tool_calls": [
+CALL_PREAMBLE = "Let me compute that."  # what the tiny base says before a call (envs/calculator.py's scripted policy)
+
+
+def correct_call(expression: str, tools: bool = False) -> dict[str, Any]:
+    """The assistant turn a user would have wanted first: call calc on the question's expression.
+    tools: the request offered the calc schema (OpenAI tool calling): the turn is the call alone
+    (content null), the shape such a turn has; else the call in the words the tiny base was
+    taught, CALL_PREAMBLE first. A correction carries only what should change: a preamble a
+    pretrained model never said, taught beside the call, spilled into its other answers
+    (docs/benchmarks.md, 2026-12-07)."""
+    return {"role": "assistant", "content": None if tools else CALL_PREAMBLE, "tool_calls": [
         {"id": "call_0", "type": "function",
          "function": {"name": "calc", "arguments": json.dumps({"expression": expression})}}]}
 
@@ -123,9 +131,9 @@ def correct_answer(answer: str) -> dict[str, Any]:
     return {"role": "assistant", "content": f"The answer is {answer}."}
 
 
-def correction_for(expression: str, answer: str, called: str | None) -> tuple[int, dict[str, Any]]:
+def correction_for(expression: str, answer: str, called: str | None, tools: bool = False) -> tuple[int, dict[str, Any]]:
     """(turn to correct, corrected message): turn 0 when the call was missing or wrong
-    (compared with whitespace removed), else the final turn."""
+    (compared with whitespace removed), else the final turn. tools: see correct_call."""
     if called is None or called.replace(" ", "") != expression.replace(" ", ""):
-        return 0, correct_call(expression)
+        return 0, correct_call(expression, tools)
     return -1, correct_answer(answer)
