@@ -219,3 +219,33 @@ def test_a_decode_batch_reuses_its_adapters_stack_whatever_the_rows_order(world)
     first = RowGroups([resident[0], resident[1], None, resident[2]], 1, torch.device("cpu"))
     again = RowGroups([resident[2], None, resident[1], resident[0], resident[0]], 1, torch.device("cpu"))
     assert again.stack is first.stack
+
+
+def test_rows_of_several_adapters_share_a_prompt_prefix_each_with_its_own_keys(world):
+    """A prefix the prompts share is computed once per owner (the base, each adapter) and kept:
+    every row's logprobs stay its own model's, and a later prefill reuses each owner's entry."""
+    from flywheel.inference import LocalEngine, SamplingParams
+    from flywheel.inference.decode import SHARED_PREFIX_MIN
+
+    base, folders = world
+    engine = LocalEngine.from_path(str(base))
+    for i, folder in enumerate(folders[:2]):
+        engine.adapters.register(f"a{i}", folder)
+    system = list(range(3, 3 + SHARED_PREFIX_MIN + 4))  # the prompts' common start
+    questions = [[40, 41], [42, 43, 44], [45], [46, 47]]
+    owners = ["a0", None, "a1", "a0"]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    shapes, forward = [], engine.runner.forward
+    engine.runner.forward = lambda tokens, *a, **kw: (shapes.append(tuple(tokens.shape)), forward(tokens, *a, **kw))[1]
+    out = engine.generate([system + q for q in questions], params, adapters=owners)
+    assert shapes[:3] == [(1, len(system))] * 3  # the prefix under a0, the base, a1: once each
+    assert len(engine.prefixes) == 3
+    for q, owner, [sample] in zip(questions, owners, out):
+        want = reference_logprobs(base, folders[int(owner[1])] if owner else None, system + q, sample.token_ids)
+        assert (torch.tensor(sample.logprobs) - want).abs().max() < 1e-4, owner
+    shapes.clear()
+    later = engine.generate([system + [50, 51], system + [52]], params, adapters=["a1", None])
+    assert shapes[0] == (2, 2) and engine.prefixes.hits == 1  # only the prompts' own tokens: both from the cache
+    for prompt, owner, [sample] in zip([system + [50, 51], system + [52]], ["a1", None], later):
+        want = reference_logprobs(base, folders[1] if owner else None, prompt, sample.token_ids)
+        assert (torch.tensor(sample.logprobs) - want).abs().max() < 1e-4, owner

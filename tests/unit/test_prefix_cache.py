@@ -56,3 +56,13 @@ def test_clear_forgets_everything():
     cache.put([1, 2], kv(2))
     cache.clear()
     assert len(cache) == 0 and cache.bytes == 0 and cache.longest([[1, 2, 3]]) is None
+
+
+def test_each_owner_finds_only_its_own_entries():
+    cache = PrefixCache(1 << 20)
+    base, adapter = kv(2), kv(2)
+    cache.put([1, 2], base)
+    cache.put([1, 2], adapter, owner=7)  # the same tokens under an adapter: other keys and values
+    assert len(cache) == 2
+    assert cache.longest([[1, 2, 3]]) is base and cache.longest([[1, 2, 3]], owner=7) is adapter
+    assert cache.longest([[1, 2, 3]], owner=8) is None

@@ -27,7 +27,8 @@ the whole mixed sequence, exactly as a fresh forward of it would.
 
 LoRA: a request may name an adapter of the engine's AdapterPool (inference/adapters.py);
 its rows decode with it, unmerged, beside rows of other adapters and of the base model in the
-same forwards (inference/lora.py). Rows share a prefill only when prompt and adapter agree.
+same forwards (inference/lora.py). Rows share a prefill only when prompt and adapter agree; a
+prefix the prompts share is computed (or cached) once per adapter among them and the base.
 
 Seeds: a batch with `seed` draws from a generator of its own seeded with it, so its
 samples depend on the seed and its requests alone; without one it shares the engine's.
@@ -42,7 +43,7 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
-from flywheel.inference.decoder import KVCache, LeanDecoder
+from flywheel.inference.decoder import KVCache, LeanDecoder, SharedPrefix
 from flywheel.inference.lora import AdapterError, Resident, RowGroups
 from flywheel.inference.logits import Needs, processed_logprobs, reported_logprobs, sample_tokens, top_logprobs, top_pairs
 from flywheel.inference.sampler import Sample, SamplingParams
@@ -249,7 +250,8 @@ class DecodeBatch:
                 target = KVCache(self.buf[:, :, B:B + R, :, c - P:], 0)
             prefix = self._prefix(uniq, uniq_lora)
             if prefix is not None:  # the prompts' common prefix once (or cached), then each prompt's rest on it
-                logits = self._prefill_on_prefix(uniq, prefix, P, pad, target, row_uniq).index_select(0, row_uniq)
+                logits = self._prefill_on_prefix(uniq, uniq_lora, prefix, P, pad, target, row_uniq
+                                                 ).index_select(0, row_uniq)
             else:
                 logits = self.runner.forward(tokens_U_P, positions_U_P, target, key_valid_U_P, causal=True,
                                              cache_rows=row_uniq, **_lora(RowGroups(uniq_lora, P, dev))
@@ -284,43 +286,64 @@ class DecodeBatch:
             self.requests.setdefault(row.request.key, row.request)
         self._settings_changed()
 
-    def _prefix(self, uniq: list[tuple[int, ...]], uniq_lora: list) -> KVCache | None:
+    def _prefix(self, uniq: list[tuple[int, ...]], uniq_lora: list[Resident | None]) -> SharedPrefix | None:
         """The keys and values of a prefix all distinct prompts share (each keeping >= 1 token
-        of its own), when using it saves work; None to prefill every prompt whole (always on
-        the HF fallback, with LoRA rows or a sliding window).
-        - An entry of the engine's prefix cache (inference/prefix_cache.py) of >= SHARED_PREFIX_MIN
-          tokens is used when recomputing the rest of the prompts' common prefix per prompt costs
-          no more than computing that prefix once (a single prompt takes any such entry).
-        - Else >= 2 prompts sharing >= SHARED_PREFIX_MIN tokens compute that prefix in one row of
-          its own, and the cache keeps it for later prefills on the same weights."""
+        of its own), one cache per owner among them (the base, each adapter), when using it
+        saves work; None to prefill every prompt whole (always on the HF fallback or with a
+        sliding window).
+        - The engine's cached prefixes (inference/prefix_cache.py) of >= SHARED_PREFIX_MIN
+          tokens, every owner's, are used at the shortest owner's length when recomputing the
+          rest of the prompts' common prefix per prompt costs no more than computing it once
+          per owner lacking it (a single prompt takes any such entry).
+        - Else >= 2 prompts sharing >= SHARED_PREFIX_MIN tokens use that common prefix: an
+          owner's cached entry at least that long, or one computed now in a row of its own,
+          which the cache keeps for later prefills on the same weights."""
         engine = self.engine
-        if (not engine.share_prefix or not self.can_join_running or any(uniq_lora)
-                or self.runner.sliding_window is not None):
+        if not engine.share_prefix or not self.can_join_running or self.runner.sliding_window is not None:
             return None
         first, common = uniq[0], min(len(u) for u in uniq) - 1
         for u in uniq[1:]:
             common = next((i for i in range(common) if u[i] != first[i]), common)
-        cached = engine.prefixes.longest(uniq)
-        if cached is not None and cached.length >= SHARED_PREFIX_MIN and (
-                len(uniq) == 1 or len(uniq) * (common - cached.length) <= common):
-            engine.prefixes.hits += 1
-            engine.prefixes.tokens_reused += cached.length * len(uniq)
-            return cached
-        if len(uniq) < 2 or common < SHARED_PREFIX_MIN:
+        owners: dict[int | None, Resident | None] = {}  # owner key -> its adapter, first seen first
+        for lora in uniq_lora:
+            owners.setdefault(None if lora is None else lora.serial, lora)
+        cached = {o: engine.prefixes.longest(uniq, o) for o in owners}
+        have = min(c.length if c is not None else 0 for c in cached.values())
+        missing = sum(common for c in cached.values() if c is None or c.length < common)
+        if have >= SHARED_PREFIX_MIN and (len(uniq) == 1 or len(uniq) * (common - have) <= missing):
+            L, caches = have, cached
+        elif len(uniq) >= 2 and common >= SHARED_PREFIX_MIN:
+            L = common
+            caches = {o: c if c is not None and c.length >= common else self._compute_prefix(first[:common], o, owners[o])
+                      for o, c in cached.items()}
+        else:
             return None
-        prefix = self.runner.new_cache(1, common)
-        self.runner.forward(torch.tensor([list(first[:common])], device=self.dev),
-                            torch.arange(common, device=self.dev)[None], prefix, None, causal=True)
-        engine.prefixes.put(first[:common], prefix)
-        return prefix
+        reused = sum(caches[o] is cached[o] for o in (None if u is None else u.serial for u in uniq_lora))
+        if reused:
+            engine.prefixes.hits += 1
+            engine.prefixes.tokens_reused += L * reused
+        order = list(caches)
+        rows_U = None if len(order) == 1 else torch.tensor(
+            [order.index(None if u is None else u.serial) for u in uniq_lora], device=self.dev)
+        return SharedPrefix([caches[o] for o in order], L, rows_U)  # type: ignore[misc]
 
-    def _prefill_on_prefix(self, uniq: list[tuple[int, ...]], prefix: KVCache, P: int, pad: int, target: KVCache,
-                           row_uniq: torch.Tensor) -> torch.Tensor:
+    def _compute_prefix(self, tokens: tuple[int, ...], owner: int | None, adapter: Resident | None) -> KVCache:
+        """The keys and values of `tokens` (positions 0..L-1) under `adapter` (None: the base),
+        in a 1-row cache the engine's prefix cache keeps."""
+        L = len(tokens)
+        kv = self.runner.new_cache(1, L)
+        self.runner.forward(torch.tensor([list(tokens)], device=self.dev), torch.arange(L, device=self.dev)[None],
+                            kv, None, causal=True, **_lora(RowGroups([adapter], L, self.dev) if adapter else None))
+        self.engine.prefixes.put(tokens, kv, owner)
+        return kv
+
+    def _prefill_on_prefix(self, uniq: list[tuple[int, ...]], uniq_lora: list[Resident | None],
+                           prefix: SharedPrefix, P: int, pad: int, target: KVCache, row_uniq: torch.Tensor) -> torch.Tensor:
         """Prefill the U distinct prompts, which all start with the L tokens whose keys and
-        values `prefix` holds (a 1-row cache of length L), into `target` (R rows fanned out by
-        row_uniq) exactly as one forward of them left-padded to P would: the U rests (S = P - L
-        columns, left-padded) attending to the prefix. A row's cache columns are [padding,
-        prefix, its rest], the same layout as the plain prefill's, so decoding goes on
+        values `prefix` holds (per owner), into `target` (R rows fanned out by row_uniq) exactly
+        as one forward of them left-padded to P would: the U rests (S = P - L columns,
+        left-padded, each with its adapter) attending to the prefix. A row's cache columns are
+        [padding, prefix, its rest], the same layout as the plain prefill's, so decoding goes on
         unchanged. Returns the U last logits."""
         L = prefix.length
         dev, U, S = self.dev, len(uniq), P - L
@@ -335,7 +358,8 @@ class DecodeBatch:
         layout_U_P = torch.where(j_P < pad_U[:, None], L + j_P,
                                  torch.where(j_P < pad_U[:, None] + L, j_P - pad_U[:, None], j_P))
         return self.runner.forward(tokens_U_S, positions_U_S, target, key_valid_U_T, causal=True,
-                                   cache_rows=row_uniq, prefix=prefix, layout_B_T=layout_U_P)
+                                   cache_rows=row_uniq, prefix=prefix, layout_B_T=layout_U_P,
+                                   **_lora(RowGroups(uniq_lora, S, dev)))
 
     def _make_room(self, R: int, P: int, budget: int) -> int:
         """Ensure the buffer has R free rows and the columns a group of prompts up to P tokens

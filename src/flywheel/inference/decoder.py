@@ -77,6 +77,30 @@ class KVCache:
         return KVCache(self.kv.index_select(2, rows), self.length)
 
 
+class SharedPrefix:
+    """Keys and values of L tokens that every row of a prefill continues, computed before (a
+    system prompt, tool schemas). One 1-row cache per owner of keys and values, the base model
+    or a LoRA adapter (an adapter's deltas change them); row b continues `caches[rows_B[b]]`
+    (rows_B None: every row the one cache). A cache may hold more than L columns: keys and
+    values of a position depend on the tokens up to it only, so its first L are the prefix's."""
+
+    def __init__(self, caches: list[KVCache], length: int, rows_B: torch.Tensor | None = None):
+        if rows_B is None and len(caches) != 1:
+            raise ValueError(f"{len(caches)} prefix caches need rows_B, each row's cache")
+        if any(c.length < length for c in caches):
+            raise ValueError(f"a prefix of {length} tokens from caches of {min(c.length for c in caches)}")
+        self.caches, self.length, self.rows_B = caches, length, rows_B
+
+    def keys_values(self, layer: int, B: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(keys, values) of the prefix for B rows at `layer`: each (B, KV heads, L, head dim)."""
+        L = self.length
+        if self.rows_B is None:
+            kv = self.caches[0].kv[layer, :, :1, :, :L]  # (2, 1, KV, L, D)
+            return kv[0].expand(B, -1, -1, -1), kv[1].expand(B, -1, -1, -1)
+        kv = torch.cat([c.kv[layer, :, :1, :, :L] for c in self.caches], 1).index_select(1, self.rows_B)
+        return kv[0], kv[1]
+
+
 class LeanDecoder:
     def __init__(self, model, packed: bool | None = None):
         """packed: oneDNN kernels on pre-packed weights (CPU fp32 only; None = when available
@@ -193,7 +217,7 @@ class LeanDecoder:
     def forward(self, tokens_B_S: torch.Tensor, positions_B_S: torch.Tensor, cache: KVCache,
                 key_valid_B_T: torch.Tensor | None, causal: bool,
                 cache_rows: torch.Tensor | None = None, lora: RowGroups | None = None,
-                prefix: KVCache | None = None, layout_B_T: torch.Tensor | None = None) -> torch.Tensor:
+                prefix: SharedPrefix | None = None, layout_B_T: torch.Tensor | None = None) -> torch.Tensor:
         """Run S new tokens per row, writing their keys/values at cache columns
         [cache.length, cache.length + S). Returns the last position's logits (B, V).
 
@@ -202,8 +226,9 @@ class LeanDecoder:
         cache_rows (R,): prefill fan-out into an empty cache of R rows; cache row r gets the
           keys/values of batch row cache_rows[r] (n samples of a prompt share one prefill).
         prefix, layout_B_T (with cache_rows): every batch row continues the same L tokens,
-          whose keys/values `prefix` holds (a 1-row cache of length L, computed once: a
-          system prompt and tool schemas all prompts repeat). The S new tokens attend to
+          whose keys/values `prefix` holds (SharedPrefix: computed once for the base and for
+          each adapter among the rows: a system prompt and tool schemas all prompts repeat),
+          the rows' own adapters (`lora`) applied to their new tokens. The S new tokens attend to
           [prefix, new] (T = L + S, key_valid_B_T over those columns), and cache row r gets
           L + S columns: column j of batch row b holds source column layout_B_T[b, j] of
           [prefix, new], so a row's left padding can move ahead of its prefix.
@@ -215,8 +240,8 @@ class LeanDecoder:
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         if cache_rows is not None and cache.length != 0:
             raise ValueError("cache_rows is only for a prefill into an empty cache")
-        if prefix is not None and (cache_rows is None or layout_B_T is None or lora):
-            raise ValueError("a shared prefix is for a fanned-out prefill (cache_rows, layout_B_T) without LoRA")
+        if prefix is not None and (cache_rows is None or layout_B_T is None):
+            raise ValueError("a shared prefix is for a fanned-out prefill (cache_rows, layout_B_T)")
         shared = prefix.length if prefix is not None else 0
         c0, c1 = cache.length + shared, cache.length + shared + S
         mask = None
@@ -251,8 +276,9 @@ class LeanDecoder:
                 cache.kv[li, 0, :, :, :c1] = k.index_select(0, cache_rows)
                 cache.kv[li, 1, :, :, :c1] = v.index_select(0, cache_rows)
             else:  # attend to [prefix, prompt], store each row's columns in its layout, fanned out
-                k = torch.cat([prefix.kv[li, 0, :1, :, :shared].expand(B, -1, -1, -1), k], 2)  # (B, KV, L + S, D)
-                v = torch.cat([prefix.kv[li, 1, :1, :, :shared].expand(B, -1, -1, -1), v], 2)
+                k_prefix, v_prefix = prefix.keys_values(li, B)
+                k = torch.cat([k_prefix, k], 2)  # (B, KV, L + S, D)
+                v = torch.cat([v_prefix, v], 2)
                 where = layout_B_T[:, None, :, None].expand(B, KV, c1, D)
                 cache.kv[li, 0, :, :, :c1] = k.gather(2, where).index_select(0, cache_rows)
                 cache.kv[li, 1, :, :, :c1] = v.gather(2, where).index_select(0, cache_rows)

@@ -23,6 +23,7 @@ x (N, in) and out (N, out) with N = B * S tokens, row b's tokens at [b * S, (b +
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -142,10 +143,15 @@ class Layout:
 
 
 class Resident:
-    """An adapter laid out for one decoder: `parts[layer][projection]` = (A, B) or None."""
+    """An adapter laid out for one decoder: `parts[layer][projection]` = (A, B) or None.
+    `serial`: unique per Resident made in this process, so what was computed with these weights
+    (an engine's cached prefixes) is never taken for a later reading of the same name."""
+
+    _made = itertools.count(1)
 
     def __init__(self, adapter: Adapter, layout: Layout, dtype: torch.dtype, device: torch.device):
         self.name = adapter.name
+        self.serial = next(Resident._made)
         for layer, module in adapter.pairs:
             a, b = adapter.pairs[(layer, module)]
             if layer >= layout.layers or a.shape[1] != layout.inp[module] or b.shape[0] != layout.out[module]:

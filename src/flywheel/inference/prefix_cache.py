@@ -4,12 +4,13 @@ schemas computes that prefix once, not once per request or per admitted group.
 
 An entry is a 1-row `KVCache` of length L (layers, 2, 1, KV heads, L, head dim) holding the
 keys and values of tokens[:L] at positions 0..L-1, computed by decode.py's prefill from the
-engine's weights at the time. It stays valid only while those weights do: the engine clears
-the cache whenever its weights change (engine.py `_updating`). A LoRA row never uses one
-(its keys and values differ from the base's).
+engine's weights at the time, under its owner: None for the base model, a LoRA adapter's
+`Resident.serial` for that adapter (its deltas change keys and values). It stays valid only
+while those weights do: the engine clears the cache whenever its weights change (engine.py
+`_updating`), and an adapter read again gets a new serial.
 
-`longest(prompts)` finds the longest entry every prompt starts with and extends by at least
-one token (that token's logits are the prefill's output). Entries are evicted least recently
+`longest(prompts, owner)` finds the owner's longest entry every prompt starts with and extends
+by at least one token (that token's logits are the prefill's output). Entries are evicted least recently
 used first once their bytes exceed `max_bytes`; an entry bigger than the budget is not kept.
 Not thread-safe: the engine's lock guards every prefill and weight change.
 """
@@ -29,32 +30,34 @@ class PrefixCache:
             raise ValueError(f"PrefixCache max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[tuple[int, ...], KVCache] = OrderedDict()  # oldest use first
+        self._entries: OrderedDict[tuple[int | None, tuple[int, ...]], KVCache] = OrderedDict()  # oldest use first
         self.hits = 0  # prefills that reused an entry
         self.tokens_reused = 0  # prompt tokens not recomputed thanks to an entry (summed over prompts)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def longest(self, prompts: Sequence[Sequence[int]]) -> KVCache | None:
-        """The longest entry that is a prefix of every prompt, each prompt keeping >= 1 token
-        of its own; None if there is none. The entry counts as used (moved to the back)."""
+    def longest(self, prompts: Sequence[Sequence[int]], owner: int | None = None) -> KVCache | None:
+        """The owner's longest entry that is a prefix of every prompt, each prompt keeping >= 1
+        token of its own; None if there is none. The entry counts as used (moved to the back)."""
         room = min(len(p) for p in prompts) - 1
-        best: tuple[int, ...] | None = None
-        for tokens in self._entries:
+        best: tuple[int | None, tuple[int, ...]] | None = None
+        for key in self._entries:
+            who, tokens = key
             L = len(tokens)
-            if L <= room and (best is None or L > len(best)) and all(tuple(p[:L]) == tokens for p in prompts):
-                best = tokens
+            if (who == owner and L <= room and (best is None or L > len(best[1]))
+                    and all(tuple(p[:L]) == tokens for p in prompts)):
+                best = key
         if best is None:
             return None
         self._entries.move_to_end(best)
         return self._entries[best]
 
-    def put(self, tokens: Sequence[int], kv: KVCache) -> None:
-        """Keep `kv` (length len(tokens)) as the keys and values of `tokens`."""
-        key = tuple(tokens)
-        if kv.length != len(key):
-            raise ValueError(f"a prefix of {len(key)} tokens with a cache of length {kv.length}")
+    def put(self, tokens: Sequence[int], kv: KVCache, owner: int | None = None) -> None:
+        """Keep `kv` (length len(tokens)) as the owner's keys and values of `tokens`."""
+        key = (owner, tuple(tokens))
+        if kv.length != len(key[1]):
+            raise ValueError(f"a prefix of {len(key[1])} tokens with a cache of length {kv.length}")
         size = kv.kv.element_size() * kv.kv.nelement()
         if size > self.max_bytes or key in self._entries:
             return
