@@ -77,8 +77,8 @@ SIMPLE_QUESTIONS = (
     ("What do you call a baby cat?", ("kitten",)),
     ("What do you call a baby dog?", ("puppy",)),
     ("What is the boiling point of water in Celsius?", ("100",)),
-    # more of the same kinds (2026-12-07): with 14 known, one question was 7.1 points, the
-    # whole goal of <= 2 points lost; ~100 more give the figure a finer grain
+    # more of the same kinds: a few known questions make one flip a large share of the
+    # figure; these give it a finer grain
     ("What is the capital of Portugal?", ("lisbon",)),
     ("What is the capital of Ireland?", ("dublin",)),
     ("What is the capital of Sweden?", ("stockholm",)),

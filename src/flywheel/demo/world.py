@@ -120,8 +120,8 @@ def correct_call(expression: str, tools: bool = False) -> dict[str, Any]:
     tools: the request offered the calc schema (OpenAI tool calling): the turn is the call alone
     (content null), the shape such a turn has; else the call in the words the tiny base was
     taught, CALL_PREAMBLE first. A correction carries only what should change: a preamble a
-    pretrained model never said, taught beside the call, spilled into its other answers
-    (docs/benchmarks.md, 2026-12-07)."""
+    pretrained model never said, taught beside the call, spills into its other answers
+    (docs/benchmarks.md)."""
     return {"role": "assistant", "content": None if tools else CALL_PREAMBLE, "tool_calls": [
         {"id": "call_0", "type": "function",
          "function": {"name": "calc", "arguments": json.dumps({"expression": expression})}}]}

@@ -304,9 +304,10 @@ class DecodeBatch:
         first, common = uniq[0], min(len(u) for u in uniq) - 1
         for u in uniq[1:]:
             common = next((i for i in range(common) if u[i] != first[i]), common)
+        owner_U = [None if lora is None else lora.serial for lora in uniq_lora]  # each prompt's cache owner
         owners: dict[int | None, Resident | None] = {}  # owner key -> its adapter, first seen first
-        for lora in uniq_lora:
-            owners.setdefault(None if lora is None else lora.serial, lora)
+        for owner, lora in zip(owner_U, uniq_lora):
+            owners.setdefault(owner, lora)
         cached = {o: engine.prefixes.longest(uniq, o) for o in owners}
         have = min(c.length if c is not None else 0 for c in cached.values())
         missing = sum(common for c in cached.values() if c is None or c.length < common)
@@ -318,13 +319,12 @@ class DecodeBatch:
                       for o, c in cached.items()}
         else:
             return None
-        reused = sum(caches[o] is cached[o] for o in (None if u is None else u.serial for u in uniq_lora))
+        reused = sum(caches[o] is cached[o] for o in owner_U)
         if reused:
             engine.prefixes.hits += 1
             engine.prefixes.tokens_reused += L * reused
         order = list(caches)
-        rows_U = None if len(order) == 1 else torch.tensor(
-            [order.index(None if u is None else u.serial) for u in uniq_lora], device=self.dev)
+        rows_U = None if len(order) == 1 else torch.tensor([order.index(o) for o in owner_U], device=self.dev)
         return SharedPrefix([caches[o] for o in order], L, rows_U)  # type: ignore[misc]
 
     def _compute_prefix(self, tokens: tuple[int, ...], owner: int | None, adapter: Resident | None) -> KVCache:

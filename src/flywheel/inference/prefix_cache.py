@@ -58,16 +58,20 @@ class PrefixCache:
         key = (owner, tuple(tokens))
         if kv.length != len(key[1]):
             raise ValueError(f"a prefix of {len(key[1])} tokens with a cache of length {kv.length}")
-        size = kv.kv.element_size() * kv.kv.nelement()
+        size = _nbytes(kv)
         if size > self.max_bytes or key in self._entries:
             return
         self._entries[key] = kv
         self.bytes += size
         while self.bytes > self.max_bytes:
             _, old = self._entries.popitem(last=False)
-            self.bytes -= old.kv.element_size() * old.kv.nelement()
+            self.bytes -= _nbytes(old)
 
     def clear(self) -> None:
         """Forget every entry (the weights they were computed from changed)."""
         self._entries.clear()
         self.bytes = 0
+
+
+def _nbytes(kv: KVCache) -> int:
+    return kv.kv.element_size() * kv.kv.nelement()
