@@ -65,6 +65,23 @@ def test_an_aborted_request_leaves_at_the_next_step_with_what_it_has(engine):
     assert last.finished[0][1][0].finish_reason == "length"
 
 
+def test_a_row_with_stop_strings_leaves_a_later_rows_finish_alone(engine):
+    """Row 0 is checked for its stop strings (none reached) and goes on; row 1 ends by its budget
+    in the same step and finishes by length. Regression: the stop-string check rebound the
+    step's list of stop-token hits, so row 1's lookup raised a TypeError."""
+    batch = engine.batch()
+    batch.admit([DecodeRequest("long", engine.encode("abc"), SamplingParams(temperature=0, max_tokens=4,
+                                                                            ignore_eos=True, stop=("\x00never",))),
+                 DecodeRequest("short", engine.encode("xyz"), SamplingParams(temperature=0, max_tokens=2,
+                                                                             ignore_eos=True))])
+    finished = {}
+    while batch.live:
+        finished.update(batch.step().finished)
+    assert [s.finish_reason for s in finished["short"]] == ["length"]
+    assert [s.finish_reason for s in finished["long"]] == ["length"]
+    assert [len(s.token_ids) for s in finished["long"] + finished["short"]] == [4, 2]
+
+
 def test_a_refused_request_is_named_and_nothing_is_admitted(engine):
     batch = engine.batch()
     with pytest.raises(ValueError, match=r"request 'bad' has token id 100000, outside"):

@@ -493,8 +493,8 @@ class DecodeBatch:
                 out_versions.append(versions[b])
                 if done[b]:
                     row.finish = ("stop", t) if hit[b] else ("length", None)
-                elif row.strings and (hit := self.engine.stop_string_hit(row.tokens, row.strings)) is not None:
-                    row.finish = ("string", hit)
+                elif row.strings and (string := self.engine.stop_string_hit(row.tokens, row.strings)) is not None:
+                    row.finish = ("string", string)
                 else:
                     keep.append(b)
                     continue
