@@ -55,9 +55,11 @@ demo: setup
 # Two pytest workers, a test file each at a time (a module's fixtures are built once). Bytecode
 # is cached for the run even where the shell sets PYTHONDONTWRITEBYTECODE: otherwise each worker,
 # and each server and worker process a test starts, compiles flywheel and the tests anew.
+# One OpenMP thread per worker and per process it starts: two workers with two threads each
+# oversubscribe the two cores, and the spinning threads cost 14 s of the run.
 TEST_WORKERS ?= 2
 test: setup
-	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Everything, the learning tests and the browser tests (Debian's chromium) included, and the database tests against a PostgreSQL server
 # the test session starts (tests/conftest.py) as well as against SQLite; extra ray: the Ray backend.

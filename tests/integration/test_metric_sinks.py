@@ -18,12 +18,12 @@ from flywheel.models import TinySpec, build_tiny_model
 from flywheel.train.metrics import MetricsWriter, read_metrics
 from flywheel.train.sinks.mlflow_sink import metric_name
 
-pytest.importorskip("wandb", reason="extra `wandb` (in `dev`)")
-pytest.importorskip("mlflow", reason="extra `mlflow` (in `dev`)")
-
 
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
+    # imported here, not at collection: only the test worker that runs this file pays for them
+    pytest.importorskip("wandb", reason="extra `wandb` (in `dev`)")
+    pytest.importorskip("mlflow", reason="extra `mlflow` (in `dev`)")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

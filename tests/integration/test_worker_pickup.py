@@ -42,7 +42,9 @@ def _result(pool, timeout_s: float = 120.0):
     raise AssertionError("no result from the rollout worker")
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
+# one worker process per layout; make test keeps the packed one (unit/test_weight_pickup.py checks
+# both layouts' zero-copy pickup in process)
+@pytest.mark.parametrize("packed", [pytest.param(False, marks=pytest.mark.slow), True], ids=["dense", "packed"])
 def test_a_worker_samples_with_exactly_the_weights_it_picked_up(model_dir, packed):
     learner, _ = load(model_dir)
     transport = rollout_transport(learner, 1)

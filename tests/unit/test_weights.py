@@ -112,6 +112,7 @@ def _reader(name: str, stop, out) -> None:
     r.close()
 
 
+@pytest.mark.slow  # a multi-process stress run (spawned readers and writers, ~10 s of CPU): make test-all
 def test_no_torn_reads_under_concurrent_writes():
     owner = SharedMemoryTransport.create(_tensors(0))
     ctx = mp.get_context("spawn")
@@ -307,6 +308,7 @@ def _lease_reader(name: str, slot: int, out) -> None:
     t.close()
 
 
+@pytest.mark.slow  # a multi-process stress run (spawned readers and writers, ~10 s of CPU): make test-all
 def test_leased_buffers_are_never_modified_under_concurrent_writers():
     owner = SharedMemoryTransport.create(_tensors(0), readers=2)  # 4 buffers, 2 writers: some waits
     ctx = mp.get_context("spawn")
