@@ -25,19 +25,22 @@ import common  # noqa: E402
 _PAIR = re.compile(r"(\w+)=([-+]?[0-9.]+|nan|inf)")
 
 
-_GENERAL = re.compile(r"^general ability against the base: forward KL ([0-9.]+) per token.*\(([0-9.]+|nan) points lost\)",
-                      re.M)
+_GENERAL = re.compile(r"^general ability against the base: forward KL ([0-9.]+) per token.*?\(([0-9.]+|nan) points lost\)"
+                      r"(?:.*\(net (-?[0-9.]+|nan) points lost\))?", re.M)
 
 
 def parse_demo_line(text: str) -> dict[str, float]:
     """The key=value figures of the last line starting with 'demo:' in a run's output, and for
-    a pretrained base its general-ability line's KL and points lost (general_kl, simple_lost)."""
+    a pretrained base its general-ability line's KL and points lost, one-sided and net
+    (general_kl, simple_lost, simple_net_lost; a line of before 2026-12-07 has no net)."""
     lines = [ln for ln in text.splitlines() if ln.startswith("demo:")]
     if not lines:
         raise ValueError("the run printed no 'demo:' line")
     figures = {k: float(v) for k, v in _PAIR.findall(lines[-1])}
     if general := _GENERAL.search(text):
         figures.update(general_kl=float(general.group(1)), simple_lost=float(general.group(2)))
+        if general.group(3) is not None:
+            figures["simple_net_lost"] = float(general.group(3))
     return figures
 
 

@@ -4,6 +4,7 @@ choice of base (demo/presets.py)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
@@ -43,7 +44,23 @@ def test_the_base_against_itself_has_zero_kl_and_loses_nothing(tmp_path):
     after = [json.loads(line) for line in (tmp_path / "general" / "simple-after.jsonl").read_text().splitlines()]
     assert [b["question"] for b in before] == [q for q, _ in SIMPLE_QUESTIONS]
     assert [i for i, b in enumerate(before) if b["right"]] == list(probe.right)
-    assert [a["question"] for a in after] == [SIMPLE_QUESTIONS[i][0] for i in probe.right]
+    assert [a["question"] for a in after] == [q for q, _ in SIMPLE_QUESTIONS]  # every one asked again
+    assert [a["right"] for a in after] == [b["right"] for b in before]
+    assert same["simple_gained"] == 0 and same["simple_right_after"] == len(probe.right)
+    assert same["simple_net_points_lost"] == 0 == same["simple_points_lost"] or not probe.right
+
+
+def test_the_simple_figures_count_losses_one_sided_and_net():
+    from flywheel.demo.general import simple_figures
+
+    # 5 questions; the base had 0, 1, 3 right; now 1 and 2 are right: 0 and 3 lost, 2 gained
+    got = simple_figures((0, 1, 3), [False, True, True, False, False])
+    assert got == {"simple_right_before": 3.0, "simple_kept": 1.0, "simple_gained": 1.0, "simple_right_after": 2.0,
+                   "simple_points_lost": pytest.approx(200 / 3), "simple_net_points_lost": pytest.approx(100 / 3)}
+    gain = simple_figures((0,), [True, True, True])  # two gained: a net gain is a negative loss
+    assert gain["simple_points_lost"] == 0 and gain["simple_net_points_lost"] == -200
+    none = simple_figures((), [True, False])
+    assert none["simple_gained"] == 1 and math.isnan(none["simple_points_lost"]) and math.isnan(none["simple_net_points_lost"])
 
 
 def test_the_demo_refuses_an_unknown_base_by_name(tmp_path):

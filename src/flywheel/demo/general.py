@@ -5,8 +5,16 @@ forgets). Measured for a pretrained base only (a tiny model has no general abili
 - the forward KL per token from the base to production on the base's own greedy answers to
   GENERAL_PROMPTS, everyday chat requests that none of the families resembles
   (demo/forgetting.py's measure: 0 for the base itself);
-- SIMPLE_QUESTIONS the base answered right at the start, asked again at the end: the points
-  lost are the share of them production no longer answers right.
+- SIMPLE_QUESTIONS, all asked of the base at the start and of production at the end. Two
+  figures, both against the questions the base answered right: the points lost one-sided
+  (the share of those production no longer answers right) and the net points lost (right
+  answers before minus right answers after, over the same count; negative: a net gain).
+
+Greedy answers of a small model churn under any change of its weights: a perturbation with no
+content (Gaussian noise on the weights) moves some borderline answers each way.
+The one-sided figure counts only the moves away from right, so it reads a loss even where the
+net change is none (docs/benchmarks.md, "the simple-question probe's noise floor"); the net
+figure counts both ways.
 
 Against that loss, `self_anchor` writes the base's own answers to other everyday prompts and
 short questions (ANCHOR_PROMPTS, ANCHOR_QUESTIONS, none of them measured) for the cycles to
@@ -15,8 +23,7 @@ rehearse.
 A question counts as answered right when the first sentence of its reply holds one of its
 accepted answers as a whole word (case-insensitive): "1 year is 365 * 12 = 312 months" after
 "A year is approximately 365 days." is wrong, as is "called Kepler-41B. It's ... similar to
-Earth". Only questions the base got right are asked again, so the figure is a loss against the
-base by construction, never a gain from luck.
+Earth".
 """
 
 from __future__ import annotations
@@ -241,15 +248,23 @@ def _greedy(model_dir: str | Path, questions: list[str], max_tokens: int) -> lis
 
 def _greedy_finished(model_dir: str | Path, questions: list[str], max_tokens: int) -> list[tuple[str, bool]]:
     """(reply, whether the model ended it before max_tokens) per question, greedy, each alone in a chat."""
-    from flywheel.inference import LocalEngine, SamplingParams
+    from flywheel.inference import SamplingParams
+
+    samples = replies(model_dir, questions, SamplingParams(temperature=0, max_tokens=max_tokens))
+    return [(s[0].text, s[0].finish_reason == "stop") for s in samples]
+
+
+def replies(model_dir: str | Path, questions: list[str], params, seed: int | None = None) -> list[list]:
+    """The model's replies (`params.n` Samples per question, inference.SamplingParams), each
+    question asked alone in a chat; a LoRA adapter folder answers merged into its base."""
+    from flywheel.inference import LocalEngine
     from flywheel.models import ChatRenderer
     from flywheel.train.lora import whole_model
 
-    engine = LocalEngine.from_path(str(whole_model(model_dir)))
+    engine = LocalEngine.from_path(str(whole_model(model_dir)), seed=seed)
     renderer = ChatRenderer(engine.tokenizer)
     prompts = [renderer.prompt_ids([{"role": "user", "content": q}]) for q in questions]
-    samples = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens))
-    return [(s[0].text, s[0].finish_reason == "stop") for s in samples]
+    return engine.generate(prompts, params)
 
 
 @dataclass(frozen=True)
@@ -275,18 +290,30 @@ class Probe:
         return cls(Path(base), rows, right)
 
     def compare(self, model_dir: str | Path) -> dict[str, float]:
-        """general_kl (per token, base -> model), simple_right_before (of len(SIMPLE_QUESTIONS)),
-        simple_kept (of those, still right) and simple_points_lost (100 x lost / right before)."""
+        """general_kl (per token, base -> model) and simple_figures' counts and points over
+        SIMPLE_QUESTIONS, every one asked again (replies in SIMPLE_AFTER)."""
         from flywheel.demo.forgetting import forward_kl
 
         kl = forward_kl(self.base, model_dir, self.rows)
-        asked = [SIMPLE_QUESTIONS[i] for i in self.right]
-        answers = _greedy(model_dir, [q for q, _ in asked], QUESTION_TOKENS) if asked else []
-        kept = sum(answered_right(a, accepted) for a, (_, accepted) in zip(answers, asked))
-        _write_replies(self.rows.parent / SIMPLE_AFTER, asked, answers)
-        lost = 100 * (len(asked) - kept) / len(asked) if asked else float("nan")
-        return {"general_kl": kl, "simple_right_before": float(len(asked)), "simple_kept": float(kept),
-                "simple_points_lost": lost}
+        answers = _greedy(model_dir, [q for q, _ in SIMPLE_QUESTIONS], QUESTION_TOKENS)
+        right_now = [answered_right(a, accepted) for a, (_, accepted) in zip(answers, SIMPLE_QUESTIONS)]
+        _write_replies(self.rows.parent / SIMPLE_AFTER, list(SIMPLE_QUESTIONS), answers)
+        return {"general_kl": kl, **simple_figures(self.right, right_now)}
+
+
+def simple_figures(right_before: tuple[int, ...], right_now: list[bool]) -> dict[str, float]:
+    """From the question indices the base answered right and one flag per question now:
+    simple_right_before, simple_kept (of those, still right), simple_gained (the others, now
+    right), simple_right_after (kept + gained), simple_points_lost (one-sided: 100 x (right
+    before - kept) / right before) and simple_net_points_lost (100 x (right before - right
+    after) / right before; < 0: a net gain). Points are NaN when the base had none right."""
+    before = set(right_before)
+    kept = sum(right_now[i] for i in before)
+    gained = sum(r for i, r in enumerate(right_now) if i not in before)
+    per = 100 / len(before) if before else float("nan")
+    return {"simple_right_before": float(len(before)), "simple_kept": float(kept), "simple_gained": float(gained),
+            "simple_right_after": float(kept + gained), "simple_points_lost": (len(before) - kept) * per,
+            "simple_net_points_lost": (len(before) - kept - gained) * per}
 
 
 def _write_replies(path: Path, asked: list[tuple[str, tuple[str, ...]]], replies: list[str]) -> None:

@@ -69,7 +69,8 @@ def general_line(g: dict[str, float]) -> str:
     """A pretrained base's general ability at the end against the start (demo/general.py)."""
     return (f"general ability against the base: forward KL {g['general_kl']:.4f} per token on everyday chat "
             f"prompts; simple questions it answered right: {g['simple_kept']:.0f} of {g['simple_right_before']:.0f} "
-            f"still right ({g['simple_points_lost']:.1f} points lost)")
+            f"still right ({g['simple_points_lost']:.1f} points lost), {g['simple_gained']:.0f} it missed now right "
+            f"(net {g['simple_net_points_lost']:.1f} points lost)")
 
 
 def summary_lines(s: dict[str, Any]) -> list[str]:
