@@ -55,6 +55,8 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "dynamic": ("dynamic sampling, up to 3x groups a step", _from_baseline(algo={"dynamic_sampling": True})),
     "dynamic_linear": ("dynamic sampling and TRL's linear decay (the two best alone): flywheel's recipe",
                        _from_baseline(algo={"dynamic_sampling": True}, optim={"decay": "linear"})),
+    "batch_std": ("flywheel's recipe, advantages scaled by the step's batch std (ScaleRL), not each group's",
+                  _from_baseline(algo={"dynamic_sampling": True, "advantage": "grpo_batch"}, optim={"decay": "linear"})),
     "dr_grpo": ("advantages not scaled by the group std", _from_baseline(algo={"advantage": "dr_grpo"})),
     "sequence": ("per-sequence mean loss", _from_baseline(algo={"aggregation": "sequence"})),
     "minibatches2": ("2 updates a step, PPO clip 0.2", _from_baseline(train={"minibatches": 2})),

@@ -223,7 +223,9 @@ class SamplingConfig(Config):
 
 
 class AlgoConfig(Config):
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    advantage: Literal["grpo", "dr_grpo", "rloo", "grpo_batch"] = Field("grpo", description=(
+        "grpo: centred and scaled per group; dr_grpo: centred only; rloo: leave-one-out; grpo_batch: "
+        "centred per group, scaled by the std of the whole step's batch (ScaleRL)"))
     objective: Literal["ppo", "cispo"] = Field("ppo", description=(
         "ppo: the clipped surrogate; cispo: the clip on a detached weight, every token keeps its "
         "gradient (MiniMax-M1); the same at train.minibatches=1"))

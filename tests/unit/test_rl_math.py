@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from flywheel.rollout.advantages import dr_grpo_advantages, grpo_advantages, informative, rloo_advantages
+from flywheel.rollout.advantages import (batch_normalized_advantages, dr_grpo_advantages, grpo_advantages, informative,
+                                         rloo_advantages)
 from flywheel.train.losses import aggregate, dpo_loss, k3_kl, policy_loss
 
 R = torch.tensor([1.0, 0.0, 0.0, 1.0])  # mean 0.5, population std 0.5
@@ -24,6 +25,20 @@ def test_advantages():
     assert not informative(torch.ones(8)) and informative(R)
     with pytest.raises(ValueError):
         rloo_advantages(torch.ones(1))
+
+
+def test_batch_normalized_advantages_share_one_std():
+    # centred: [0.75, -0.25, -0.25, -0.25] and [0.5, 0.5, -0.5, -0.5]; their population variance
+    # (0.5625 + 3 * 0.0625 + 4 * 0.25) / 8 = 0.21875, std 0.46771
+    one_in_four, two_in_four = batch_normalized_advantages([torch.tensor([1.0, 0, 0, 0]), torch.tensor([1.0, 1, 0, 0])],
+                                                           eps=0.0)
+    std = math.sqrt(0.21875)
+    assert close(one_in_four, [0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std])
+    assert close(two_in_four, [0.5 / std, 0.5 / std, -0.5 / std, -0.5 / std])
+    # per group, GRPO would scale the 1-in-4 group by its own std (0.433): 0.75 -> 1.732
+    assert close(grpo_advantages(torch.tensor([1.0, 0, 0, 0]), eps=0.0)[0], 0.75 / math.sqrt(0.1875))
+    assert batch_normalized_advantages([]) == []
+    assert close(batch_normalized_advantages([torch.ones(4)])[0], [0, 0, 0, 0])  # flat: no NaN
 
 
 LOGP = torch.zeros(2, 2)

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from flywheel.config import AlgoConfig, RLConfig
-from flywheel.rollout.advantages import ESTIMATORS, informative
+from flywheel.rollout.advantages import BATCH_ESTIMATORS, ESTIMATORS, informative
 from flywheel.train.forward import set_learner_mode
 from flywheel.train.losses import policy_loss
 from flywheel.train.shared_prefix import PlainPlan, attention_cost, plan_batch, plan_kinds
@@ -69,15 +69,20 @@ class RLStepConfig:
 
 
 def assign_advantages(groups: list[TrajectoryGroup], how: str, dynamic_sampling: bool) -> list[TrajectoryGroup]:
-    if how not in ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {how!r}: use {', '.join(ESTIMATORS)}")
-    kept = []
+    """The groups kept (with dynamic sampling, those whose rewards differ), each with its
+    advantages: per group (ESTIMATORS) or over the kept groups together (BATCH_ESTIMATORS)."""
+    if how not in ESTIMATORS and how not in BATCH_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {how!r}: use {', '.join([*ESTIMATORS, *BATCH_ESTIMATORS])}")
+    kept, rewards = [], []
     for g in groups:
-        rewards = torch.tensor([t.reward for t in g.trajectories], dtype=torch.float32)
-        if dynamic_sampling and not informative(rewards):
+        r = torch.tensor([t.reward for t in g.trajectories], dtype=torch.float32)
+        if dynamic_sampling and not informative(r):
             continue
-        g.advantages = ESTIMATORS[how](rewards).tolist()
         kept.append(g)
+        rewards.append(r)
+    advantages = BATCH_ESTIMATORS[how](rewards) if how in BATCH_ESTIMATORS else [ESTIMATORS[how](r) for r in rewards]
+    for g, a in zip(kept, advantages):
+        g.advantages = a.tolist()
     return kept
 
 
