@@ -1,6 +1,6 @@
-"""LoRA rows on the lean decoder (inference/lora.py): a batch mixing rows of eight adapters and
-the bare base gives each row the logits of peft's own forward of its adapter (or the base
-model's), within 1e-4; a row's result does not depend on its neighbours; adapter folders the
+"""LoRA rows on the lean decoder (inference/lora.py), on its dense and its packed kernels: a
+batch mixing rows of eight adapters and the bare base gives each row the logits of peft's own
+forward of its adapter (or the base model's), within 1e-4; a row's result does not depend on its neighbours; adapter folders the
 runner cannot serve are refused with the field named; under concurrent load through the batch
 scheduler the engine keeps at most its bound of adapters resident and every row stays right."""
 
@@ -54,9 +54,12 @@ def decoder_logits(decoder: LeanDecoder, ids: torch.Tensor, adapters) -> torch.T
     return decoder.forward(ids, positions, cache, None, True, lora=RowGroups(adapters, S, ids.device))
 
 
-def test_a_mixed_batch_gives_each_row_what_peft_gives_its_adapter(world):
+@pytest.mark.parametrize("packed", [False, True], ids=["dense kernels", "packed kernels"])
+def test_a_mixed_batch_gives_each_row_what_peft_gives_its_adapter(world, packed):
+    """On either kernel set: the packed one folds the norms' weights into q/k/v and gate/up and
+    permutes q/k rows for RoPE, so an adapter's inputs and B rows must follow (kernels.py)."""
     base, folders = world
-    decoder = LeanDecoder(AutoModelForCausalLM.from_pretrained(base), packed=False)
+    decoder = LeanDecoder(AutoModelForCausalLM.from_pretrained(base), packed=packed)
     resident = [Resident(read_adapter(f), decoder.layout(), torch.float32, torch.device("cpu")) for f in folders]
     torch.manual_seed(0)
     ids = torch.randint(3, 60, (1, 7))
@@ -115,12 +118,13 @@ def reference_logprobs(base: Path, folder: Path | None, prompt: list[int], token
     return lp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
 
 
-def test_an_engine_decodes_rows_of_different_adapters_in_one_batch(world):
+@pytest.mark.parametrize("packed", [False, True], ids=["dense kernels", "packed kernels"])
+def test_an_engine_decodes_rows_of_different_adapters_in_one_batch(world, packed):
     from flywheel.inference import LocalEngine, SamplingParams
     from flywheel.inference.decode import DecodeRequest
 
     base, folders = world
-    engine = LocalEngine.from_path(str(base), max_adapters=1)
+    engine = LocalEngine.from_path(str(base), max_adapters=1, packed=packed)
     for i, folder in enumerate(folders[:2]):
         engine.adapters.register(f"a{i}", folder, load=False)
     prompt = [5, 9, 13, 21, 8]

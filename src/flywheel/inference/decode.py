@@ -209,8 +209,8 @@ class DecodeBatch:
     def _prefill(self, requests: Sequence[DecodeRequest], loras: dict[Hashable, Resident]) -> None:
         engine, dev = self.engine, self.dev
         unique: dict[tuple[tuple[int, ...], str | None], int] = {}  # (prompt, adapter): rows sharing a prefill
-        for r in requests:
-            unique.setdefault((tuple(r.prompt), r.adapter), len(unique))
+        for r in sorted(requests, key=lambda r: (r.adapter is not None, r.adapter or "")):  # an adapter's prompts
+            unique.setdefault((tuple(r.prompt), r.adapter), len(unique))  # side by side: its tokens one slice
         uniq = [prompt for prompt, _ in unique]
         uniq_lora = [None] * len(unique)
         lens = [len(u) for u in uniq]

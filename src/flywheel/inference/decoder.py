@@ -175,8 +175,13 @@ class LeanDecoder:
         att, mlp, _ = self._modules[0]
         mods = dict(zip(("q_proj", "k_proj", "v_proj"), att["qkv"]), o_proj=att["o"],
                     **dict(zip(("gate_proj", "up_proj"), mlp["gate_up"])), down_proj=mlp["down"])
+        order = None
+        if self.packed:  # the packed q/k rows: each head's (2, D/2) halves as (D/2, 2) pairs (kernels.py)
+            n_qk, n_qkv = (self.n_heads + self.n_kv) * self.head_dim, (self.n_heads + 2 * self.n_kv) * self.head_dim
+            order = torch.cat([torch.arange(n_qk).view(-1, 2, self.head_dim // 2).transpose(1, 2).reshape(-1),
+                               torch.arange(n_qk, n_qkv)])
         return Layout(len(self._modules), {k: m.out_features for k, m in mods.items()},
-                      {k: m.in_features for k, m in mods.items()})
+                      {k: m.in_features for k, m in mods.items()}, qkv_order=order)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         shape = (len(self._inner.layers), 2, batch, self.n_kv, capacity, self.head_dim)
@@ -232,7 +237,7 @@ class LeanDecoder:
           [prefix, new] (T = L + S, key_valid_B_T over those columns), and cache row r gets
           L + S columns: column j of batch row b holds source column layout_B_T[b, j] of
           [prefix, new], so a row's left padding can move ahead of its prefix.
-        lora: the LoRA adapter of each row (inference/lora.py), unmerged; dense kernels only.
+        lora: the LoRA adapter of each row (inference/lora.py), unmerged, on either kernel set.
         """
         if self.layers is None:
             raise RuntimeError("the decoder has no kernels: rebuilding them after a weight change failed")
@@ -250,8 +255,6 @@ class LeanDecoder:
             is_causal = False
         else:
             is_causal = causal and S > 1
-        if lora and self.packed:
-            raise ValueError("LoRA rows run on the dense kernels: build the decoder with packed=False")
         lora = lora or None
         rotation = self._rotation(positions_B_S)
         x = F.embedding(tokens_B_S.reshape(B * S), self.embed)  # (N, hidden), N = B S
@@ -259,7 +262,7 @@ class LeanDecoder:
             h = L["norm_attn"](x)
             qkv = L["qkv"](h)  # (N, (H + 2 KV) D)
             if lora is not None:
-                lora.add(li, "qkv", h, qkv)
+                lora.add(li, "qkv", L["lora_in_attn"](h), qkv)
             qk = qkv[:, :(H + KV) * D]
             if L["q_norm"] is not None:  # Qwen3: RMSNorm per head before RoPE
                 qk = qk.view(B * S, H + KV, D)
@@ -292,7 +295,7 @@ class LeanDecoder:
             lora.add(li, "o", att, x)
             h = L["norm_mlp"](x)
             gu = L["gate_up"](h)
-            lora.add(li, "gate_up", h, gu)
+            lora.add(li, "gate_up", L["lora_in_mlp"](h), gu)
             m = F.silu(gu[:, :L["ffn"]]) * gu[:, L["ffn"]:]
             x = L["down_residual"](m, x)
             lora.add(li, "down", m, x)

@@ -37,8 +37,8 @@ class LocalEngine:
         its q/k/v and gate/up weights become views of fused tensors). lean: force (True) or
         forbid (False) the lean forward; None picks it when the architecture allows.
         packed: the lean forward's kernel set (inference/decoder.py; None picks by size).
-        max_adapters: LoRA adapters kept in memory (`adapters`, inference/adapters.py); they
-        run on the lean decoder's dense kernels, so an engine with packed kernels has none.
+        max_adapters: LoRA adapters kept in memory (`adapters`, inference/adapters.py), run
+        unmerged on the lean decoder's kernels (either set); the HF fallback runner has none.
         share_prefix: a prefill of prompts that start alike computes their common prefix once
         (a system prompt, tool schemas; decode.py); False: every prompt whole (for comparison).
         prefix_cache_mb: the keys and values of such prefixes kept for later prefills on the
@@ -56,11 +56,8 @@ class LocalEngine:
         self.adapters: AdapterPool | None = None
         self.no_adapters = "the HF fallback runner has no LoRA rows"  # why `adapters` is None
         if isinstance(self.runner, LeanDecoder):
-            if self.runner.packed:
-                self.no_adapters = "its lean decoder runs packed kernels (make the engine with packed=False)"
-            else:
-                self.adapters = AdapterPool(self.runner.layout(), self.runner.embed.dtype, self.runner.embed.device,
-                                            max_resident=max_adapters)
+            self.adapters = AdapterPool(self.runner.layout(), self.runner.embed.dtype, self.runner.embed.device,
+                                        max_resident=max_adapters)
         # in-flight updates: called by `generate` before each decode step (it may take newer
         # weights); its batches then follow updates, their keys and values recomputed (decode.py)
         self.between_steps: Callable[[], None] | None = None

@@ -2,8 +2,12 @@
 
 Each set gives, per layer: `norm_attn`, `qkv`, `o_residual`, `norm_mlp`, `swiglu`,
 `down_residual` (callables on 2-D activations (N, features)), the Qwen3 `q_norm` / `k_norm`
-weights (dense also `gate_up`, the projection before SwiGLU, and `ffn`, for LoRA rows), and, for the model: `norm_final`, `lm_head`, and whether q/k come out with their
-head dimension *interleaved* (RoPE pairs adjacent) or in HF's rotate-half layout.
+weights, and, for LoRA rows (inference/lora.py): `gate_up` (the projection before SwiGLU,
+(N, 2 F), unfused), `ffn` (F), and `lora_in_attn` / `lora_in_mlp`, what an adapter's q/k/v and
+gate/up A's multiply: the norm's output with its weight applied (the packed set folds that
+weight into the projection instead). For the model: `norm_final`, `lm_head`, and whether q/k
+come out with their head dimension *interleaved* (RoPE pairs adjacent) or in HF's
+rotate-half layout (an adapter's q/k rows of B are permuted to match: decoder.py `layout`).
 
 - dense: `F.linear` on the model's own parameters (any device, any dtype).
 - packed (CPU, fp32): oneDNN matmuls on weights reordered once into its blocked layout
@@ -95,12 +99,17 @@ def dense_kernels(layers: list[dict], final_norm: torch.Tensor, lm_head, eps: fl
             qkv=lambda h, w=w_qkv, b=b_qkv: F.linear(h, w, b),
             o_residual=lambda a, x, w=w_o, b=b_o: x + F.linear(a, w, b),
             swiglu=swiglu, gate_up=lambda h, w=w_gu, b=b_gu: F.linear(h, w, b), ffn=ffn,  # unfused: LoRA rows
+            lora_in_attn=_same, lora_in_mlp=_same,
             down_residual=lambda m, x, w=w_down, b=b_down: x + F.linear(m, w, b),
             q_norm=L["q_norm"], k_norm=L["k_norm"]))
     w_head, b_head = lm_head
     model = dict(norm_final=_rms(final_norm, eps), lm_head=lambda h: F.linear(h, w_head, b_head),
                  interleaved=False)
     return out, model
+
+
+def _same(h: torch.Tensor) -> torch.Tensor:
+    return h
 
 
 def _rms(weight: torch.Tensor, eps: float):
@@ -153,6 +162,9 @@ def packed_kernels(layers: list[dict], final_norm: torch.Tensor, lm_head, eps: f
             qkv=lambda h, w=w_qkv, b=b_qkv: linear(h, w, b, "none", [], ""),
             o_residual=lambda a, x, w=w_o, b=b_o: linear.binary(a, x, w, b, "add"),
             swiglu=swiglu,
+            gate_up=lambda h, wg=w_gate, bg=b_gate, wu=w_up, bu=b_up: torch.cat(
+                [linear(h, wg, bg, "none", [], ""), linear(h, wu, bu, "none", [], "")], 1), ffn=ffn,
+            lora_in_attn=lambda h, w=ln_in: h * w, lora_in_mlp=lambda h, w=ln_post: h * w,
             down_residual=lambda m, x, w=w_down, b=b_down: linear.binary(m, x, w, b, "add"),
             q_norm=None if L["q_norm"] is None else L["q_norm"].detach()[perm_D],
             k_norm=None if L["k_norm"] is None else L["k_norm"].detach()[perm_D]))

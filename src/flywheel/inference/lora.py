@@ -135,11 +135,14 @@ def _check_config(cfg: dict, path: Path) -> None:
 @dataclass(frozen=True)
 class Layout:
     """What a decoder's fused projections hold: output sizes per module, the input size of
-    each, and the layers."""
+    each, and the layers; `qkv_order`, where the decoder's kernels emit the fused q/k/v rows in
+    another order than the model's: row i of their output is the model's row qkv_order[i]
+    (the packed kernels' RoPE pairs), so an adapter's B rows are taken in that order too."""
 
     layers: int
     out: dict[str, int]  # module -> out features
     inp: dict[str, int]  # module -> in features
+    qkv_order: torch.Tensor | None = None  # (out_q + out_k + out_v,) or None: the model's order
 
 
 class Resident:
@@ -168,6 +171,8 @@ class Resident:
                     continue
                 a = torch.cat([g[0] if g else torch.zeros(0, layout.inp[m]) for g, m in zip(got, modules)])
                 b = torch.block_diag(*[g[1] if g else torch.zeros(layout.out[m], 0) for g, m in zip(got, modules)])
+                if part == "qkv" and layout.qkv_order is not None:
+                    b = b[layout.qkv_order]
                 parts[part] = (a.to(device, dtype).contiguous(), b.to(device, dtype).contiguous())
             self.parts.append(parts)
         self.nbytes = sum(t.numel() * t.element_size() for p in self.parts for ab in p.values() if ab for t in ab)
@@ -187,7 +192,8 @@ class RowGroups:
     (`_STACKS`), keyed by the set whatever the rows' order: in continuous batching a request
     joins or leaves almost every step. Several in a prefill (many tokens a row, a set seen
     once): per adapter, its tokens' delta is added at their rows (`index_add_`), with no stack
-    to build."""
+    to build; where an adapter's rows are side by side (a prefill's, decode.py) its tokens are
+    one slice, and the delta is added in place on views, with no gather or scatter."""
 
     def __init__(self, row_adapters: Sequence[Resident | None], tokens_per_row: int, device: torch.device):
         present: dict[int, Resident] = {}
@@ -197,7 +203,7 @@ class RowGroups:
         self.adapters = list(present.values())
         self.single = self.adapters[0] if len(self.adapters) == 1 and all(row_adapters) else None
         self.stack = None
-        self.groups: list[tuple[Resident, torch.Tensor]] = []  # prefill: (adapter, its tokens)
+        self.groups: list[tuple[Resident, torch.Tensor | slice]] = []  # prefill: (adapter, its tokens)
         if not self.adapters or self.single is not None:
             return
         if tokens_per_row == 1:
@@ -226,8 +232,12 @@ class RowGroups:
             return
         S = tokens_per_row
         for adapter in self.adapters:
-            rows = torch.tensor([b for b, a in enumerate(row_adapters) if a is adapter], device=device)
-            self.groups.append((adapter, (rows[:, None] * S + torch.arange(S, device=device)).reshape(-1)))
+            rows = [b for b, a in enumerate(row_adapters) if a is adapter]
+            if rows[-1] - rows[0] + 1 == len(rows):  # side by side (decode.py sorts a prefill's prompts so)
+                self.groups.append((adapter, slice(rows[0] * S, (rows[-1] + 1) * S)))
+                continue
+            rows_t = torch.tensor(rows, device=device)
+            self.groups.append((adapter, (rows_t[:, None] * S + torch.arange(S, device=device)).reshape(-1)))
 
     def __bool__(self) -> bool:
         return bool(self.adapters)
@@ -242,7 +252,11 @@ class RowGroups:
         if self.stack is None:
             for adapter, tokens in self.groups:
                 ab = adapter.parts[layer][part]
-                if ab is not None:
+                if ab is None:
+                    continue
+                if isinstance(tokens, slice):  # contiguous rows: views, no gather or scatter
+                    out_N_out[tokens].addmm_(x_N_in[tokens] @ ab[0].T, ab[1].T)
+                else:
                     out_N_out.index_add_(0, tokens, (x_N_in.index_select(0, tokens) @ ab[0].T) @ ab[1].T)
             return
         stacked = self.stack[layer][part]

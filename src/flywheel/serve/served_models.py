@@ -7,9 +7,9 @@ model (or checkpoint), loaded on first use.
   (`OpenAIService.with_adapter`), so its rows decode in the same batches as everyone's and
   100 fine-tuned models cost 100 adapters, not 100 model copies.
 - A full model, or an adapter the base engine cannot take (over another base, or a base on
-  packed kernels), gets an OpenAIService of its own (its own engine and batch scheduler; an
-  adapter's on dense kernels) recording traces into the server's sink; at most `max_loaded`
-  are kept, the least recently used closed first.
+  the HF fallback runner), gets an OpenAIService of its own (its own engine and batch
+  scheduler) recording traces into the server's sink; at most `max_loaded` are kept, the
+  least recently used closed first.
 
 A name is looked up per tenant, so one tenant cannot reach another's model; an adapter is
 registered under "<tenant>/<name>". A managed flywheel's production alias (`aliases`,
@@ -106,9 +106,11 @@ class ServedModels:
             on_base = self.base.model_path is not None and same_model(base, self.base.model_path)
             if on_base and getattr(self.base.engine, "adapters", None) is not None:
                 host = self.base
-            else:  # an adapter over another model, or a base on packed kernels: an engine of its own
+            else:  # an adapter over another model (or a base the lean decoder cannot run): an engine of its own
                 host = OpenAIService(base, version=path.name, name=name, trace_sink=self.base.trace_sink,
-                                     packed=False, **self.service_kw)
+                                     **self.service_kw)
+            if host.engine.adapters is None:
+                raise AdapterError(f"{path}: its base {base} cannot serve LoRA rows: {host.engine.no_adapters}")
             host.engine.adapters.register(pool_name, path)
         except AdapterError as e:
             if host is not None and host is not self.base:
