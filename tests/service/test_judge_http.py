@@ -98,7 +98,8 @@ def test_a_served_judge_that_never_answers_in_json_scores_nothing(served):
 
 
 def test_an_unreachable_judge_is_a_counted_skip(served):
-    _, store, _ = served
+    srv, store, _ = served
+    _answers(srv, "unreachable")  # groups to judge of its own, whatever ran before
     judge = HTTPJudge("http://127.0.0.1:9/v1", "nobody", timeout_s=5)
     try:
         report = run_judge(store, judge, CurationConfig())
