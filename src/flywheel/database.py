@@ -19,7 +19,6 @@ those existed. JSON columns are `json_column()` (JSONB on PostgreSQL); a value g
 from __future__ import annotations
 
 import contextlib
-import os
 import sqlite3
 import threading
 import time
@@ -134,22 +133,6 @@ def _sqlite_on_begin(conn: Connection) -> None:
 _readers = threading.local()  # per thread: {id(engine): (weakref to the engine, its reader)}
 _held_lock = threading.Lock()
 _held: dict[int, list[Connection]] = {}  # id(engine) -> every thread's reader, for close_readers
-
-
-_inherited: list[Connection] = []  # a forked child's readers of its parent: kept, never used or closed
-
-
-def _forget_readers_in_child() -> None:
-    """A forked child (a job's training process from the worker's zygote) must neither use nor
-    close the SQLite connections it inherited (SQLite forbids carrying one across fork, and a
-    close may checkpoint the parent's WAL): they are set aside, never garbage-collected, and
-    the child opens its own on its first read."""
-    global _readers, _held_lock, _held
-    _inherited.extend(conn for conns in _held.values() for conn in conns)
-    _readers, _held_lock, _held = threading.local(), threading.Lock(), {}
-
-
-os.register_at_fork(after_in_child=_forget_readers_in_child)
 
 
 @contextlib.contextmanager

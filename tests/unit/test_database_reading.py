@@ -70,32 +70,3 @@ def test_a_writer_still_takes_the_lock_beside_a_kept_reader(tmp_path):
         assert conn.execute(text("SELECT sum(x) FROM t")).scalar() == 2
     close_readers(engine)
     engine.dispose()
-
-
-def test_a_forked_child_opens_its_own_reader(tmp_path):
-    """The child neither reads through nor closes its parent's connection (SQLite forbids
-    carrying one across fork); both go on reading, each the other's commits."""
-    import os
-
-    engine = _engine(tmp_path)
-    with reading(engine) as conn:
-        parents = conn
-        conn.execute(text("SELECT count(*) FROM t")).scalar()
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report, then leave without running the parent's cleanup
-        try:
-            with reading(engine) as conn:
-                ok = conn is not parents and conn.execute(text("SELECT count(*) FROM t")).scalar() == 0
-            with writing(engine) as c:
-                c.execute(text("INSERT INTO t VALUES (7)"))
-            os.write(w, b"1" if ok and parents in database._inherited else b"0")
-        finally:
-            os._exit(0)
-    os.close(w)
-    assert os.read(r, 1) == b"1"
-    os.waitpid(pid, 0)
-    with reading(engine) as conn:
-        assert conn is parents and conn.execute(text("SELECT sum(x) FROM t")).scalar() == 7
-    close_readers(engine)
-    engine.dispose()
