@@ -5,10 +5,7 @@ never block the writer), synchronous=NORMAL (a commit survives a crash of the pr
 necessarily a power cut), foreign_keys=ON and a 30 s busy timeout. pysqlite's own
 transaction handling is switched off and BEGIN is emitted here: `writing(engine)` opens
 BEGIN IMMEDIATE, so two writers queue on the lock at their first statement instead of
-failing with "database is locked" when a read turns into a write. `reading(engine)` is where
-reads run: on SQLite a connection each thread keeps, in autocommit (each statement sees the
-latest commit; no pool checkout, BEGIN or ROLLBACK around a page read: a third of the
-fine-tuning API's CPU per request, docs/benchmarks.md); elsewhere a pooled connection.
+failing with "database is locked" when a read turns into a write.
 
 Every table derives from `Base`; each store's schema is its Alembic migrations
 (`flywheel.migrations`). `flywheel_meta` is where stores recorded their schema version before
@@ -20,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import threading
 import time
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,47 +117,8 @@ def _set_wal(cursor) -> None:
 
 def _sqlite_on_begin(conn: Connection) -> None:
     """BEGIN (IMMEDIATE for a write) on the DBAPI connection itself, without the overhead of
-    SQLAlchemy's execute, which is larger than a short read's SELECT (bench/api.py); none on a
-    reader in autocommit (`reading`)."""
-    options = conn.get_execution_options()
-    if options.get("isolation_level") == "AUTOCOMMIT":
-        return
-    conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE" if options.get(_WRITE) else "BEGIN")
-
-
-_readers = threading.local()  # per thread: {id(engine): (weakref to the engine, its reader)}
-_held_lock = threading.Lock()
-_held: dict[int, list[Connection]] = {}  # id(engine) -> every thread's reader, for close_readers
-
-
-@contextlib.contextmanager
-def reading(engine: Engine) -> Iterator[Connection]:
-    """A connection to read with. SQLite (a file): this thread's own, kept open, in autocommit,
-    so each statement reads the latest committed state on its own; two statements of one
-    block may see different commits. Otherwise a pooled connection, returned after the block.
-    The owner of the engine calls `close_readers` before disposing of it."""
-    if engine.dialect.name != "sqlite" or isinstance(engine.pool, StaticPool):
-        with engine.connect() as conn:
-            yield conn
-        return
-    kept = getattr(_readers, "by_engine", None)
-    if kept is None:
-        kept = _readers.by_engine = {}
-    entry = kept.get(id(engine))
-    if entry is None or entry[0]() is not engine or entry[1].closed or entry[1].invalidated:
-        conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        with _held_lock:
-            _held.setdefault(id(engine), []).append(conn)
-        kept[id(engine)] = entry = (weakref.ref(engine), conn)
-    yield entry[1]
-
-
-def close_readers(engine: Engine) -> None:
-    """Close every thread's reader of `engine` (`reading`); a later read opens another."""
-    with _held_lock:
-        conns = _held.pop(id(engine), [])
-    for conn in conns:
-        conn.close()
+    SQLAlchemy's execute, which is larger than a short read's SELECT (bench/api.py)."""
+    conn.connection.dbapi_connection.execute("BEGIN IMMEDIATE" if conn.get_execution_options().get(_WRITE) else "BEGIN")
 
 
 @contextlib.contextmanager

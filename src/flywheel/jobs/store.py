@@ -85,7 +85,6 @@ class JobStore:
         SCHEMA.upgrade(self.engine)
 
     def close(self) -> None:
-        database.close_readers(self.engine)
         self.engine.dispose()
 
     # ------------------------------------------------------------------ files
@@ -94,7 +93,7 @@ class JobStore:
         """The file, job or flywheel (`kind`) an earlier request with this key made, or None; Conflict when
         the key came with another request."""
         table = {"file": FileRow, "job": JobRow, "flywheel": FlywheelRow}[kind]
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             row = conn.execute(select(table.__table__).where(table.tenant == tenant,
                                                              table.idempotency_key == idempotency_key)).first()
         if row is None:
@@ -127,7 +126,7 @@ class JobStore:
                             max_line_bytes=max_line_bytes)
 
     def get_file(self, tenant: str, file_id: str) -> dict[str, Any]:
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             row = conn.execute(select(FileRow.__table__).where(FileRow.id == file_id, FileRow.tenant == tenant)).first()
         if row is None:
             raise NotFound(f"no file {file_id!r}", "file_id")
@@ -140,7 +139,7 @@ class JobStore:
     def list_files(self, tenant: str, *, purpose: str | None = None, after: str | None = None, limit: int = MAX_LIST,
                    ascending: bool = False) -> tuple[list[dict[str, Any]], bool]:
         equal = {"tenant": tenant, **({"purpose": purpose} if purpose else {})}
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             return _page(conn, FileRow, equal, after, limit, ascending)
 
     def delete_file(self, tenant: str, file_id: str) -> None:
@@ -169,12 +168,12 @@ class JobStore:
 
     def get_job(self, tenant: str | None, job_id: str) -> dict[str, Any]:
         """The job (tenant None: whoever owns it, for workers)."""
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             return self._job(conn, tenant, job_id)
 
     def list_jobs(self, tenant: str, *, after: str | None = None, limit: int = 20,
                   metadata: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], bool]:
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             rows, more = _page(conn, JobRow, {"tenant": tenant}, after, limit if not metadata else MAX_LIST * 10, False)
         if metadata:  # a JSON filter portable across SQLite and PostgreSQL: done here, on one tenant's jobs
             rows = [r for r in rows if all((r["metadata"] or {}).get(k) == v for k, v in metadata.items())]
@@ -183,7 +182,7 @@ class JobStore:
 
     def validating(self) -> list[dict[str, Any]]:
         """Every tenant's jobs in `validating_files`, oldest first (to check after a restart)."""
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             rows = conn.execute(select(JobRow.__table__).where(JobRow.status == "validating_files")
                                 .order_by(JobRow.created_at)).all()
         return [_dict(r) for r in rows]
@@ -242,13 +241,13 @@ class JobStore:
 
     def unfinished(self, tenant: str) -> int:
         """The tenant's jobs validating, queued, running or paused."""
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             return conn.scalar(select(func.count()).select_from(JobRow).where(JobRow.tenant == tenant,
                                                                              JobRow.status.in_(ACTIVE)))
 
     def fine_tuned_models(self, tenant: str) -> list[dict[str, Any]]:
         """The tenant's succeeded jobs that made a model, oldest first."""
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             rows = conn.execute(select(JobRow.__table__).where(
                 JobRow.tenant == tenant, JobRow.status == "succeeded", JobRow.fine_tuned_model.is_not(None),
                 JobRow.model_deleted_at.is_(None)).order_by(JobRow.seq)).all()
@@ -256,7 +255,7 @@ class JobStore:
 
     def fine_tuned_model_path(self, tenant: str, name: str) -> str | None:
         """The folder of the tenant's fine-tuned model or checkpoint called `name`, else None."""
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             path = conn.scalar(select(JobRow.model_path).where(
                 JobRow.tenant == tenant, JobRow.fine_tuned_model == name, JobRow.status == "succeeded",
                 JobRow.model_deleted_at.is_(None)))
@@ -368,13 +367,13 @@ class JobStore:
 
     def metric_steps(self, job_id: str) -> set[int]:
         """The steps the job's `metrics` events report (across its attempts)."""
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             rows = conn.execute(select(EventRow.data).where(EventRow.job_id == job_id, EventRow.type == "metrics"))
             return {int(data["step"]) for (data,) in rows if data and "step" in data}
 
     def list_events(self, tenant: str, job_id: str, *, after: str | None = None,
                     limit: int = 20) -> tuple[list[dict[str, Any]], bool]:
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             self._job(conn, tenant, job_id)
             return _page(conn, EventRow, {"job_id": job_id}, after, limit, False)
 
@@ -387,12 +386,12 @@ class JobStore:
 
     def list_checkpoints(self, tenant: str, job_id: str, *, after: str | None = None,
                          limit: int = 10) -> tuple[list[dict[str, Any]], bool]:
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             self._job(conn, tenant, job_id)
             return _page(conn, CheckpointRow, {"job_id": job_id}, after, limit, False)
 
     def checkpoint_steps(self, job_id: str) -> set[int]:
-        with database.reading(self.engine) as conn:
+        with self.engine.connect() as conn:
             return set(conn.scalars(select(CheckpointRow.step).where(CheckpointRow.job_id == job_id)))
 
     # ------------------------------------------------------------------ helpers
