@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from flywheel.inference.kernels import dense_kernels, fuse, packed_available, packed_kernels
+from flywheel.inference.kernels import dense_kernels, fuse, packed_available, packed_kernels, packed_qkv_order
 from flywheel.inference.lora import Layout, RowGroups
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2", "qwen3"}
@@ -175,11 +175,7 @@ class LeanDecoder:
         att, mlp, _ = self._modules[0]
         mods = dict(zip(("q_proj", "k_proj", "v_proj"), att["qkv"]), o_proj=att["o"],
                     **dict(zip(("gate_proj", "up_proj"), mlp["gate_up"])), down_proj=mlp["down"])
-        order = None
-        if self.packed:  # the packed q/k rows: each head's (2, D/2) halves as (D/2, 2) pairs (kernels.py)
-            n_qk, n_qkv = (self.n_heads + self.n_kv) * self.head_dim, (self.n_heads + 2 * self.n_kv) * self.head_dim
-            order = torch.cat([torch.arange(n_qk).view(-1, 2, self.head_dim // 2).transpose(1, 2).reshape(-1),
-                               torch.arange(n_qk, n_qkv)])
+        order = packed_qkv_order(self.n_heads, self.n_kv, self.head_dim) if self.packed else None
         return Layout(len(self._modules), {k: m.out_features for k, m in mods.items()},
                       {k: m.in_features for k, m in mods.items()}, qkv_order=order)
 

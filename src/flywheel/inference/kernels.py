@@ -190,6 +190,14 @@ def interleave_permutation(head_dim: int) -> torch.Tensor:
     return torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).reshape(-1)
 
 
+def packed_qkv_order(n_heads: int, n_kv: int, head_dim: int) -> torch.Tensor:
+    """Row i of the packed kernels' fused q/k/v output is the model's row order[i]: each q/k
+    head's dims in `interleave_permutation` order, v as it is. ((H + 2 KV) D,)"""
+    n_qk = (n_heads + n_kv) * head_dim
+    qk = (torch.arange(n_heads + n_kv)[:, None] * head_dim + interleave_permutation(head_dim)[None]).reshape(-1)
+    return torch.cat([qk, torch.arange(n_qk, n_qk + n_kv * head_dim)])
+
+
 def _unit_rms(eps: float, weight: torch.Tensor | None = None):
     """x / rms(x), the weight being folded into the next matmul (or multiplied after, when
     given): 4 kernels instead of F.rms_norm's 7 on CPU."""
