@@ -202,9 +202,9 @@ def test_a_decode_step_adds_each_token_its_own_adapters_delta(world, rows):
     groups = RowGroups(row_adapters, 1, torch.device("cpu"))
     torch.manual_seed(1)
     for layer in range(2):
-        for part, inp in (("qkv", 32), ("o", 32), ("gate_up", 32), ("down", 64)):
+        for part, inp in (("qkv", 32), ("o", 32), ("gate", 32), ("up", 32), ("down", 64)):
             x = torch.randn(len(rows), inp)
-            width = {"qkv": 32 + 2 * 16, "o": 32, "gate_up": 128, "down": 32}[part]
+            width = {"qkv": 32 + 2 * 16, "o": 32, "gate": 64, "up": 64, "down": 32}[part]
             base = torch.randn(len(rows), width)
             got = base.clone()
             groups.add(layer, part, x, got)

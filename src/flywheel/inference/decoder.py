@@ -290,9 +290,11 @@ class LeanDecoder:
                 continue
             lora.add(li, "o", att, x)
             h = L["norm_mlp"](x)
-            gu = L["gate_up"](h)
-            lora.add(li, "gate_up", L["lora_in_mlp"](h), gu)
-            m = F.silu(gu[:, :L["ffn"]]) * gu[:, L["ffn"]:]
+            h_in = L["lora_in_mlp"](h)
+            gate, up = L["gate"](h), L["up"](h)  # (N, F) each: the deltas added in place, no concatenation
+            lora.add(li, "gate", h_in, gate)
+            lora.add(li, "up", h_in, up)
+            m = F.silu(gate, inplace=True).mul_(up)
             x = L["down_residual"](m, x)
             lora.add(li, "down", m, x)
         cache.length = c1

@@ -2,10 +2,10 @@
 
 Each set gives, per layer: `norm_attn`, `qkv`, `o_residual`, `norm_mlp`, `swiglu`,
 `down_residual` (callables on 2-D activations (N, features)), the Qwen3 `q_norm` / `k_norm`
-weights, and, for LoRA rows (inference/lora.py): `gate_up` (the projection before SwiGLU,
-(N, 2 F), unfused), `ffn` (F), and `lora_in_attn` / `lora_in_mlp`, what an adapter's q/k/v and
-gate/up A's multiply: the norm's output with its weight applied (the packed set folds that
-weight into the projection instead). For the model: `norm_final`, `lm_head`, and whether q/k
+weights, and, for LoRA rows (inference/lora.py): `gate` and `up` (SwiGLU's two projections
+apart, (N, F) each, so an adapter's deltas are added in place before the activation), and
+`lora_in_attn` / `lora_in_mlp`, what an adapter's q/k/v and gate/up A's multiply: the norm's
+output with its weight applied (the packed set folds that weight into the projection instead). For the model: `norm_final`, `lm_head`, and whether q/k
 come out with their head dimension *interleaved* (RoPE pairs adjacent) or in HF's
 rotate-half layout (an adapter's q/k rows of B are permuted to match: decoder.py `layout`).
 
@@ -98,7 +98,9 @@ def dense_kernels(layers: list[dict], final_norm: torch.Tensor, lm_head, eps: fl
             norm_attn=_rms(L["ln_in"], eps), norm_mlp=_rms(L["ln_post"], eps),
             qkv=lambda h, w=w_qkv, b=b_qkv: F.linear(h, w, b),
             o_residual=lambda a, x, w=w_o, b=b_o: x + F.linear(a, w, b),
-            swiglu=swiglu, gate_up=lambda h, w=w_gu, b=b_gu: F.linear(h, w, b), ffn=ffn,  # unfused: LoRA rows
+            swiglu=swiglu,
+            gate=lambda h, w=w_gu[:ffn], b=None if b_gu is None else b_gu[:ffn]: F.linear(h, w, b),
+            up=lambda h, w=w_gu[ffn:], b=None if b_gu is None else b_gu[ffn:]: F.linear(h, w, b),
             lora_in_attn=_same, lora_in_mlp=_same,
             down_residual=lambda m, x, w=w_down, b=b_down: x + F.linear(m, w, b),
             q_norm=L["q_norm"], k_norm=L["k_norm"]))
@@ -162,8 +164,8 @@ def packed_kernels(layers: list[dict], final_norm: torch.Tensor, lm_head, eps: f
             qkv=lambda h, w=w_qkv, b=b_qkv: linear(h, w, b, "none", [], ""),
             o_residual=lambda a, x, w=w_o, b=b_o: linear.binary(a, x, w, b, "add"),
             swiglu=swiglu,
-            gate_up=lambda h, wg=w_gate, bg=b_gate, wu=w_up, bu=b_up: torch.cat(
-                [linear(h, wg, bg, "none", [], ""), linear(h, wu, bu, "none", [], "")], 1), ffn=ffn,
+            gate=lambda h, w=w_gate, b=b_gate: linear(h, w, b, "none", [], ""),
+            up=lambda h, w=w_up, b=b_up: linear(h, w, b, "none", [], ""),
             lora_in_attn=lambda h, w=ln_in: h * w, lora_in_mlp=lambda h, w=ln_post: h * w,
             down_residual=lambda m, x, w=w_down, b=b_down: linear.binary(m, x, w, b, "add"),
             q_norm=None if L["q_norm"] is None else L["q_norm"].detach()[perm_D],

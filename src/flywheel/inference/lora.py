@@ -38,8 +38,10 @@ from flywheel.models.loading import is_adapter_folder  # noqa: F401 - part of th
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 TARGETS = ATTENTION + MLP
-FUSED = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
-         "down": ("down_proj",)}  # the decoder's projections and the model's modules they hold
+# the decoder's projections an adapter adds to, and the model's modules each holds: q/k/v fused
+# (their B block-diagonal), SwiGLU's gate and up apart (each delta added before the activation)
+PARTS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate": ("gate_proj",), "up": ("up_proj",),
+         "down": ("down_proj",)}
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 
@@ -164,7 +166,7 @@ class Resident:
         self.parts: list[dict[str, tuple[torch.Tensor, torch.Tensor] | None]] = []
         for layer in range(layout.layers):
             parts = {}
-            for part, modules in FUSED.items():
+            for part, modules in PARTS.items():
                 got = [adapter.pairs.get((layer, m)) for m in modules]
                 if all(g is None for g in got):
                     parts[part] = None
@@ -284,7 +286,7 @@ def _stack(adapters: tuple[Resident, ...]):
     layers = []
     for layer in range(len(adapters[0].parts)):
         parts = {}
-        for part in FUSED:
+        for part in PARTS:
             pairs = [a.parts[layer][part] for a in adapters]
             present = [ab for ab in pairs if ab is not None]
             if not present:
