@@ -5,9 +5,10 @@ Each set gives, per layer: `norm_attn`, `qkv`, `o_residual`, `norm_mlp`, `swiglu
 weights, and, for LoRA rows (inference/lora.py): `gate` and `up` (SwiGLU's two projections
 apart, (N, F) each, so an adapter's deltas are added in place before the activation), and
 `lora_in_attn` / `lora_in_mlp`, what an adapter's q/k/v and gate/up A's multiply: the norm's
-output with its weight applied (the packed set folds that weight into the projection instead). For the model: `norm_final`, `lm_head`, and whether q/k
-come out with their head dimension *interleaved* (RoPE pairs adjacent) or in HF's
-rotate-half layout (an adapter's q/k rows of B are permuted to match: decoder.py `layout`).
+output with its weight applied (the packed set folds that weight into the projection
+instead). For the model: `norm_final`, `lm_head`, and whether q/k come out with their head
+dimension *interleaved* (RoPE pairs adjacent) or in HF's rotate-half layout (an adapter's q/k
+rows of B are permuted to match: decoder.py `layout`).
 
 - dense: `F.linear` on the model's own parameters (any device, any dtype).
 - packed (CPU, fp32): oneDNN matmuls on weights reordered once into its blocked layout
