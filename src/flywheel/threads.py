@@ -18,16 +18,31 @@ docs/benchmarks.md). torch's default is every core of the machine, whoever else 
    idle: undersubscribing costs at most the busy share, oversubscribing costs several-fold;
 4. shared among `processes` siblings (each at least 1).
 A busy machine that turns busy later is the oversubscription warning's part (cpu_wait.py).
+
+And on which thread: one. torch's CPU ops run on libgomp (OpenMP), which keeps a team of worker
+threads for every thread that ever ran a parallel op, for as long as that thread lives. Once it
+manages more threads than there are CPUs (a second such thread on a 2-core machine), it cuts
+every worker's spin-wait to ~100 iterations, so each parallel op after that pays a futex
+wake-up: SmolLM2's decode step served from a scheduler thread while the main thread had built
+the kernels took 1.1x as long, with eight LoRA adapters 1.3-1.6x (docs/benchmarks.md). So a
+process runs its parallel torch work on one thread: an engine builds its kernels and lays out
+its adapters on the thread that runs its forwards (inference/decoder.py, adapters.py), a
+rollout plays on the thread that built its engine (rollout/play.py), and torch work that must
+run elsewhere, off a server's event loop, runs `in_passing_thread`: a thread that ends with
+it, taking its team along.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 CGROUP = Path("/sys/fs/cgroup")
 SAMPLE_S = 0.25  # the busy-CPU sample at start: 25 clock ticks per CPU at 100 Hz
@@ -199,3 +214,14 @@ def use_threads(explicit: int | None = None, processes: int = 1,
     if log is not None:
         log(f"torch threads: {choice.threads} ({choice.reason})")
     return choice.threads
+
+
+async def in_passing_thread(fn: Callable[..., Any], *args, **kwargs) -> Any:
+    """Await `fn(*args, **kwargs)` run on a thread started for it, which ends when it returns:
+    torch work off the event loop (loading or merging a model) that leaves no OpenMP team
+    behind, as `asyncio.to_thread`'s long-lived pool threads would (the module docstring)."""
+    executor = ThreadPoolExecutor(1, thread_name_prefix="flywheel-passing")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args, **kwargs))
+    finally:
+        executor.shutdown(wait=False)  # the thread exits once `fn` returns, even if we were cancelled

@@ -103,6 +103,22 @@ def test_a_sampler_episode_keeps_the_sampled_ids_masked_and_in_task_order():
     assert t.reward == 0.0 and t.metrics == {"length": 4.0, "wrong": 1.0}
 
 
+def test_a_sampler_episode_generates_on_the_thread_that_plays_it():
+    """Not on an executor thread: the thread that built the engine runs its forwards, so the
+    process's torch work keeps one OpenMP team (flywheel/threads.py)."""
+    import threading
+
+    threads = []
+
+    class Recording(ScriptedSampler):
+        def generate(self, prompts, params):
+            threads.append(threading.get_ident())
+            return super().generate(prompts, params)
+
+    asyncio.run(play(Sums(), Sums().tasks(), SamplerPolicy.greedy(Recording(), 8)))
+    assert threads == [threading.get_ident()]
+
+
 class Centred(Sums):
     """Group rewards: each member's reward minus its group's mean."""
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flywheel.threads import (CpuFacts, _cpu_ticks, cgroup_quota, choose_threads, omp_threads, quota_from_cfs,
-                              quota_from_cpu_max, use_threads)
+from flywheel.threads import (CpuFacts, _cpu_ticks, cgroup_quota, choose_threads, in_passing_thread, omp_threads,
+                              quota_from_cfs, quota_from_cpu_max, use_threads)
 
 
 @pytest.mark.parametrize("text, cpus", [
@@ -142,3 +142,27 @@ def test_rl_splits_the_cpus_it_may_use_between_learner_and_workers(monkeypatch, 
     cfg = validate({"model": "m", "env": {"name": "calculator"}, **settings}, RLConfig)
     assert rl._worker_threads(cfg, workers) == worker_threads
     assert rl._learner_threads(cfg, workers) == learner_threads
+
+
+def test_in_passing_thread_returns_raises_and_leaves_no_thread_behind():
+    import asyncio
+    import threading
+
+    ran_on = []
+
+    def work(x, *, y):
+        ran_on.append(threading.current_thread())
+        if x < 0:
+            raise ValueError(f"x={x}")
+        return x + y
+
+    async def main():
+        assert await in_passing_thread(work, 2, y=3) == 5
+        with pytest.raises(ValueError, match="x=-1"):
+            await in_passing_thread(work, -1, y=0)
+
+    asyncio.run(main())
+    assert len(ran_on) == 2 and all(t is not threading.main_thread() for t in ran_on)
+    for t in ran_on:
+        t.join(timeout=5)
+        assert not t.is_alive()  # gone, and an OpenMP team it made with it

@@ -1,11 +1,13 @@
 """AdapterPool: the LoRA adapters one engine serves, by name, at most `max_resident` in memory.
 
-`register(name, folder)` makes an adapter known; it is read and laid out for the decoder
-(inference/lora.py) the first time a request names it, and the least recently used one is
-dropped from memory when more than `max_resident` are resident. A dropped adapter stays
-registered and comes back on its next request; rows decoding with it meanwhile keep the
-tensors they hold. `get` is called by the thread that admits requests; `register` and
-`unregister` may come from others (a lock guards the tables).
+`register(name, folder)` makes an adapter known (read and checked against the decoder, then let
+go); it is read and laid out for the decoder (inference/lora.py) the first time a request names
+it, and the least recently used one is dropped from memory when more than `max_resident` are
+resident. A dropped adapter stays registered and comes back on its next request; rows decoding
+with it meanwhile keep the tensors they hold. `get` is called by the thread that admits
+requests, the one that runs the forwards, so the layout's tensor work runs there too
+(inference/decoder.py THREADS); `register` and `unregister` may come from others (a lock guards
+the tables).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from flywheel.inference.lora import AdapterError, Layout, Resident, read_adapter
+from flywheel.inference.lora import AdapterError, Layout, Resident, check_fits, read_adapter
 
 
 class AdapterPool:
@@ -31,15 +33,15 @@ class AdapterPool:
         self.loads = 0  # adapters read from disk so far (a resident hit reads nothing)
 
     def register(self, name: str, folder: str | Path, *, load: bool = True) -> None:
-        """Serve the adapter in `folder` as `name` (replacing one of that name). load: read it
-        now, so a folder the engine cannot serve is refused here (AdapterError)."""
+        """Serve the adapter in `folder` as `name` (replacing one of that name). load: read and
+        check it now, so a folder the engine cannot serve is refused here (AdapterError); it is
+        laid out by its first request."""
         folder = Path(folder)
-        resident = self._read(name, folder) if load else None
+        if load:
+            check_fits(read_adapter(folder, name), self.layout)
         with self._lock:
             self._folders[name] = folder
             self._resident.pop(name, None)
-            if resident is not None:
-                self._keep(name, resident)
 
     def unregister(self, name: str) -> None:
         with self._lock:

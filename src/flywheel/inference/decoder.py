@@ -12,6 +12,15 @@ written into the HF parameters is seen by the dense kernels at once (packed kern
 rebuilt by `refresh()`). Parameters pointed at tensors that already lie back to back (a
 shared-memory segment laid out by `fusion_groups`) are fused as views of those: dense
 kernels then run on the shared buffer itself. The engine owns its model.
+
+THREADS: the kernels are built by the first forward, not by the constructor, so that the thread
+that runs the forwards (a server's scheduler thread, say) is the one that builds them. torch's
+CPU ops run on libgomp (OpenMP), which keeps a team of worker threads per thread that ever ran a
+parallel op; once it manages more threads than there are CPUs (two such threads on a 2-core
+machine) it cuts its workers' spin-wait to ~100 iterations, so every parallel op after that
+pays a futex wake-up. Building the packed kernels on the main thread and decoding on another
+made SmolLM2's LoRA decode step 1.3-1.6x slower and its base step ~1.1x (docs/benchmarks.md).
+A process keeps its parallel torch work on one thread.
 """
 
 from __future__ import annotations
@@ -135,8 +144,11 @@ class LeanDecoder:
         self._scratch: dict = {}  # packed: reused buffers of the norm-folded weights
         self.sliding_window = getattr(cfg, "sliding_window", None) if (
             getattr(cfg, "use_sliding_window", True) and cfg.model_type != "qwen3") else None
+        # the kernels: built by the first forward, on the thread that runs the forwards (see
+        # THREADS in the module docstring), then by `refresh()` after each weight change
         self.layers: list[dict] | None = None
-        self.refresh()
+        self.top: dict | None = None
+        self._refresh_failed = False
 
     def _collect(self) -> list[dict]:
         """Per layer: the HF parameters (or views of the fused tensors) the kernels read."""
@@ -167,8 +179,10 @@ class LeanDecoder:
                 kernels = dense_kernels(weights, self._final_norm, self._lm_head, self.eps)
         except BaseException:
             self.layers = self.top = None
+            self._refresh_failed = True
             raise
         self.layers, self.top = kernels
+        self._refresh_failed = False
 
     def layout(self) -> Layout:
         """The projections' sizes, what a LoRA adapter is laid out for (inference/lora.py)."""
@@ -236,7 +250,10 @@ class LeanDecoder:
         lora: the LoRA adapter of each row (inference/lora.py), unmerged, on either kernel set.
         """
         if self.layers is None:
-            raise RuntimeError("the decoder has no kernels: rebuilding them after a weight change failed")
+            if self._refresh_failed:
+                raise RuntimeError("the decoder has no kernels: rebuilding them after a weight change failed")
+            with torch.inference_mode(False):  # the fused weights stay ordinary tensors, writable by updates
+                self.refresh()
         B, S = tokens_B_S.shape
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         if cache_rows is not None and cache.length != 0:

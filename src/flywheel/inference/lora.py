@@ -147,6 +147,17 @@ class Layout:
     qkv_order: torch.Tensor | None = None  # (out_q + out_k + out_v,) or None: the model's order
 
 
+def check_fits(adapter: Adapter, layout: Layout) -> None:
+    """AdapterError naming the first layer and module whose A or B does not fit the decoder.
+    Shapes only: no tensor work (adapters.py checks a folder on the registering thread)."""
+    for layer, module in adapter.pairs:
+        a, b = adapter.pairs[(layer, module)]
+        if layer >= layout.layers or a.shape[1] != layout.inp[module] or b.shape[0] != layout.out[module]:
+            raise AdapterError(f"adapter {adapter.name!r}: layer {layer} {module} has A {tuple(a.shape)}, "
+                               f"B {tuple(b.shape)}; the model's {module} is {layout.inp[module]} -> "
+                               f"{layout.out[module]} in {layout.layers} layers")
+
+
 class Resident:
     """An adapter laid out for one decoder: `parts[layer][projection]` = (A, B) or None.
     `serial`: unique per Resident made in this process, so what was computed with these weights
@@ -157,12 +168,7 @@ class Resident:
     def __init__(self, adapter: Adapter, layout: Layout, dtype: torch.dtype, device: torch.device):
         self.name = adapter.name
         self.serial = next(Resident._made)
-        for layer, module in adapter.pairs:
-            a, b = adapter.pairs[(layer, module)]
-            if layer >= layout.layers or a.shape[1] != layout.inp[module] or b.shape[0] != layout.out[module]:
-                raise AdapterError(f"adapter {adapter.name!r}: layer {layer} {module} has A {tuple(a.shape)}, "
-                                   f"B {tuple(b.shape)}; the model's {module} is {layout.inp[module]} -> "
-                                   f"{layout.out[module]} in {layout.layers} layers")
+        check_fits(adapter, layout)
         self.parts: list[dict[str, tuple[torch.Tensor, torch.Tensor] | None]] = []
         for layer in range(layout.layers):
             parts = {}

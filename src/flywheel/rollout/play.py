@@ -143,7 +143,9 @@ async def _play_sampler(env_spec: Environment, tasks: list[Task], policy: Sample
                 ep.conv = renderer.start(obs, env.tools)
             episodes.append(ep)
     while live := [ep for ep in episodes if not ep.done]:
-        samples = await asyncio.to_thread(sampler.generate, [ep.prompt() for ep in live], params)
+        # on this thread, not an executor's: the thread that built the engine runs its forwards,
+        # so the process's parallel torch work stays on one thread (inference/decoder.py THREADS)
+        samples = sampler.generate([ep.prompt() for ep in live], params)
         for ep, (sample,) in zip(live, samples):
             ep.add_sample(sample)
         results = await asyncio.gather(*(ep.env.step(s[0].text) for ep, s in zip(live, samples)))

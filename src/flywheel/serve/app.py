@@ -50,6 +50,7 @@ from flywheel.serve.ingest import TraceIntake, read_json
 from flywheel.serve.ingest_pool import IngestPool
 from flywheel.serve.openapi import install as install_openapi, route_doc
 from flywheel.serve.served_models import ServedModels
+from flywheel.threads import in_passing_thread
 from flywheel.train.lora import whole_model
 
 
@@ -302,7 +303,7 @@ async def model_content(model: str, tenant: Tenant, ft: FineTuningDep,
         raise OpenAIError(f"no fine-tuned model or checkpoint {model!r}", param="model", status=404,
                           type="not_found_error")
     if format == "merged":
-        path = await asyncio.to_thread(whole_model, Path(path))
+        path = await in_passing_thread(whole_model, Path(path))  # a merge's torch work, off the serving thread
     name = model.replace(":", "_").replace("/", "_")
     return StreamingResponse(tar_stream(Path(path), name), media_type="application/x-tar",
                              headers={"content-disposition": f'attachment; filename="{name}.tar"'})

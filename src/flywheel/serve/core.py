@@ -46,6 +46,7 @@ from flywheel.serve import responses as R
 from flywheel.errors import OpenAIError, bad
 from flywheel.serve.schemas import ChatCompletionRequest, CompletionRequest
 from flywheel.serve.traces import TraceEvent, TraceSink
+from flywheel.threads import in_passing_thread
 from flywheel.traces.tables import DEFAULT_TENANT
 from flywheel.traces.schema import describe
 
@@ -135,7 +136,7 @@ class OpenAIService:
         log.info("serving %s version %s from the next batch", self.name, version)
 
     async def switch_async(self, model, version: str, **load_kw) -> None:
-        await asyncio.to_thread(self.switch, model, version, **load_kw)
+        await in_passing_thread(self.switch, model, version, **load_kw)  # a model merge's torch work dies with it
 
     def with_adapter(self, name: str, adapter: str, label: str | None = None) -> "OpenAIService":
         """A view of this service answering as model `name` with the LoRA adapter `adapter` of

@@ -34,6 +34,7 @@ from flywheel.finetuning.fine_tuning import FineTuning, check_grader, run_checke
 from flywheel.serve.deps import FineTuningDep, Tenant, WebhooksDep
 from flywheel.serve.ingest import read_json
 from flywheel.serve.openapi import route_doc
+from flywheel.threads import in_passing_thread
 
 NOT_FOUND = {404: "no such object for this API key's tenant"}
 After = Annotated[str | None, Query(description="the id of the last object of the previous page")]
@@ -255,4 +256,5 @@ async def run_grader(request: Request, tenant: Tenant, ft: FineTuningDep) -> JSO
         raise OpenAIError("item must be an object", param="item")
     grader = check_grader(body["grader"], where="grader",
                           models=await asyncio.to_thread(ft.grader_models, tenant, body["grader"]))
-    return JSONResponse(await asyncio.to_thread(run_checked, grader, body["model_sample"], item))
+    # a model grader's forwards: torch work, on a thread that takes its OpenMP team along
+    return JSONResponse(await in_passing_thread(run_checked, grader, body["model_sample"], item))
