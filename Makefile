@@ -69,7 +69,7 @@ test-all:
 
 # Every benchmark, each printing its last line `name: key=value ...` and appending its table to
 # docs/benchmarks.md. They also need the peers (extra `bench`: trl, datasets, accelerate, pinned).
-BENCHES := generate sft envs sandbox code_repair swe serve traces weights async rl_update_parity rl_vs_trl rl_ablation demo api lora_serve backends learner scale_sim busy_machine learning_matrix real_model judge_agreement
+BENCHES := generate sft envs sandbox code_repair swe serve traces weights async rl_update_parity rl_vs_trl rl_ablation demo api lora_serve openmp_teams backends learner scale_sim busy_machine learning_matrix real_model judge_agreement
 bench:
 	@$(MAKE) --no-print-directory setup EXTRAS=dev,bench,ray
 	@$(MAKE) --no-print-directory system-deps SYSTEM_PACKAGES="bubblewrap wrk"  # wrk: bench/api.py's load generator
