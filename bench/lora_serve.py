@@ -18,7 +18,9 @@ free. Phases of a round:
 
   base: every request to the base model;
   lora: request i to adapter i mod 8 on the same engine, so every batch mixes adapters;
-  base_dense (context): the base on another engine with the dense kernels (F.linear).
+  base_dense (context): the base on another engine with the dense kernels (F.linear), made for
+    the phase and closed after it: two engines' scheduler threads in one process would be two
+    OpenMP teams, which slow each other's parallel ops (bench/openmp_teams.py).
 
 Round 0 warms up and is dropped; the order of base and lora alternates between rounds.
 Generated tokens are counted from `usage.completion_tokens`. Reported: medians over rounds of
@@ -102,10 +104,14 @@ def measure(name: str, args) -> tuple[list[str], dict[str, float]]:
     model = model_folder(name)
     folders = make_adapters(model, common.WORK / "lora_serve" / name, ADAPTERS, args.rank)
     # the engine a server builds for this model (packed kernels where available), serving the base
-    # and, side by side, the adapters; and the dense kernels, as context
+    # and, side by side, the adapters; and the dense kernels, as context: an engine made for its
+    # phase and closed after it, so that while base and lora run the process has one scheduler
+    # thread, one OpenMP team, as a server of one model has (flywheel/threads.py)
     served = OpenAIService(LocalEngine.from_path(str(model)), name=name, default_max_tokens=args.max_tokens)
-    dense = OpenAIService(LocalEngine.from_path(str(model), packed=False), name=name,
-                          default_max_tokens=args.max_tokens)
+
+    def dense() -> OpenAIService:
+        return OpenAIService(LocalEngine.from_path(str(model), packed=False), name=name,
+                             default_max_tokens=args.max_tokens)
     pool = served.engine.adapters
     pool.max_resident = ADAPTERS
     views = []
@@ -119,8 +125,10 @@ def measure(name: str, args) -> tuple[list[str], dict[str, float]]:
         for rnd in range(args.rounds + 1):
             order = ["base", "lora"] if rnd % 2 == 0 else ["lora", "base"]
             for phase_name in [*order, "base_dense"]:
-                services = {"base": [served], "lora": views, "base_dense": [dense]}[phase_name]
+                services = {"base": [served], "lora": views, "base_dense": [dense()]}[phase_name]
                 result = await phase(services, bodies, args.clients)
+                if phase_name == "base_dense":
+                    services[0].close()  # its scheduler thread ends, and its OpenMP team with it
                 if rnd > 0:
                     runs[phase_name].append(result)
                 print(f"{name} round {rnd} {phase_name}: {result['tok_s']:.0f} tokens/s ({result['tokens']} tokens)",
@@ -129,7 +137,6 @@ def measure(name: str, args) -> tuple[list[str], dict[str, float]]:
     asyncio.run(rounds())
     mem_mb = pool.resident_bytes / len(pool.resident) / 2 ** 20
     served.close()
-    dense.close()
     ratios = [lo["tok_s"] / b["tok_s"] for lo, b in zip(runs["lora"], runs["base"])]
 
     def med(phase_name: str) -> float:
