@@ -294,3 +294,26 @@ def test_an_idle_scheduler_keeps_collecting_while_jobs_keep_arriving():
         assert engine.batches == [[[k] for k in range(6)]] and sched.stats.batches == 1
     finally:
         sched.close()
+
+
+def test_an_idle_worker_thread_ends_and_the_next_job_starts_another():
+    """A thread that ran torch's parallel ops keeps an OpenMP team while it lives: an idle
+    scheduler lets its thread go (flywheel/threads.py)."""
+    ran_on = []
+
+    class Recording(FakeEngine):
+        def generate(self, prompts, params):
+            ran_on.append(threading.current_thread())
+            return super().generate(prompts, params)
+
+    sched = BatchScheduler(Recording(), "v1", window_s=0.0, idle_exit_s=0.05)
+    try:
+        assert sched.submit([1], SamplingParams()).result(10).samples[0].token_ids == [1]
+        ran_on[0].join(5)
+        assert not ran_on[0].is_alive()  # idle for idle_exit_s: gone
+        assert sched.submit([2], SamplingParams()).result(10).samples[0].token_ids == [2]
+        assert ran_on[1] is not ran_on[0]
+    finally:
+        sched.close()
+    with pytest.raises(ValueError, match="idle_exit_s"):
+        BatchScheduler(FakeEngine(), "v1", idle_exit_s=0)

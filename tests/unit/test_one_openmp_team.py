@@ -62,6 +62,7 @@ def model_and_adapter(tmp_path_factory):
     return base, root / "adapter"
 
 
+@pytest.mark.slow  # two fresh interpreters that load torch and a model (~15 s): make test-all
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
 @pytest.mark.parametrize("kernels", ["packed", "dense"])
 def test_a_served_engine_runs_its_torch_work_in_one_openmp_team(model_and_adapter, kernels):

@@ -20,6 +20,11 @@ get a future resolving to a `JobResult`. Guarantees:
   what it has (rows still generating: finish_reason "cancelled").
 - A job the engine refuses fails alone with its ValueError; a failing batch or joining
   prefill is retried job by job, so only the culprit fails.
+- The worker thread ends after `idle_exit_s` with nothing queued and the next `submit` starts
+  another: a thread that ran torch's parallel ops keeps an OpenMP team while it lives, and a
+  second team in the process (a loop training on its main thread while the server idles)
+  makes libgomp stop spin-waiting, slowing every parallel op (flywheel/threads.py; a tiny-model
+  SFT step 1.1-1.3x as long beside an idle scheduler's team).
 """
 
 from __future__ import annotations
@@ -93,15 +98,20 @@ class _Job:
     adapter: str | None = None  # the LoRA adapter of the engine's AdapterPool to decode with
 
 
+IDLE_EXIT_S = 1.0  # a worker thread with nothing queued this long ends (see the module doc)
+
+
 class BatchScheduler:
     """Runs an engine on one worker thread for the jobs submitted concurrently (see the module doc)."""
 
     def __init__(self, engine: Sampler, label: str, *, max_batch: int = 64, window_s: float = 0.002,
-                 max_wait_s: float | None = None, continuous: bool = True):
+                 max_wait_s: float | None = None, continuous: bool = True, idle_exit_s: float = IDLE_EXIT_S):
         """window_s: when idle, keep collecting jobs until none arrived for this long.
         max_wait_s: ... but no longer than this after the first (default 10 * window_s).
         continuous: step a LocalEngine one
-        token at a time, with jobs joining between steps; False: whole batches always."""
+        token at a time, with jobs joining between steps; False: whole batches always.
+        idle_exit_s: the worker thread ends after this long with nothing queued (the next
+        submit starts another)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if window_s < 0:
@@ -109,6 +119,9 @@ class BatchScheduler:
         max_wait_s = 10 * window_s if max_wait_s is None else max_wait_s
         if max_wait_s < window_s:
             raise ValueError(f"max_wait_s ({max_wait_s}) must be >= window_s ({window_s})")
+        if idle_exit_s <= 0:
+            raise ValueError(f"idle_exit_s must be > 0, got {idle_exit_s}")
+        self.idle_exit_s = idle_exit_s
         self.max_batch = max_batch
         self.window_s = window_s
         self.max_wait_s = max_wait_s
@@ -119,8 +132,9 @@ class BatchScheduler:
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="flywheel-batch-scheduler", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # the worker, while it lives (guarded by _cond)
+        with self._cond:
+            self._start_worker()
 
     # ------------------------------------------------------------------ callers
 
@@ -147,6 +161,8 @@ class BatchScheduler:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
             self._queue.append(job)
+            if self._thread is None:
+                self._start_worker()
             self._cond.notify_all()
         return job.future
 
@@ -174,9 +190,16 @@ class BatchScheduler:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout)
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     # ------------------------------------------------------------------ worker
+
+    def _start_worker(self) -> None:
+        """Held: _cond."""
+        self._thread = threading.Thread(target=self._run, name="flywheel-batch-scheduler", daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
         while True:
@@ -184,7 +207,9 @@ class BatchScheduler:
                 while not self._queue:
                     if self._closed:
                         return
-                    self._cond.wait()
+                    if not self._cond.wait(self.idle_exit_s) and not self._queue and not self._closed:
+                        self._thread = None  # idle: end, and this thread's OpenMP team with it
+                        return
                 if self._next is not None:
                     self._current, self._next = self._next, None
                     self.stats.switches += 1
