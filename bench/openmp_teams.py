@@ -17,6 +17,11 @@ starts a worker thread that decodes:
 Per process: `--steps` timed steps of each kind, interleaved, after 3 warm-up steps; its figure
 is the median. The two arrangements alternate `--repeats` times; reported: medians of the
 processes' figures (range) and the ratio two teams / one team of step times, paired per repeat.
+
+Training beside an idle team (why an idle scheduler's thread ends, inference/scheduler.py): an
+SFT step (forward, backward, AdamW) of the peer protocol's tiny model on 16 x 128 tokens, on the
+main thread, alone (one team) or with another live thread that ran one parallel op and now
+waits (two teams), the same repeats and steps.
 """
 
 from __future__ import annotations
@@ -82,10 +87,49 @@ worker.join()
 print(json.dumps(state["out"]))
 """ % (ROWS, CACHED)
 
+TRAIN_CHILD = r"""
+import json, statistics, sys, threading, time
+import torch
+torch.set_num_threads(int(sys.argv[3]))
+from transformers import AutoModelForCausalLM
+
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1])
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+ids = torch.randint(0, 200, (16, 128), generator=torch.Generator().manual_seed(0))
+idle = threading.Event()
+if sys.argv[2] == "two":
+    def bystander():
+        torch.randn(1000, 1000).mul_(2)  # a parallel op: this thread keeps a team while it waits
+        idle.wait()
+    threading.Thread(target=bystander).start()
+    time.sleep(0.2)
+
+def step():
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+for _ in range(3):
+    step()
+times = []
+for _ in range(int(sys.argv[4])):
+    t = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t)
+idle.set()
+print(json.dumps({"train_ms": 1e3 * statistics.median(times)}))
+"""
+
 
 def run_child(model: Path, adapters: list[Path], arrangement: str, threads: int, steps: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(model), json.dumps([str(a) for a in adapters]),
-                          arrangement, str(threads), str(steps)], capture_output=True, text=True, timeout=1800)
+    decode = _child([CHILD, str(model), json.dumps([str(a) for a in adapters]), arrangement, str(threads),
+                     str(steps)], arrangement)
+    return {**decode, **_child([TRAIN_CHILD, str(common.tiny_model()), arrangement, str(threads), str(steps)],
+                               arrangement)}
+
+
+def _child(argv: list[str], arrangement: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", *argv], capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
         raise RuntimeError(f"{arrangement} team(s) child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -115,19 +159,22 @@ def main() -> None:
     def rng(values: list[float], digits: int = 1) -> str:
         return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
-    ratios = {k: [t[k] / o[k] for o, t in zip(runs["one"], runs["two"])] for k in ("base_ms", "lora_ms")}
+    ratios = {k: [t[k] / o[k] for o, t in zip(runs["one"], runs["two"])] for k in ("base_ms", "lora_ms", "train_ms")}
     lines = [f"Machine: {common.machine_line(args.threads)}. Model: {args.model}, lean decoder, default kernels; "
              f"a decode step of {ROWS} rows at cache length {CACHED}; LoRA: row i on adapter i mod {ADAPTERS} "
              f"(rank {RANK}, all seven projections). {args.repeats} processes per arrangement, each the median of "
              f"{args.steps} steps. Figures: median (range) over processes.", "",
-             "| arrangement | base step, ms | LoRA step, ms |", "|---|---|---|",
-             *(f"| {name} | {rng([r['base_ms'] for r in runs[key]])} | {rng([r['lora_ms'] for r in runs[key]])} |"
-               for key, name in (("one", "one team: the decoding thread built everything"),
-                                 ("two", "two teams: the main thread built, another decodes"))), "",
+             "| arrangement | base step, ms | LoRA step, ms | tiny SFT step, ms |", "|---|---|---|---|",
+             *(f"| {name} | {rng([r['base_ms'] for r in runs[key]])} | {rng([r['lora_ms'] for r in runs[key]])} | "
+               f"{rng([r['train_ms'] for r in runs[key]])} |"
+               for key, name in (("one", "one team: the decoding (training) thread alone"),
+                                 ("two", "two teams: the main thread built, another decodes (an idle "
+                                         "thread's team beside training)"))), "",
              f"Two teams / one team, step time paired per repeat: base {rng(ratios['base_ms'], 2)}, "
-             f"LoRA {rng(ratios['lora_ms'], 2)}."]
+             f"LoRA {rng(ratios['lora_ms'], 2)}, SFT {rng(ratios['train_ms'], 2)}."]
     last = (f"openmp_teams: base_slowdown={statistics.median(ratios['base_ms']):.2f} "
             f"lora_slowdown={statistics.median(ratios['lora_ms']):.2f} "
+            f"train_slowdown={statistics.median(ratios['train_ms']):.2f} "
             f"one_team_lora_ms={statistics.median(r['lora_ms'] for r in runs['one']):.1f} "
             f"two_teams_lora_ms={statistics.median(r['lora_ms'] for r in runs['two']):.1f} "
             f"model={args.model} threads={args.threads}")
