@@ -14,13 +14,9 @@ shared-memory segment laid out by `fusion_groups`) are fused as views of those: 
 kernels then run on the shared buffer itself. The engine owns its model.
 
 THREADS: the kernels are built by the first forward, not by the constructor, so that the thread
-that runs the forwards (a server's scheduler thread, say) is the one that builds them. torch's
-CPU ops run on libgomp (OpenMP), which keeps a team of worker threads per thread that ever ran a
-parallel op; once it manages more threads than there are CPUs (two such threads on a 2-core
-machine) it cuts its workers' spin-wait to ~100 iterations, so every parallel op after that
-pays a futex wake-up. Building the packed kernels on the main thread and decoding on another
-made SmolLM2's LoRA decode step 1.3-1.6x slower and its base step ~1.1x (docs/benchmarks.md).
-A process keeps its parallel torch work on one thread.
+that runs the forwards (a server's scheduler thread, say) is the one that builds them: a process
+keeps its parallel torch work on one thread (flywheel/threads.py says why;
+bench/openmp_teams.py measures it).
 """
 
 from __future__ import annotations
