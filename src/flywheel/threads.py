@@ -23,14 +23,14 @@ And on which thread: one. torch's CPU ops run on libgomp (OpenMP), which keeps a
 threads for every thread that ever ran a parallel op, for as long as that thread lives. Once it
 manages more threads than there are CPUs (a second such thread on a 2-core machine), it cuts
 every worker's spin-wait to ~100 iterations, so each parallel op after that pays a futex
-wake-up: SmolLM2's decode step served from a scheduler thread while the main thread had built
-the kernels took 1.15-1.17x as long, with eight LoRA adapters 1.41-1.46x, and a tiny-model SFT
-step beside another thread's idle team 1.28x (bench/openmp_teams.py). So a
-process runs its parallel torch work on one thread: an engine builds its kernels and lays out
-its adapters on the thread that runs its forwards (inference/decoder.py, adapters.py), a
-rollout plays on the thread that built its engine (rollout/play.py), and torch work that must
-run elsewhere, off a server's event loop, runs `in_passing_thread`: a thread that ends with
-it, taking its team along; an idle batch scheduler's thread ends too (inference/scheduler.py).
+wake-up: a decode step served from a scheduler thread after the main thread built the kernels,
+most of all one with LoRA adapters, and a training step beside another thread's idle team both
+run measurably slower (bench/openmp_teams.py, figures in docs/benchmarks.md). So a process
+runs its parallel torch work on one thread: an engine builds its kernels and lays out its
+adapters on the thread that runs its forwards (inference/decoder.py, adapters.py), a rollout
+plays on the thread that built its engine (rollout/play.py), and torch work that must run
+elsewhere, off a server's event loop, runs `in_passing_thread`: a thread that ends with it,
+taking its team along; an idle batch scheduler's thread ends too (inference/scheduler.py).
 """
 
 from __future__ import annotations

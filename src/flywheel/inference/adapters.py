@@ -39,6 +39,7 @@ class AdapterPool:
         folder = Path(folder)
         if load:
             check_fits(read_adapter(folder, name), self.layout)
+            self.loads += 1
         with self._lock:
             self._folders[name] = folder
             self._resident.pop(name, None)

@@ -23,8 +23,8 @@ get a future resolving to a `JobResult`. Guarantees:
 - The worker thread ends after `idle_exit_s` with nothing queued and the next `submit` starts
   another: a thread that ran torch's parallel ops keeps an OpenMP team while it lives, and a
   second team in the process (a loop training on its main thread while the server idles)
-  makes libgomp stop spin-waiting, slowing every parallel op (flywheel/threads.py; a tiny-model
-  SFT step 1.28x as long beside an idle thread's team, bench/openmp_teams.py).
+  makes libgomp stop spin-waiting, slowing every parallel op (flywheel/threads.py; measured by
+  bench/openmp_teams.py).
 """
 
 from __future__ import annotations
