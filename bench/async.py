@@ -11,6 +11,13 @@ better sync variant (each chosen by its median over repeats); reported: the medi
 of the per-repeat ratios. The whole run's wall time (model loads, worker start-up) is shown
 beside it as context.
 
+The ceiling: two synchronous runs at once, 1 thread each, independent (no weights shared, no
+waiting on each other), their samples/s summed. It is what the two cores give this work when
+both are busy with the cheapest arrangement (1-thread kernels, full batches, nothing to
+coordinate); an asynchronous run does the same work and more (weight pick-ups, smaller batches
+per worker), so its ratio to the synchronous peer can reach this one but should not be expected
+past it. Measured in the same repeats, interleaved with the variants.
+
 Two workloads:
   - calculator: multi-turn tool use (bare prompts, "What is a + b?" with 2-3 digit numbers, the
     calc tool) where every call takes `--tool-latency-s`; the policy is the demo's base model
@@ -23,7 +30,9 @@ Two workloads:
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
+import subprocess
 import statistics
 import sys
 import time
@@ -50,13 +59,13 @@ def variants(threads: int) -> dict[str, dict]:
 
 
 def run(model: Path, env: dict, v: dict, steps: int, groups: int, group_size: int,
-        max_tokens: int) -> tuple[list[dict], float]:
+        max_tokens: int, tag: str = "") -> tuple[list[dict], float]:
     """(the per-step metrics records, the wall time of the whole run_rl call)."""
     from flywheel.config import RLConfig, validate
     from flywheel.train.metrics import read_metrics
     from flywheel.train.rl import run_rl
 
-    out = common.WORK / f"async-k{v['k']}-w{v['workers']}"
+    out = common.WORK / f"async-k{v['k']}-w{v['workers']}{tag}"
     shutil.rmtree(out, ignore_errors=True)
     cfg = validate(dict(model=str(model), output_dir=str(out), env=env,
                         train={"steps": steps, "groups_per_step": groups, "group_size": group_size},
@@ -71,6 +80,32 @@ def run(model: Path, env: dict, v: dict, steps: int, groups: int, group_size: in
     if len(records) != steps:
         sys.exit(f"{out}/metrics.jsonl has {len(records)} step records, not {steps}")
     return records, wall
+
+
+ONE_THREAD_SYNC = dict(k=0, workers=0, learner=1, gen=1)
+
+
+def run_pair(model: Path, env: dict, steps: int, groups: int, group_size: int, max_tokens: int) -> float:
+    """The ceiling: two 1-thread synchronous runs started together in their own processes
+    (`--one-run`); the sum of their samples / their step times' sums."""
+    spec = json.dumps(dict(model=str(model), env=env, steps=steps, groups=groups, group_size=group_size,
+                           max_tokens=max_tokens))
+    procs = [subprocess.Popen([sys.executable, __file__, "--one-run", spec, f"--tag=-pair{i}"],
+                              stdout=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        sys.exit(f"a ceiling run failed: exit codes {[p.returncode for p in procs]}")
+    return sum(json.loads(o.strip().splitlines()[-1])["sps"] for o in outs)
+
+
+def one_run(spec: str, tag: str) -> None:
+    """A ceiling half: one 1-thread synchronous run; prints {"sps": ...} as its last line."""
+    common.set_threads(1)
+    s = json.loads(spec)
+    records, _ = run(Path(s["model"]), s["env"], ONE_THREAD_SYNC, s["steps"], s["groups"], s["group_size"],
+                     s["max_tokens"], tag=tag)
+    print(json.dumps({"sps": s["groups"] * s["group_size"] * len(records)
+                      / sum(r["time/step_s"] for r in records)}))
 
 
 def calculator_rl(steps: int, threads: int) -> tuple[float, float]:
@@ -101,7 +136,9 @@ def measure(name: str, model: Path, env: dict, args, groups: int, group_size: in
     steady: dict[str, list[float]] = {n: [] for n in runs}  # the same without step 1, for every variant alike
     first: dict[str, list[float]] = {n: [] for n in runs}  # step 1's seconds (an async run's include its workers' start)
     split: dict[str, dict] = {}
+    ceiling: list[float] = []  # the pair's summed samples/s, per repeat
     for _ in range(args.repeats):
+        ceiling.append(run_pair(model, env, args.steps, groups, group_size, max_tokens))
         for n, v in runs.items():
             records, wall = run(model, env, v, args.steps, groups, group_size, max_tokens)
             samples = groups * group_size * len(records)
@@ -121,7 +158,11 @@ def measure(name: str, model: Path, env: dict, args, groups: int, group_size: in
     # times: (rollout + learn) / max(rollout, learn) (more workers than one can go past it)
     rollout, learn = split[best_sync]["time/rollout_wait_s"], split[best_sync]["time/train_s"]
     limit = (rollout + learn) / max(rollout, learn, 1e-9)
-    return {"name": name, "med": med, "runs": sps, "split": split, "best_sync": best_sync,
+    ceiling_ratios = [c / b for c, b in zip(ceiling, sps[best_sync])]
+    return {"ceiling": ceiling, "ceiling_ratios": ceiling_ratios,
+            "ceiling_ratio": statistics.median(ceiling_ratios),
+            "ceiling_share": statistics.median(ratios) / statistics.median(ceiling_ratios),
+            "name": name, "med": med, "runs": sps, "split": split, "best_sync": best_sync,
             "overlap_limit": limit, "overlap_share": statistics.median(ratios) / limit,
             "best_async": best_async, "ratios": ratios, "ratio": statistics.median(ratios),
             "wall_ratio": statistics.median(wall_ratios), "steady_ratios": steady_ratios,
@@ -139,7 +180,11 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=8, help="calculator tasks per step (x 8 attempts)")
     ap.add_argument("--calculator-rl-steps", type=int, default=20,
                     help="GRPO steps of the held-out success report (calculator from memory); 0 = skip")
+    ap.add_argument("--one-run", metavar="JSON", help=argparse.SUPPRESS)  # a ceiling half (run_pair)
+    ap.add_argument("--tag", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.one_run:
+        return one_run(args.one_run, args.tag)
     threads = common.set_threads(args.threads)
     from flywheel.demo.base import base_model
 
@@ -154,8 +199,9 @@ def main() -> None:
     names = list(results[0]["med"])
     rows = ["| workload | " + " | ".join(f"{n} samples/s" for n in names) + " | ratio, median (range) | "
             "ratio of run walls | without step 1: ratio (range) | step 1 s, async / sync | overlap limit "
-            "(sync's own times) | share of it |",
-            "|---|" + "---|" * (len(names) + 6)]
+            "(sync's own times) | share of it | ceiling samples/s | ceiling / sync, median (range) | "
+            "async ratio / ceiling ratio |",
+            "|---|" + "---|" * (len(names) + 9)]
     for r in results:
         cells = [f"**{r['med'][n]:.1f}**" if n in (r["best_sync"], r["best_async"]) else f"{r['med'][n]:.1f}"
                  for n in names]
@@ -163,7 +209,9 @@ def main() -> None:
                     f"({min(r['ratios']):.2f}-{max(r['ratios']):.2f}) | {r['wall_ratio']:.2f} | "
                     f"{r['steady_ratio']:.2f} ({min(r['steady_ratios']):.2f}-{max(r['steady_ratios']):.2f}) | "
                     f"{r['first_async_s']:.2f} / {r['first_sync_s']:.2f} | {r['overlap_limit']:.2f} | "
-                    f"{r['overlap_share']:.2f} |")
+                    f"{r['overlap_share']:.2f} | {statistics.median(r['ceiling']):.1f} | "
+                    f"{r['ceiling_ratio']:.2f} ({min(r['ceiling_ratios']):.2f}-{max(r['ceiling_ratios']):.2f}) | "
+                    f"{r['ceiling_share']:.2f} |")
     split_rows = ["| workload | variant | learner waits s | learner trains s | generation s (per item) | reward |",
                   "|---|---|---|---|---|---|"]
     for r in results:
@@ -189,7 +237,9 @@ def main() -> None:
         "(run_rl starts rollout workers before it builds the learner and waits for them before step 1, off the "
         "step clock; the run-wall ratio still counts that start-up). Overlap limit: (rollout + learn) / "
         "max(rollout, learn) from the better sync run's own median step times, what overlapping the two alone "
-        "could give; two workers generating at once can pass it. "
+        "could give; two workers generating at once can pass it. Ceiling: two 1-thread synchronous runs "
+        "started together in their own processes, samples/s summed, per repeat over the better sync variant: "
+        "what the two cores give this work with nothing to coordinate. "
         f"Calculator: {args.groups} tasks x 8 attempts per step, <= 128 tokens per turn, bare prompts "
         f"(a + b, 2-3 digits), every calc call sleeps the row's latency; policy: the demo's "
         "base model. Arithmetic: 8 x 8, <= 6 tokens. Threads: a sync run's learner uses all; async runs give "
@@ -204,6 +254,8 @@ def main() -> None:
             f"arithmetic_steady_ratio={arith['steady_ratio']:.2f} first_step_async_s={calc['first_async_s']:.2f} "
             f"overlap_limit={calc['overlap_limit']:.2f} overlap_share={calc['overlap_share']:.2f} "
             f"arithmetic_overlap_limit={arith['overlap_limit']:.2f} arithmetic_overlap_share={arith['overlap_share']:.2f} "
+            f"ceiling_ratio={calc['ceiling_ratio']:.2f} ceiling_share={calc['ceiling_share']:.2f} "
+            f"arithmetic_ceiling_ratio={arith['ceiling_ratio']:.2f} "
             f"calculator_sync_sps={calc['med'][calc['best_sync']]:.1f} "
             f"calculator_async_sps={calc['med'][calc['best_async']]:.1f} "
             f"calculator_success_before={rl_before:.2f} calculator_success_after={rl_after:.2f} "
