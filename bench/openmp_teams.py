@@ -18,18 +18,10 @@ Per process: `--steps` timed steps of each kind, interleaved, after 3 warm-up st
 is the median. The two arrangements alternate `--repeats` times; reported: medians of the
 processes' figures (range) and the ratio two teams / one team of step times, paired per repeat.
 
-Training beside an idle team (why an idle compute thread ends, inference/compute_thread.py): an
+Training beside an idle team (why an idle scheduler's thread ends, inference/scheduler.py): an
 SFT step (forward, backward, AdamW) of the peer protocol's tiny model on 16 x 128 tokens, on the
 main thread, alone (one team) or with another live thread that ran one parallel op and now
 waits (two teams), the same repeats and steps.
-
-Two engines served at once (why every batch scheduler hands its forwards to the process's one
-compute thread): two copies of the model, each behind its own BatchScheduler, each given
-SERVE_JOBS concurrent jobs (a 64-token prompt, 32 tokens, no early stop) at once; the figure is
-both engines' generated tokens over the wall time until the last job ends, the median of
-`--serve-rounds` rounds after one warm-up round. One team: both schedulers on the process's
-compute thread (the code as it runs); two teams: each scheduler on a compute thread of its own,
-which is how the schedulers ran before, each decoding on its own thread.
 """
 
 from __future__ import annotations
@@ -45,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 ROWS, CACHED, ADAPTERS, RANK = 32, 160, 8, 16
-SERVE_JOBS, SERVE_PROMPT, SERVE_TOKENS = 16, 64, 32
 
 CHILD = r"""
 import json, statistics, sys, threading, time
@@ -129,41 +120,12 @@ idle.set()
 print(json.dumps({"train_ms": 1e3 * statistics.median(times)}))
 """
 
-SERVE_CHILD = r"""
-import json, statistics, sys, time
-import torch
-torch.set_num_threads(int(sys.argv[3]))
-from flywheel.inference import LocalEngine, SamplingParams
-from flywheel.inference.compute_thread import COMPUTE, ComputeThread
-from flywheel.inference.scheduler import BatchScheduler
 
-JOBS, PROMPT, TOKENS = %d, %d, %d
-engines = [LocalEngine.from_path(sys.argv[1]) for _ in range(2)]
-computes = [COMPUTE, COMPUTE] if sys.argv[2] == "one" else [ComputeThread(), ComputeThread()]
-schedulers = [BatchScheduler(e, f"e{i}", max_batch=JOBS, compute=c) for i, (e, c) in enumerate(zip(engines, computes))]
-params = SamplingParams(temperature=0, max_tokens=TOKENS, ignore_eos=True)
-
-def round_tokens_per_s():
-    t = time.perf_counter()
-    futures = [s.submit([(7 * j + k) %% 200 + 3 for k in range(PROMPT)], params) for j in range(JOBS) for s in schedulers]
-    tokens = sum(len(f.result(600).samples[0].token_ids) for f in futures)
-    return tokens / (time.perf_counter() - t)
-
-round_tokens_per_s()
-rates = [round_tokens_per_s() for _ in range(int(sys.argv[4]))]
-for s in schedulers:
-    s.close()
-print(json.dumps({"serve_tps": statistics.median(rates)}))
-""" % (SERVE_JOBS, SERVE_PROMPT, SERVE_TOKENS)
-
-
-def run_child(model: Path, adapters: list[Path], arrangement: str, threads: int, steps: int,
-              serve_rounds: int) -> dict:
+def run_child(model: Path, adapters: list[Path], arrangement: str, threads: int, steps: int) -> dict:
     decode = _child([CHILD, str(model), json.dumps([str(a) for a in adapters]), arrangement, str(threads),
                      str(steps)], arrangement)
-    train = _child([TRAIN_CHILD, str(common.tiny_model()), arrangement, str(threads), str(steps)], arrangement)
-    serve = _child([SERVE_CHILD, str(model), arrangement, str(threads), str(serve_rounds)], arrangement)
-    return {**decode, **train, **serve}
+    return {**decode, **_child([TRAIN_CHILD, str(common.tiny_model()), arrangement, str(threads), str(steps)],
+                               arrangement)}
 
 
 def _child(argv: list[str], arrangement: str) -> dict:
@@ -181,48 +143,38 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=15)
-    ap.add_argument("--serve-rounds", type=int, default=3, help="timed rounds of the two-engine serving figure")
     ap.add_argument("--smoke", action="store_true", help="tiny model, one short repeat, writes nothing")
     ap.add_argument("--no-write", action="store_true", help="print the table, append nothing")
     args = ap.parse_args()
     if args.smoke:
-        args.model, args.repeats, args.steps, args.serve_rounds = "tiny", 1, 3, 1
+        args.model, args.repeats, args.steps = "tiny", 1, 3
     model = model_folder(args.model)
     adapters = make_adapters(model, common.WORK / "lora_serve" / args.model, ADAPTERS, RANK)
     runs: dict[str, list[dict]] = {"one": [], "two": []}
     for rep in range(args.repeats):
         for arrangement in (["one", "two"] if rep % 2 == 0 else ["two", "one"]):
-            runs[arrangement].append(run_child(model, adapters, arrangement, args.threads, args.steps,
-                                               args.serve_rounds))
+            runs[arrangement].append(run_child(model, adapters, arrangement, args.threads, args.steps))
             print(f"repeat {rep} {arrangement} team(s): {runs[arrangement][-1]}", flush=True)
 
     def rng(values: list[float], digits: int = 1) -> str:
         return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
     ratios = {k: [t[k] / o[k] for o, t in zip(runs["one"], runs["two"])] for k in ("base_ms", "lora_ms", "train_ms")}
-    ratios["serve_tps"] = [o["serve_tps"] / t["serve_tps"] for o, t in zip(runs["one"], runs["two"])]
     lines = [f"Machine: {common.machine_line(args.threads)}. Model: {args.model}, lean decoder, default kernels; "
              f"a decode step of {ROWS} rows at cache length {CACHED}; LoRA: row i on adapter i mod {ADAPTERS} "
              f"(rank {RANK}, all seven projections). {args.repeats} processes per arrangement, each the median of "
-             f"{args.steps} steps. Two engines served at once: two copies of the model behind a BatchScheduler "
-             f"each, {SERVE_JOBS} jobs each at once ({SERVE_PROMPT}-token prompt, {SERVE_TOKENS} tokens), both "
-             f"engines' tokens over the wall time, median of {args.serve_rounds} rounds per process. "
-             "Figures: median (range) over processes.", "",
-             "| arrangement | base step, ms | LoRA step, ms | tiny SFT step, ms | two engines served at once, tokens/s |",
-             "|---|---|---|---|---|",
+             f"{args.steps} steps. Figures: median (range) over processes.", "",
+             "| arrangement | base step, ms | LoRA step, ms | tiny SFT step, ms |", "|---|---|---|---|",
              *(f"| {name} | {rng([r['base_ms'] for r in runs[key]])} | {rng([r['lora_ms'] for r in runs[key]])} | "
-               f"{rng([r['train_ms'] for r in runs[key]])} | {rng([r['serve_tps'] for r in runs[key]])} |"
-               for key, name in (("one", "one team: the decoding (training) thread alone; both schedulers on the "
-                                         "compute thread"),
+               f"{rng([r['train_ms'] for r in runs[key]])} |"
+               for key, name in (("one", "one team: the decoding (training) thread alone"),
                                  ("two", "two teams: the main thread built, another decodes (an idle "
-                                         "thread's team beside training; a compute thread per scheduler)"))), "",
+                                         "thread's team beside training)"))), "",
              f"Two teams / one team, step time paired per repeat: base {rng(ratios['base_ms'], 2)}, "
-             f"LoRA {rng(ratios['lora_ms'], 2)}, SFT {rng(ratios['train_ms'], 2)}; two engines served, "
-             f"tokens/s one team / two teams {rng(ratios['serve_tps'], 2)}."]
+             f"LoRA {rng(ratios['lora_ms'], 2)}, SFT {rng(ratios['train_ms'], 2)}."]
     last = (f"openmp_teams: base_slowdown={statistics.median(ratios['base_ms']):.2f} "
             f"lora_slowdown={statistics.median(ratios['lora_ms']):.2f} "
             f"train_slowdown={statistics.median(ratios['train_ms']):.2f} "
-            f"two_engines_speedup={statistics.median(ratios['serve_tps']):.2f} "
             f"one_team_lora_ms={statistics.median(r['lora_ms'] for r in runs['one']):.1f} "
             f"two_teams_lora_ms={statistics.median(r['lora_ms'] for r in runs['two']):.1f} "
             f"model={args.model} threads={args.threads}")

@@ -30,9 +30,7 @@ runs its parallel torch work on one thread: an engine builds its kernels and lay
 adapters on the thread that runs its forwards (inference/decoder.py, adapters.py), a rollout
 plays on the thread that built its engine (rollout/play.py), and torch work that must run
 elsewhere, off a server's event loop, runs `in_passing_thread`: a thread that ends with it,
-taking its team along; every batch scheduler hands its engine's forwards to the process's one
-compute thread, which ends when idle (inference/compute_thread.py), so a server serving several
-engines at once keeps one team.
+taking its team along; an idle batch scheduler's thread ends too (inference/scheduler.py).
 """
 
 from __future__ import annotations

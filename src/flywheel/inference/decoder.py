@@ -14,7 +14,7 @@ shared-memory segment laid out by `fusion_groups`) are fused as views of those: 
 kernels then run on the shared buffer itself. The engine owns its model.
 
 THREADS: the kernels are built by the first forward, not by the constructor, so that the thread
-that runs the forwards (a server's compute thread, say) is the one that builds them: a process
+that runs the forwards (a server's scheduler thread, say) is the one that builds them: a process
 keeps its parallel torch work on one thread (flywheel/threads.py says why;
 bench/openmp_teams.py measures it).
 """

@@ -20,11 +20,11 @@ get a future resolving to a `JobResult`. Guarantees:
   what it has (rows still generating: finish_reason "cancelled").
 - A job the engine refuses fails alone with its ValueError; a failing batch or joining
   prefill is retried job by job, so only the culprit fails.
-- A LocalEngine's forwards (prefills, decode steps, whole-batch generates) run on the
-  process's compute thread (inference/compute_thread.py), the worker thread waiting: however
-  many schedulers a process runs, its torch work keeps one OpenMP team (flywheel/threads.py).
-  Other samplers (vLLM, remote, fakes) run on the worker thread, so a slow remote call holds
-  up no local engine.
+- The worker thread ends after `idle_exit_s` with nothing queued and the next `submit` starts
+  another: a thread that ran torch's parallel ops keeps an OpenMP team while it lives, and a
+  second team in the process (a loop training on its main thread while the server idles)
+  makes libgomp stop spin-waiting, slowing every parallel op (flywheel/threads.py; measured by
+  bench/openmp_teams.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from flywheel.inference.compute_thread import COMPUTE, ComputeThread
 from flywheel.inference.decode import DecodeRequest
 from flywheel.inference.engine import LocalEngine
 from flywheel.inference.sampler import Sample, Sampler, SamplingParams
@@ -99,16 +98,20 @@ class _Job:
     adapter: str | None = None  # the LoRA adapter of the engine's AdapterPool to decode with
 
 
+IDLE_EXIT_S = 1.0  # a worker thread with nothing queued this long ends (see the module doc)
+
+
 class BatchScheduler:
     """Runs an engine on one worker thread for the jobs submitted concurrently (see the module doc)."""
 
     def __init__(self, engine: Sampler, label: str, *, max_batch: int = 64, window_s: float = 0.002,
-                 max_wait_s: float | None = None, continuous: bool = True, compute: ComputeThread = COMPUTE):
+                 max_wait_s: float | None = None, continuous: bool = True, idle_exit_s: float = IDLE_EXIT_S):
         """window_s: when idle, keep collecting jobs until none arrived for this long.
         max_wait_s: ... but no longer than this after the first (default 10 * window_s).
-        continuous: step a LocalEngine one token at a time, with jobs joining between steps;
-        False: whole batches always. compute: where a LocalEngine's forwards run (the
-        process's compute thread)."""
+        continuous: step a LocalEngine one
+        token at a time, with jobs joining between steps; False: whole batches always.
+        idle_exit_s: the worker thread ends after this long with nothing queued (the next
+        submit starts another)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         if window_s < 0:
@@ -116,19 +119,22 @@ class BatchScheduler:
         max_wait_s = 10 * window_s if max_wait_s is None else max_wait_s
         if max_wait_s < window_s:
             raise ValueError(f"max_wait_s ({max_wait_s}) must be >= window_s ({window_s})")
+        if idle_exit_s <= 0:
+            raise ValueError(f"idle_exit_s must be > 0, got {idle_exit_s}")
+        self.idle_exit_s = idle_exit_s
         self.max_batch = max_batch
         self.window_s = window_s
         self.max_wait_s = max_wait_s
         self.continuous = continuous
-        self.compute = compute
         self.stats = SchedulerStats()
         self._current: tuple[Sampler, str] = (engine, str(label))
         self._next: tuple[Sampler, str] | None = None
         self._queue: deque[_Job] = deque()
         self._cond = threading.Condition()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="flywheel-batch-scheduler", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # the worker, while it lives (guarded by _cond)
+        with self._cond:
+            self._start_worker()
 
     # ------------------------------------------------------------------ callers
 
@@ -155,6 +161,8 @@ class BatchScheduler:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
             self._queue.append(job)
+            if self._thread is None:
+                self._start_worker()
             self._cond.notify_all()
         return job.future
 
@@ -182,9 +190,16 @@ class BatchScheduler:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout)
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
 
     # ------------------------------------------------------------------ worker
+
+    def _start_worker(self) -> None:
+        """Held: _cond."""
+        self._thread = threading.Thread(target=self._run, name="flywheel-batch-scheduler", daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
         while True:
@@ -192,7 +207,9 @@ class BatchScheduler:
                 while not self._queue:
                     if self._closed:
                         return
-                    self._cond.wait()
+                    if not self._cond.wait(self.idle_exit_s) and not self._queue and not self._closed:
+                        self._thread = None  # idle: end, and this thread's OpenMP team with it
+                        return
                 if self._next is not None:
                     self._current, self._next = self._next, None
                     self.stats.switches += 1
@@ -241,7 +258,7 @@ class BatchScheduler:
             if batch[0].seed is not None:
                 self.stats.seeded += 1
                 _reseed(engine, batch[0].seed)
-            results = self._on_compute(engine, _generate, engine, batch)
+            results = _generate(engine, batch)
         except BaseException as e:  # noqa: BLE001 - resolved into the futures
             if len(batch) == 1:
                 batch[0].future.set_exception(e)
@@ -257,20 +274,13 @@ class BatchScheduler:
 
     def _execute_alone(self, engine: Sampler, label: str, job: _Job) -> None:
         try:
-            samples = self._on_compute(engine, _generate, engine, [job])[0]
+            samples = _generate(engine, [job])[0]
         except BaseException as e:  # noqa: BLE001
             job.future.set_exception(e)
             return
         self._count([job])
         _report_whole(job, label, samples)
         job.future.set_result(JobResult(samples, label, engine))
-
-    def _on_compute(self, engine: Sampler, fn: Callable, *args, **kwargs):
-        """fn(*args, **kwargs) on the compute thread when `engine` is a LocalEngine (its torch
-        work), else on this worker thread (see the module doc)."""
-        if isinstance(engine, LocalEngine):
-            return self.compute.run(fn, *args, **kwargs)
-        return fn(*args, **kwargs)
 
     def _count(self, batch: list[_Job]) -> None:
         s = self.stats
@@ -353,8 +363,7 @@ class BatchScheduler:
             return 0
         keys = [running.add(job) for job in ok]
         try:
-            self._on_compute(engine, running.batch.admit,
-                             [DecodeRequest(k, j.prompt, j.params, adapter=j.adapter) for k, j in zip(keys, ok)])
+            running.batch.admit([DecodeRequest(k, j.prompt, j.params, adapter=j.adapter) for k, j in zip(keys, ok)])
         except BaseException as e:  # noqa: BLE001 - resolved into the futures
             for k in keys:
                 running.jobs.pop(k)
@@ -377,8 +386,7 @@ class BatchScheduler:
             if job.future.aborted:
                 running.batch.abort(key)
         try:
-            out = self._on_compute(running.engine, running.batch.step,
-                                   on_sampled=lambda out: self._report_step(running, out))
+            out = running.batch.step(on_sampled=lambda out: self._report_step(running, out))
         except BaseException as e:  # noqa: BLE001
             log.exception("a continuous batch step failed; failing its %d rows", running.batch.live)
             for job in running.jobs.values():

@@ -411,7 +411,7 @@ def _generation_error(e: BaseException) -> OpenAIError:
 
 
 class _Waker:
-    """Wakes event-loop streams from the thread that ran the decode step: however many streams a decode
+    """Wakes event-loop streams from the scheduler's thread: however many streams a decode
     step reports to, one `call_soon_threadsafe` (a write to the loop's self-pipe)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
