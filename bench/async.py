@@ -32,8 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -82,6 +82,11 @@ def run(model: Path, env: dict, v: dict, steps: int, groups: int, group_size: in
     return records, wall
 
 
+def samples_per_s(records: list[dict], per_step: int) -> float:
+    """Samples trained over the steps' summed times (`per_step` samples each)."""
+    return per_step * len(records) / sum(r["time/step_s"] for r in records)
+
+
 ONE_THREAD_SYNC = dict(k=0, workers=0, learner=1, gen=1)
 
 
@@ -104,8 +109,7 @@ def one_run(spec: str, tag: str) -> None:
     s = json.loads(spec)
     records, _ = run(Path(s["model"]), s["env"], ONE_THREAD_SYNC, s["steps"], s["groups"], s["group_size"],
                      s["max_tokens"], tag=tag)
-    print(json.dumps({"sps": s["groups"] * s["group_size"] * len(records)
-                      / sum(r["time/step_s"] for r in records)}))
+    print(json.dumps({"sps": samples_per_s(records, s["groups"] * s["group_size"])}))
 
 
 def calculator_rl(steps: int, threads: int) -> tuple[float, float]:
@@ -141,10 +145,9 @@ def measure(name: str, model: Path, env: dict, args, groups: int, group_size: in
         ceiling.append(run_pair(model, env, args.steps, groups, group_size, max_tokens))
         for n, v in runs.items():
             records, wall = run(model, env, v, args.steps, groups, group_size, max_tokens)
-            samples = groups * group_size * len(records)
-            sps[n].append(samples / sum(r["time/step_s"] for r in records))
-            wall_sps[n].append(samples / wall)
-            steady[n].append(groups * group_size * (len(records) - 1) / sum(r["time/step_s"] for r in records[1:]))
+            sps[n].append(samples_per_s(records, groups * group_size))
+            wall_sps[n].append(groups * group_size * len(records) / wall)
+            steady[n].append(samples_per_s(records[1:], groups * group_size))
             first[n].append(records[0]["time/step_s"])
             split[n] = {key: statistics.median(r.get(key, 0.0) for r in records)
                         for key in ("time/rollout_wait_s", "time/train_s", "rollout/generate_s", "reward_mean")}
